@@ -1,0 +1,24 @@
+"""towers: TF1-style graph-mode multi-tower (data-parallel) training on tf.compat.v1."""
+from setuptools import find_packages, setup
+
+setup(
+    name='towers',
+    version='0.1.0',
+    description='Graph-mode multi-tower data-parallel training on tf.compat.v1',
+    long_description=open('README.md', encoding='utf-8').read(),
+    long_description_content_type='text/markdown',
+    python_requires='>=3.9',
+    packages=find_packages(include=['towers', 'towers.*', 'models', 'models.*',
+                                    'data', 'data.*']),
+    # The embedded digits sample ships inside the `data` package.
+    package_data={'data': ['mnist_sample/*.gz']},
+    install_requires=['numpy'],
+    # TensorFlow comes as an extra so that CPU machines get the small CPU build
+    # and GPU machines the CUDA one; both provide the same `tensorflow` module.
+    extras_require={
+        'cpu': ['tensorflow-cpu>=2.16'],
+        'gpu': ['tensorflow[and-cuda]>=2.16'],
+        'test': ['pytest'],
+    },
+    entry_points={'console_scripts': ['towers = towers.cli:main']},
+)
