@@ -1,0 +1,174 @@
+"""In-memory datasets with the classic TensorFlow tutorial API.
+
+`DataSet.next_batch` follows `tensorflow/contrib/learn/python/learn/datasets/
+mnist.py` step for step, except that each DataSet owns its random state so a
+seeded run is reproducible whatever else uses numpy's global generator.
+"""
+import collections
+
+import numpy as np
+
+from data import mnist
+from data.errors import DataError, IdxFormatError
+from data.idx import read_images, read_labels
+
+Datasets = collections.namedtuple('Datasets', ['train', 'validation', 'test'])
+
+
+class DataSet:
+    """Images and labels held in memory, served in shuffled mini-batches.
+
+    Args:
+        images: uint8 [N, H, W] or [N, H, W, C] (scaled to [0, 1] by /255), or
+            floating [N, H, W] / [N, H, W, C] already in [0, 1].
+        labels: integer [N], each in [0, num_classes).
+        one_hot: store labels as float32 [N, num_classes] instead of int64 [N].
+        num_classes: number of classes, for the range check and one-hot width.
+        seed: seed of this DataSet's private np.random.RandomState.
+
+    Raises:
+        DataError: images and labels differ in count, or a label is out of range.
+        ValueError: images or labels have the wrong rank or dtype.
+    """
+
+    def __init__(self, images, labels, one_hot=False, num_classes=10, seed=None):
+        images = np.asarray(images)
+        labels = np.asarray(labels)
+        if images.ndim not in (3, 4):
+            raise ValueError(f'images must be [N, H, W] or [N, H, W, C], got shape {images.shape}')
+        if labels.ndim != 1:
+            raise ValueError(f'labels must be [N], got shape {labels.shape}')
+        if len(images) != len(labels):
+            raise DataError(f'{len(images)} images but {len(labels)} labels; '
+                            'they must come in equal numbers')
+        if images.dtype == np.uint8:
+            images = images.astype(np.float32) / np.float32(255)
+        elif np.issubdtype(images.dtype, np.floating):
+            images = images.astype(np.float32, copy=False)
+        else:
+            raise ValueError(f'images must be uint8 or floating, got {images.dtype}')
+        if images.ndim == 3:
+            images = images[..., np.newaxis]
+        if labels.size and not np.issubdtype(labels.dtype, np.integer):
+            raise ValueError(f'labels must be integers, got {labels.dtype}')
+        labels = labels.astype(np.int64)
+        if labels.size and (labels.min() < 0 or labels.max() >= num_classes):
+            raise DataError(f'labels range over [{labels.min()}, {labels.max()}] but must lie in '
+                            f'[0, {num_classes}); check num_classes or the label file')
+        self._images = images
+        self._labels = np.eye(num_classes, dtype=np.float32)[labels] if one_hot else labels
+        self._num_examples = len(images)
+        self._epochs_completed = 0
+        self._index_in_epoch = 0
+        self._rng = np.random.RandomState(seed)
+
+    @property
+    def images(self):
+        """float32 [N, H, W, C] in [0, 1], in the current shuffled order."""
+        return self._images
+
+    @property
+    def labels(self):
+        """int64 [N], or float32 [N, num_classes] when one_hot."""
+        return self._labels
+
+    @property
+    def num_examples(self):
+        return self._num_examples
+
+    @property
+    def epochs_completed(self):
+        return self._epochs_completed
+
+    def next_batch(self, batch_size, shuffle=True):
+        """Returns the next `batch_size` examples.
+
+        The data are shuffled on the first call. A batch that crosses the end
+        of an epoch is the rest of this epoch followed by the start of the
+        next, reshuffled one, so every example is seen once per epoch.
+
+        Args:
+            batch_size: int in [1, num_examples].
+            shuffle: shuffle on the first call and at each epoch boundary.
+
+        Returns:
+            (images float32 [batch_size, H, W, C], labels int64 [batch_size] or
+            float32 [batch_size, num_classes]).
+
+        Raises:
+            ValueError: batch_size < 1 or larger than the dataset.
+        """
+        if batch_size < 1:
+            raise ValueError(f'batch_size must be at least 1, got {batch_size}')
+        if batch_size > self._num_examples:
+            # The classic code would silently return a short batch here.
+            raise ValueError(f'batch_size {batch_size} exceeds the {self._num_examples} '
+                             'examples in this DataSet')
+        start = self._index_in_epoch
+        if self._epochs_completed == 0 and start == 0 and shuffle:
+            self._shuffle()
+        if start + batch_size > self._num_examples:
+            self._epochs_completed += 1
+            images_rest = self._images[start:]
+            labels_rest = self._labels[start:]
+            if shuffle:
+                self._shuffle()
+            self._index_in_epoch = batch_size - len(images_rest)
+            end = self._index_in_epoch
+            return (np.concatenate((images_rest, self._images[:end]), axis=0),
+                    np.concatenate((labels_rest, self._labels[:end]), axis=0))
+        self._index_in_epoch += batch_size
+        end = self._index_in_epoch
+        return self._images[start:end], self._labels[start:end]
+
+    def _shuffle(self):
+        perm = self._rng.permutation(self._num_examples)
+        self._images = self._images[perm]
+        self._labels = self._labels[perm]
+
+
+def read_data_sets(train_dir, one_hot=False, validation_size=5000, seed=None, download=True,
+                   mirrors=None, files=None):
+    """Reads the four MNIST `.gz` IDX files in `train_dir` into Datasets.
+
+    Args:
+        train_dir: str or os.PathLike, folder with the MNIST files.
+        one_hot: labels as float32 one-hot [N, 10] instead of int64 [N].
+        validation_size: how many of the first training examples become the
+            validation set; 0 gives an empty validation DataSet.
+        seed: seed for each DataSet's shuffling.
+        download: fetch missing files (see data.mnist.ensure_mnist).
+        mirrors: base URLs to fetch from; defaults to data.mnist.MIRRORS.
+        files: file table for ensure_mnist; defaults to data.mnist.FILES.
+
+    Returns:
+        Datasets(train, validation, test) of DataSet, images [N, 28, 28, 1].
+
+    Raises:
+        DatasetNotFoundError: files missing and not downloadable.
+        IdxFormatError: a file is malformed, or images and labels differ in count.
+        ValueError: validation_size is outside [0, number of training examples].
+    """
+    paths = mnist.ensure_mnist(train_dir, mirrors=mnist.MIRRORS if mirrors is None else mirrors,
+                               download=download, files=files)
+    train_images, train_labels = _read_pair(paths.train_images, paths.train_labels)
+    test_images, test_labels = _read_pair(paths.test_images, paths.test_labels)
+    if not 0 <= validation_size <= len(train_images):
+        raise ValueError(f'validation_size must be in [0, {len(train_images)}], '
+                         f'got {validation_size}')
+
+    def make(images, labels):
+        return DataSet(images, labels, one_hot=one_hot, seed=seed)
+    return Datasets(train=make(train_images[validation_size:], train_labels[validation_size:]),
+                    validation=make(train_images[:validation_size], train_labels[:validation_size]),
+                    test=make(test_images, test_labels))
+
+
+def _read_pair(images_path, labels_path):
+    images = read_images(images_path)
+    labels = read_labels(labels_path)
+    if len(images) != len(labels):
+        raise IdxFormatError(f'{images_path} holds {len(images)} images but {labels_path} holds '
+                             f'{len(labels)} labels; one of them is from another dataset or '
+                             'corrupt, fetch them again')
+    return images, labels

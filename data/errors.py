@@ -1,0 +1,33 @@
+"""Exceptions raised by the `data` package.
+
+Every message is a single line that names the file or folder involved and
+says what the user can do about it, so the CLI can print it as is.
+"""
+
+
+class DataError(Exception):
+    """Base class for every error raised while finding or reading a dataset."""
+
+
+class IdxFormatError(DataError, ValueError):
+    """An IDX file is malformed: bad magic, wrong rank, truncated, corrupt gzip."""
+
+
+class ChecksumError(DataError):
+    """A file's SHA-256 differs from the expected one."""
+
+
+class DownloadError(DataError):
+    """Every mirror failed for a file.
+
+    Attributes:
+        reasons: list of (url, reason) pairs, one per mirror tried, in order.
+    """
+
+    def __init__(self, message, reasons=()):
+        super().__init__(message)
+        self.reasons = list(reasons)
+
+
+class DatasetNotFoundError(DataError):
+    """Dataset files are missing locally and could not be downloaded."""

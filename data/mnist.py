@@ -1,0 +1,77 @@
+"""Where the MNIST files come from and how to make sure they are on disk."""
+import collections
+import os
+
+from data.download import download as download_file
+from data.errors import DatasetNotFoundError, DownloadError
+
+FileSpec = collections.namedtuple('FileSpec', ['name', 'num_bytes', 'sha256'])
+MnistPaths = collections.namedtuple(
+    'MnistPaths', ['train_images', 'train_labels', 'test_images', 'test_labels'])
+
+# The upstream gzip files; the SHA-256 values are the ones many public projects agree on.
+FILES = MnistPaths(
+    train_images=FileSpec('train-images-idx3-ubyte.gz', 9912422,
+                          '440fcabf73cc546fa21475e81ea370265605f56be210a4024d2ca8f203523609'),
+    train_labels=FileSpec('train-labels-idx1-ubyte.gz', 28881,
+                          '3552534a0a558bbed6aed32b30c495cca23d567ec52cac8be1a0730e8010255c'),
+    test_images=FileSpec('t10k-images-idx3-ubyte.gz', 1648877,
+                         '8d422c7b0a1c1c79245a5bcf07fe86e33eeafee792b84584aec276f5a2dbc4e6'),
+    test_labels=FileSpec('t10k-labels-idx1-ubyte.gz', 4542,
+                         'f7ae60f92e00ec6debd23a6088c31dbd2371eca3ffa0defaefb259924204aec6'),
+)
+
+# Fallback order: the Google and PyTorch copies are fast and reliable; the
+# original site often refuses or rate-limits, so it comes last.
+MIRRORS = (
+    'https://storage.googleapis.com/cvdf-datasets/mnist/',
+    'https://ossci-datasets.s3.amazonaws.com/mnist/',
+    'http://yann.lecun.com/exdb/mnist/',
+)
+
+
+def ensure_mnist(data_dir, mirrors=MIRRORS, download=True, files=None):
+    """Makes sure the four MNIST files are in `data_dir`, downloading missing ones.
+
+    Files already present are trusted as they are and not re-checksummed:
+    users may keep recompressed copies. Only fresh downloads are verified.
+
+    Args:
+        data_dir: str or os.PathLike, folder holding the `.gz` files.
+        mirrors: base URLs tried in order; a file's URL is base + file name.
+        download: if False, never touch the network.
+        files: a MnistPaths of FileSpec; defaults to `FILES` (tests pass
+            their own table so tiny generated files validate).
+
+    Returns:
+        MnistPaths of four str paths (train images, train labels, test images,
+        test labels).
+
+    Raises:
+        DatasetNotFoundError: files are missing and could not be downloaded;
+            the message lists exactly which ones and the folder to put them in.
+    """
+    data_dir = os.fspath(data_dir)
+    files = FILES if files is None else files
+    paths = MnistPaths(*(os.path.join(data_dir, spec.name) for spec in files))
+    failure = None
+    if download:
+        for spec, path in zip(files, paths):
+            if os.path.exists(path):
+                continue
+            urls = [base.rstrip('/') + '/' + spec.name for base in mirrors]
+            try:
+                download_file(urls, path, spec.sha256)
+            except DownloadError as err:
+                # Offline machines fail every file the same way; stop at the first.
+                failure = err
+                break
+    missing = [spec.name for spec, path in zip(files, paths) if not os.path.exists(path)]
+    if missing:
+        if failure is None:
+            how = 'downloading is disabled'
+        else:
+            how = 'download failed: ' + '; '.join(f'{url}: {why}' for url, why in failure.reasons)
+        raise DatasetNotFoundError(f'MNIST file(s) missing from {data_dir}: {", ".join(missing)} '
+                                   f'({how}); put them in {data_dir} by hand') from failure
+    return paths
