@@ -1,0 +1,82 @@
+"""Image classifiers for towers, built from get_variable + tf.nn layers.
+
+Public API:
+    MODELS: model name -> builder(input_shape, num_classes, **options) -> model_fn.
+    build_model(name, input_shape, num_classes, **options) -> model_fn, where
+        model_fn(images, training) maps [batch, H, W, C] float32 images (batch
+        may be dynamic, even 0 for inference) to [batch, num_classes] float32
+        logits. It creates its variables with tf1.get_variable in the caller's
+        variable scope, so calling it once per tower under reuse=True shares them.
+    model_names() -> sorted list of names.
+    ModelError: bad name, shape, class count or option (a ValueError).
+    layers: the layer functions the models are made of.
+
+Importing this package changes no global TensorFlow state.
+"""
+import inspect
+import numbers
+
+from models import cifar_convnet, layers, mnist_convnet, small_convnet
+from models.errors import ModelError
+
+__all__ = ['MODELS', 'ModelError', 'build_model', 'layers', 'model_names']
+
+MODELS = {
+    'cifar_convnet': cifar_convnet.build,
+    'mnist_convnet': mnist_convnet.build,
+    'small_convnet': small_convnet.build,
+}
+
+
+def model_names():
+    """Returns the registered model names, sorted."""
+    return sorted(MODELS)
+
+
+def _is_int(value):
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _check_input_shape(name, input_shape):
+    try:
+        dims = tuple(input_shape)
+    except TypeError:
+        dims = None
+    if dims is None or len(dims) != 3 or not all(_is_int(d) and d > 0 for d in dims):
+        raise ModelError(f'{name}: input_shape must be three positive ints (height, width, '
+                         f'channels) without the batch dimension, got {input_shape!r}')
+    return tuple(int(d) for d in dims)
+
+
+def _check_options(name, builder, options):
+    accepted = list(inspect.signature(builder).parameters)[2:]
+    unknown = sorted(set(options) - set(accepted))
+    if unknown:
+        raise ModelError(f'{name} does not take option(s) {", ".join(unknown)}; '
+                         f'its options are: {", ".join(accepted) or "none"}')
+
+
+def build_model(name, input_shape, num_classes, **options):
+    """Builds a model_fn for one registered model; creates no graph ops yet.
+
+    Args:
+        name: one of `model_names()`.
+        input_shape: (height, width, channels) of one image, e.g. (28, 28, 1).
+        num_classes: number of logits, >= 1.
+        **options: model options, e.g. dropout_rate for mnist_convnet.
+
+    Returns:
+        model_fn(images, training) -> logits: images [batch, H, W, C] float32,
+        training a Python bool, logits [batch, num_classes] float32.
+
+    Raises:
+        ModelError: unknown name or option, unusable input_shape or num_classes.
+    """
+    if not isinstance(name, str) or name not in MODELS:
+        raise ModelError(f'unknown model {name!r}; known models: {", ".join(model_names())}')
+    input_shape = _check_input_shape(name, input_shape)
+    if not _is_int(num_classes) or num_classes < 1:
+        raise ModelError(f'{name}: num_classes must be an int >= 1, got {num_classes!r}')
+    builder = MODELS[name]
+    _check_options(name, builder, options)
+    return builder(input_shape, int(num_classes), **options)

@@ -1,0 +1,39 @@
+"""The exception the models package raises for bad user input, and its checks."""
+import tensorflow as tf
+
+
+class ModelError(ValueError):
+    """A model name, input shape, class count, option or images the models cannot take.
+
+    The message is one line that says what to change, so the CLI can print it as is.
+    """
+
+
+def check_inputs(images, training, input_shape, model):
+    """Checks the arguments of a model_fn against the shape it was built for.
+
+    Args:
+        images: [batch, H, W, C] float32 tensor (or something convertible to one).
+        training: must be a Python bool: graphs are built separately for
+            training and eval, and a tensor here would always count as True.
+        input_shape: (H, W, C) the model was built for.
+        model: model name, for the message.
+
+    Returns:
+        `images` as a float32 tensor.
+
+    Raises:
+        ModelError: wrong dtype, rank or image shape.
+        TypeError: `training` is not a Python bool.
+    """
+    if not isinstance(training, bool):
+        raise TypeError(f'{model}: training must be a Python bool, got {training!r}')
+    images = tf.convert_to_tensor(images)
+    if images.dtype != tf.float32:
+        raise ModelError(f'{model}: images must be float32, got {images.dtype.name}; '
+                         'cast them in the input pipeline')
+    expected = tf.TensorShape([None, *input_shape])
+    if not expected.is_compatible_with(images.shape):
+        raise ModelError(f'{model} was built for images [batch, {", ".join(map(str, input_shape))}]'
+                         f' but got shape {images.shape}; build it with the matching input_shape')
+    return images

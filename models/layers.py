@@ -1,0 +1,205 @@
+"""Graph-mode layers built from `tf1.get_variable` and `tf.nn` ops only.
+
+Every variable is created through `tf1.get_variable`, so the caller's
+`tf1.variable_scope(..., reuse=...)` shares it across towers and the caller's
+device function decides where it lives; nothing here sets a device.
+Images are NHWC: [batch, height, width, channels]; batch may be dynamic.
+"""
+import math
+
+import tensorflow as tf
+
+tf1 = tf.compat.v1
+
+
+def _static_channels(x, layer):
+    channels = x.shape[-1]
+    if channels is None:
+        raise ValueError(f'{layer}: the last dimension of {x.name} must be known '
+                         f'statically to size the variables, got shape {x.shape}')
+    return int(channels)
+
+
+def _check_training(training, layer):
+    # A tensor here would silently be truthy and turn eval into training.
+    if not isinstance(training, bool):
+        raise TypeError(f'{layer}: training must be a Python bool, got {training!r}')
+
+
+def _conv_output_shape(x, kernel_hw, strides, padding, filters):
+    size = tf.shape(x)
+    dims = [size[0]]
+    for axis, k in zip((1, 2), kernel_hw):
+        n = x.shape[axis] if x.shape[axis] is not None else size[axis]
+        dims.append((n + strides - 1) // strides if padding.upper() == 'SAME'
+                    else (n - k + strides) // strides)
+    return tf.stack(dims + [filters])
+
+
+def _weights_and_biases(kernel_shape, dtype, kernel_initializer, bias_initializer):
+    weights = tf1.get_variable('weights', kernel_shape, dtype=dtype,
+                               initializer=kernel_initializer or tf1.glorot_uniform_initializer())
+    biases = tf1.get_variable('biases', kernel_shape[-1:], dtype=dtype,
+                              initializer=bias_initializer or tf1.zeros_initializer())
+    return weights, biases
+
+
+def conv2d(x, filters, kernel_size, strides=1, padding='SAME', activation=tf.nn.relu,
+           kernel_initializer=None, bias_initializer=None, name='conv2d'):
+    """2-D convolution plus bias and activation.
+
+    Args:
+        x: [batch, height, width, in_channels] float32; in_channels static.
+        filters: number of output channels.
+        kernel_size: int k for a k x k kernel, or a pair (kh, kw).
+        strides: int stride used for both spatial dimensions.
+        padding: 'SAME' or 'VALID'.
+        activation: function applied last, or None for a linear output.
+        kernel_initializer: initializer of `weights`; default Glorot uniform.
+        bias_initializer: initializer of `biases`; default zeros.
+        name: variable scope holding `weights` [kh, kw, in_channels, filters]
+            and `biases` [filters].
+
+    Returns:
+        [batch, out_height, out_width, filters] float32.
+    """
+    kh, kw = (kernel_size, kernel_size) if isinstance(kernel_size, int) else kernel_size
+    in_channels = _static_channels(x, 'conv2d')
+    with tf1.variable_scope(name):
+        weights, biases = _weights_and_biases([kh, kw, in_channels, filters], x.dtype,
+                                              kernel_initializer, bias_initializer)
+        y = tf.nn.conv2d(x, weights, strides=strides, padding=padding)
+        # oneDNN's CPU Conv2D returns its *input* unchanged for an empty batch;
+        # reshaping to the true shape keeps batch-0 inference working and is free
+        # otherwise. (Gradients on an empty batch still fail in oneDNN kernels.)
+        y = tf.reshape(y, _conv_output_shape(x, (kh, kw), strides, padding, filters))
+        y = tf.nn.bias_add(y, biases)
+        return activation(y) if activation is not None else y
+
+
+def flatten(x):
+    """Collapses all but the batch dimension.
+
+    Args:
+        x: [batch, d1, ..., dn] with d1..dn static; batch may be dynamic (even 0).
+
+    Returns:
+        [batch, d1 * ... * dn], same dtype.
+    """
+    inner = x.shape[1:]
+    if not inner.is_fully_defined():
+        raise ValueError(f'flatten: inner dimensions must be static, got shape {x.shape}')
+    return tf.reshape(x, [-1, math.prod(inner.as_list())])
+
+
+def dense(x, units, activation=None, kernel_initializer=None, bias_initializer=None,
+          name='dense'):
+    """Fully connected layer; a rank > 2 input is flattened first.
+
+    Args:
+        x: [batch, features] or [batch, d1, ..., dn] float32 with static inner dims.
+        units: number of outputs.
+        activation: function applied last, or None for a linear output (logits).
+        kernel_initializer: initializer of `weights`; default Glorot uniform.
+        bias_initializer: initializer of `biases`; default zeros.
+        name: variable scope holding `weights` [features, units] and `biases` [units].
+
+    Returns:
+        [batch, units] float32.
+    """
+    if x.shape.rank != 2:
+        x = flatten(x)
+    features = _static_channels(x, 'dense')
+    with tf1.variable_scope(name):
+        weights, biases = _weights_and_biases([features, units], x.dtype,
+                                              kernel_initializer, bias_initializer)
+        y = tf.nn.bias_add(tf.matmul(x, weights), biases)
+        return activation(y) if activation is not None else y
+
+
+def max_pool(x, pool_size=2, strides=2, padding='SAME', name=None):
+    """Max pooling over pool_size x pool_size windows with the given int stride.
+
+    `x` is [batch, height, width, channels]; the result is
+    [batch, out_height, out_width, channels] of the same dtype.
+    """
+    return tf.nn.max_pool2d(x, ksize=pool_size, strides=strides, padding=padding, name=name)
+
+
+def local_response_norm(x, depth_radius=5, bias=1.0, alpha=1.0, beta=0.5, name=None):
+    """Local response normalisation across channels (AlexNet style); no variables.
+
+    `x` is [batch, height, width, channels] float32 and so is the result; the
+    arguments are those of `tf.nn.local_response_normalization`.
+    """
+    return tf.nn.local_response_normalization(x, depth_radius=depth_radius, bias=bias,
+                                              alpha=alpha, beta=beta, name=name)
+
+
+def dropout(x, rate, training, seed=None):
+    """Inverted dropout: zeroes a `rate` fraction and scales the rest by 1/(1-rate).
+
+    Args:
+        x: any float tensor.
+        rate: drop probability in [0, 1).
+        training: Python bool; when False (or rate == 0) `x` is returned unchanged,
+            so eval graphs contain no random ops.
+        seed: optional op-level seed.
+
+    Returns:
+        Tensor of the same shape and dtype as `x`.
+    """
+    _check_training(training, 'dropout')
+    if not 0 <= rate < 1:
+        raise ValueError(f'dropout: rate must be in [0, 1), got {rate}')
+    if not training or rate == 0:
+        return x
+    return tf.nn.dropout(x, rate=rate, seed=seed)
+
+
+def batch_norm(x, training, decay=0.997, epsilon=1e-5, name='batch_norm'):
+    """Batch normalisation over the last (channel) axis.
+
+    Creates `beta` [C] (zeros) and `gamma` [C] (ones), trainable, and
+    `moving_mean` [C] (zeros) and `moving_variance` [C] (ones), non-trainable and
+    in GLOBAL_VARIABLES and MOVING_AVERAGE_VARIABLES (so savers and EMA tools see
+    them but optimizers do not).
+
+    In training the batch moments (over every axis but the last) normalise `x`,
+    and ops setting `moving = moving * decay + batch * (1 - decay)` are added to
+    `tf1.GraphKeys.UPDATE_OPS`; they are created in the current name scope, so
+    a multi-tower caller can run only one tower's updates with
+    `tf1.get_collection(UPDATE_OPS, scope)`. In inference the moving stats are used.
+
+    Args:
+        x: [batch, ..., C] float32; C static. Training needs a non-empty batch.
+        training: Python bool.
+        decay: moving-average decay.
+        epsilon: added to the variance for numerical stability.
+        name: variable scope of the four variables.
+
+    Returns:
+        Same shape and dtype as `x`.
+    """
+    _check_training(training, 'batch_norm')
+    channels = _static_channels(x, 'batch_norm')
+
+    def var(var_name, init, trainable=True):
+        collections = None if trainable else [tf1.GraphKeys.GLOBAL_VARIABLES,
+                                              tf1.GraphKeys.MOVING_AVERAGE_VARIABLES]
+        return tf1.get_variable(var_name, [channels], dtype=x.dtype, initializer=init,
+                                trainable=trainable, collections=collections)
+
+    with tf1.variable_scope(name):
+        beta = var('beta', tf1.zeros_initializer())
+        gamma = var('gamma', tf1.ones_initializer())
+        moving_mean = var('moving_mean', tf1.zeros_initializer(), trainable=False)
+        moving_variance = var('moving_variance', tf1.ones_initializer(), trainable=False)
+        if not training:
+            return tf.nn.batch_normalization(x, moving_mean, moving_variance,
+                                             beta, gamma, epsilon)
+        mean, variance = tf.nn.moments(x, axes=list(range(x.shape.rank - 1)))
+        for moving, batch in ((moving_mean, mean), (moving_variance, variance)):
+            update = tf1.assign(moving, moving * decay + batch * (1 - decay))
+            tf1.add_to_collection(tf1.GraphKeys.UPDATE_OPS, update)
+        return tf.nn.batch_normalization(x, mean, variance, beta, gamma, epsilon)
