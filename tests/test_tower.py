@@ -1,0 +1,163 @@
+"""The tower core: N towers equal one device, one copy of each variable, placement."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import models
+from towers.devices import session_config
+from towers.graph import build_train_op, make_optimizer
+from towers.tower import build_towers, split_sizes
+
+tf1 = tf.compat.v1
+
+SHAPE = (28, 28, 1)
+
+
+def _batch(size, seed=0):
+    rng = np.random.RandomState(seed)
+    return rng.rand(size, *SHAPE).astype(np.float32), rng.randint(0, 10, size).astype(np.int64)
+
+
+def _train(num_towers, batches, initial=None, model='mnist_convnet', optimizer='momentum'):
+    """Run len(batches) steps; return (first step's averaged grads, final variables)."""
+    devices = ['/cpu:%d' % i for i in range(num_towers)]
+    options = {'dropout_rate': 0.0} if model == 'mnist_convnet' else {}
+    model_fn = models.build_model(model, SHAPE, 10, **options)
+    with tf.Graph().as_default() as graph:
+        tf1.set_random_seed(1)
+        images = tf1.placeholder(tf.float32, [None] + list(SHAPE))
+        labels = tf1.placeholder(tf.int64, [None])
+        global_step = tf1.train.get_or_create_global_step()
+        opt = make_optimizer(optimizer, 0.01)
+        towers = build_towers(model_fn, images, labels, devices, optimizer=opt)
+        train_op, grads = build_train_op(towers, opt, global_step)
+        trainable = tf1.trainable_variables()
+        grad_tensors = [tf.convert_to_tensor(g) for g, _ in grads]
+        with tf1.Session(graph=graph, config=session_config(devices)) as sess:
+            sess.run(tf1.global_variables_initializer())
+            if initial is not None:
+                for var, value in zip(trainable, initial):
+                    var.load(value, sess)
+            first_grads = None
+            for x, y in batches:
+                feed = {images: x, labels: y}
+                if first_grads is None:
+                    first_grads = sess.run(grad_tensors, feed)
+                sess.run(train_op, feed)
+            assert sess.run(global_step) == len(batches)
+            return first_grads, sess.run(trainable)
+
+
+def _canonical(device):
+    return tf.DeviceSpec.from_string(device).to_string()
+
+
+@pytest.fixture(scope='module')
+def initial():
+    """One set of initial values, loaded into every graph."""
+    _, variables = _train(1, [])
+    return variables
+
+
+@pytest.mark.parametrize('num_towers,batch_size', [(2, 8), (3, 10), (3, 2)],
+                         ids=['2 towers', '3 towers uneven 4/3/3', '3 towers batch 2 (empty tower)'])
+def test_n_towers_equal_one_device(initial, num_towers, batch_size):
+    batches = [_batch(batch_size, seed) for seed in range(3)]
+    grads_1, vars_1 = _train(1, batches, initial)
+    grads_n, vars_n = _train(num_towers, batches, initial)
+    for one, many in zip(grads_1 + vars_1, grads_n + vars_n):
+        assert np.all(np.isfinite(many))
+        # float32 sums in another order: equal to ~1e-6 of the tensor's scale.
+        np.testing.assert_allclose(many, one, rtol=1e-5, atol=2e-6 * np.abs(one).max())
+    # The steps really moved the variables, so equality means something.
+    assert max(np.abs(a - b).max() for a, b in zip(vars_1, initial)) > 1e-4
+
+
+def test_split_sizes_are_as_even_as_possible():
+    with tf.Graph().as_default(), tf1.Session() as sess:
+        assert list(sess.run(split_sizes(100, 3))) == [34, 33, 33]
+        assert list(sess.run(split_sizes(2, 3))) == [1, 1, 0]
+        assert list(sess.run(split_sizes(8, 4))) == [2, 2, 2, 2]
+
+
+@pytest.mark.parametrize('optimizer', ['momentum', 'adam'])
+@pytest.mark.parametrize('num_towers', [1, 2, 3, 4])
+def test_exactly_one_copy_of_each_variable(num_towers, optimizer):
+    devices = ['/cpu:%d' % i for i in range(num_towers)]
+    model_fn = models.build_model('small_convnet', SHAPE, 10)
+    with tf.Graph().as_default():
+        images = tf1.placeholder(tf.float32, [None] + list(SHAPE))
+        labels = tf1.placeholder(tf.int64, [None])
+        opt = make_optimizer(optimizer, 0.01)
+        towers = build_towers(model_fn, images, labels, devices, optimizer=opt)
+        with tf.device('/cpu:0'):
+            global_step = tf1.train.get_or_create_global_step()
+        build_train_op(towers, opt, global_step)
+        trainable = sorted(v.op.name for v in tf1.trainable_variables())
+        assert trainable == ['conv1/biases', 'conv1/weights', 'logits/biases', 'logits/weights']
+        slots = {'momentum': ['Momentum'], 'adam': ['Adam', 'Adam_1']}[optimizer]
+        expected = len(trainable) * (1 + len(slots)) + 1 + (2 if optimizer == 'adam' else 0)
+        assert len(tf1.global_variables()) == expected
+        # Every variable handle lives on the parameter device.
+        handles = [op for op in tf1.get_default_graph().get_operations()
+                   if op.type == 'VarHandleOp']
+        assert len(handles) == expected
+        assert {_canonical(op.device) for op in handles} == {_canonical('/cpu:0')}
+
+
+def test_each_towers_ops_run_on_its_own_device():
+    devices = ['/cpu:0', '/cpu:1', '/cpu:2']
+    model_fn = models.build_model('small_convnet', SHAPE, 10)
+    with tf.Graph().as_default() as graph:
+        images = tf1.placeholder(tf.float32, [None] + list(SHAPE))
+        labels = tf1.placeholder(tf.int64, [None])
+        opt = make_optimizer('sgd', 0.1)
+        towers = build_towers(model_fn, images, labels, devices, optimizer=opt)
+        train_op, _ = build_train_op(towers, opt, tf1.train.get_or_create_global_step())
+        for i, device in enumerate(devices):
+            # Variable reads are colocated with the variable (the parameter
+            # device) and their value is copied to the tower, as in the tutorial.
+            ops = [op for op in graph.get_operations()
+                   if op.name.startswith('tower_%d/' % i) and op.type != 'ReadVariableOp']
+            assert ops and {_canonical(op.device) for op in ops} == {_canonical(device)}
+        # Run one traced step: each tower's convolution executed on its device.
+        with tf1.Session(config=session_config(devices)) as sess:
+            sess.run(tf1.global_variables_initializer())
+            metadata = tf1.RunMetadata()
+            x, y = _batch(6)
+            sess.run(train_op, {images: x, labels: y}, run_metadata=metadata,
+                     options=tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE))
+        ran = {}
+        for dev_stats in metadata.step_stats.dev_stats:
+            for node in dev_stats.node_stats:
+                ran.setdefault(node.node_name, set()).add(dev_stats.device.split('/')[-1])
+        for i in range(3):
+            conv = [n for n in ran if n.startswith('tower_%d/' % i) and n.endswith('Conv2D')]
+            assert conv and ran[conv[0]] == {'device:CPU:%d' % i}
+
+
+def test_batch_norm_moving_averages_move_once_from_tower_0():
+    decay = 0.9
+
+    def model_fn(images, training):
+        x = models.layers.batch_norm(images, training, decay=decay)
+        return models.layers.dense(x, 10, name='logits')
+
+    with tf.Graph().as_default():
+        images = tf1.placeholder(tf.float32, [None] + list(SHAPE))
+        labels = tf1.placeholder(tf.int64, [None])
+        opt = make_optimizer('sgd', 0.1)
+        towers = build_towers(model_fn, images, labels, ['/cpu:0', '/cpu:1'], optimizer=opt)
+        train_op, _ = build_train_op(towers, opt, tf1.train.get_or_create_global_step())
+        assert len(tf1.get_collection(tf1.GraphKeys.UPDATE_OPS)) == 4  # 2 per tower
+        moving_mean, moving_var = [v for v in tf1.global_variables()
+                                   if v.op.name.startswith('batch_norm/moving')]
+        x, y = _batch(4)
+        x[2:] += 5.0  # tower 1's half differs, so using it would show
+        with tf1.Session(config=session_config(['/cpu:0', '/cpu:1'])) as sess:
+            sess.run(tf1.global_variables_initializer())
+            sess.run(train_op, {images: x, labels: y})
+            mean, var = sess.run([moving_mean, moving_var])
+    tower0 = x[:2]
+    np.testing.assert_allclose(mean, [(1 - decay) * tower0.mean()], rtol=1e-5)
+    np.testing.assert_allclose(var, [decay * 1.0 + (1 - decay) * tower0.var()], rtol=1e-5)

@@ -1,0 +1,41 @@
+"""towers: graph-mode multi-tower (data-parallel) training on tf.compat.v1.
+
+The public API, in the order the classic recipe uses it:
+
+    resolve_devices, session_config    which devices; a ConfigProto that has them
+    build_towers, Tower                one tower per device, shared variables
+    average_gradients                  combine the towers' gradients
+    build_train_op                     average_gradients -> one apply_gradients
+    build_training_graph, TrainGraph   all of the above in a fresh tf.Graph
+    train, TrainConfig, evaluate       the Session loop
+    TowersError                        what bad input raises
+
+Names are imported on first use, so `import towers` (and `towers --help`) does
+not load TensorFlow.
+"""
+import importlib
+
+_API = {
+    'resolve_devices': 'towers.devices',
+    'session_config': 'towers.devices',
+    'build_towers': 'towers.tower',
+    'split_batch': 'towers.tower',
+    'Tower': 'towers.tower',
+    'average_gradients': 'towers.gradients',
+    'build_train_op': 'towers.graph',
+    'build_training_graph': 'towers.graph',
+    'make_optimizer': 'towers.graph',
+    'TrainGraph': 'towers.graph',
+    'train': 'towers.trainer',
+    'TrainConfig': 'towers.trainer',
+    'evaluate': 'towers.trainer',
+    'TowersError': 'towers.errors',
+}
+
+__all__ = sorted(_API)
+
+
+def __getattr__(name):
+    if name in _API:
+        return getattr(importlib.import_module(_API[name]), name)
+    raise AttributeError('module %r has no attribute %r' % (__name__, name))

@@ -1,0 +1,168 @@
+"""The `towers` command: train, devices, bench.
+
+TensorFlow is imported inside main(), after its C++ log level is set, so that
+`towers --help` is instant and a run prints our lines rather than TF's banner.
+Errors a user can fix become one line and exit status 1; --debug shows the
+traceback instead.
+"""
+import argparse
+import os
+import sys
+
+DEFAULT_MODEL = 'mnist_convnet'
+DEFAULT_DATASET = 'mnist_sample'
+
+
+def _device_flags(parser):
+    group = parser.add_argument_group('devices')
+    group.add_argument('--towers', type=int, default=None,
+                       help='number of towers (default: every visible GPU, or 1 CPU); '
+                            'without GPUs, N virtual CPU devices /cpu:0..N-1')
+    group.add_argument('--devices', default=None,
+                       help='explicit comma-separated tower devices, e.g. /gpu:0,/gpu:2')
+    group.add_argument('--param-device', default='cpu',
+                       help="where variables live: 'cpu' (/cpu:0, the classic tutorial), "
+                            "'gpu' (the first tower's GPU) or a device name (default: cpu)")
+
+
+def _model_flags(parser):
+    parser.add_argument('--model', default=DEFAULT_MODEL,
+                        help='model name (default: %s); see `towers models`' % DEFAULT_MODEL)
+    parser.add_argument('--dataset', default=DEFAULT_DATASET,
+                        help='dataset name (default: %s, 5,000 real MNIST digits shipped '
+                             'with towers); mnist = the full 60k/10k set' % DEFAULT_DATASET)
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(
+        prog='towers', description='Graph-mode multi-tower data-parallel training (tf.compat.v1).')
+    parser.add_argument('--debug', action='store_true', help='show tracebacks on errors')
+    commands = parser.add_subparsers(dest='command', metavar='COMMAND')
+    commands.required = True
+
+    train = commands.add_parser('train', help='train a model over the towers, then test it')
+    _model_flags(train)
+    train.add_argument('--data-dir', default=None,
+                       help='folder with the dataset files (mnist: default $TOWERS_DATA_DIR/mnist '
+                            'or ~/.cache/towers/mnist; missing files are downloaded)')
+    train.add_argument('--validation-size', type=int, default=None,
+                       help='training examples held out as validation (default: per dataset)')
+    _device_flags(train)
+    train.add_argument('--batch-size', type=int, default=100,
+                       help='global batch, split over the towers (default: 100)')
+    train.add_argument('--epochs', type=float, default=3.0, help='epochs to train (default: 3)')
+    train.add_argument('--steps', type=int, default=None, help='train this many steps instead')
+    train.add_argument('--optimizer', default='adam', choices=['sgd', 'momentum', 'adam'],
+                       help='(default: adam)')
+    train.add_argument('--lr', type=float, default=1e-3, help='learning rate (default: 0.001)')
+    train.add_argument('--momentum', type=float, default=0.9,
+                       help='momentum for --optimizer momentum (default: 0.9)')
+    train.add_argument('--dropout', type=float, default=None,
+                       help="dropout rate for models that have dropout (mnist_convnet: 0.5)")
+    train.add_argument('--logdir', default=None,
+                       help='checkpoint folder; a checkpoint already there is resumed')
+    train.add_argument('--log-every', type=int, default=50, help='steps per log line (default: 50)')
+    train.add_argument('--checkpoint-every', type=int, default=500,
+                       help='steps per checkpoint with --logdir (default: 500)')
+    train.add_argument('--seed', type=int, default=0, help='random seed (default: 0)')
+
+    devices = commands.add_parser('devices', help='print the devices a run would use')
+    _device_flags(devices)
+
+    bench = commands.add_parser('bench', help='images/sec for 1, 2, 4 towers on one global batch')
+    _model_flags(bench)
+    bench.add_argument('--towers', default='1,2,4',
+                       help='comma-separated tower counts (default: 1,2,4)')
+    bench.add_argument('--param-device', default='cpu', help='as for train (default: cpu)')
+    bench.add_argument('--batch-size', type=int, default=128,
+                       help='global batch (default: 128)')
+    bench.add_argument('--warmup', type=int, default=10, help='untimed steps (default: 10)')
+    bench.add_argument('--window', type=int, default=50, help='timed steps (default: 50)')
+
+    commands.add_parser('models', help='list the models and datasets')
+    return parser
+
+
+def _run(args, log):
+    """Dispatch a parsed command; imports TensorFlow."""
+    import data
+    import models
+    from towers import bench, devices, trainer
+
+    if args.command == 'models':
+        log('models: %s' % ', '.join(models.model_names()))
+        log('datasets: %s' % ', '.join(sorted(data.DATASETS)))
+        return
+    if args.command == 'devices':
+        tower_devices = devices.resolve_devices(args.towers, args.devices)
+        param_device = devices.resolve_param_device(args.param_device, tower_devices)
+        for line in devices.describe_devices(tower_devices, param_device):
+            log(line)
+        return
+    info = data.dataset_info(args.dataset)
+    if args.command == 'bench':
+        counts = _int_list(args.towers, '--towers')
+        first = devices.resolve_devices(num_towers=counts[0])
+        model_fn = models.build_model(args.model, info.input_shape, info.num_classes)
+        log('bench: model %s, input %s, global batch %d, synthetic data in host memory, '
+            '%d warm-up + %d timed steps' % (args.model, 'x'.join(map(str, info.input_shape)),
+                                             args.batch_size, args.warmup, args.window))
+        bench.run_bench(model_fn, info.input_shape, info.num_classes, counts, args.batch_size,
+                        args.warmup, args.window,
+                        devices.resolve_param_device(args.param_device, first), log=log)
+        return
+    options = {} if args.dropout is None else {'dropout_rate': args.dropout}
+    model_fn = models.build_model(args.model, info.input_shape, info.num_classes, **options)
+    tower_devices = devices.resolve_devices(args.towers, args.devices)
+    config = trainer.TrainConfig(
+        tower_devices=tower_devices,
+        param_device=devices.resolve_param_device(args.param_device, tower_devices),
+        batch_size=args.batch_size, epochs=args.epochs, steps=args.steps,
+        optimizer=args.optimizer, learning_rate=args.lr, momentum=args.momentum,
+        logdir=args.logdir, log_every=args.log_every, checkpoint_every=args.checkpoint_every,
+        seed=args.seed)
+    config.total_steps(1)  # validate the numbers before any data is read
+    datasets = data.load_dataset(args.dataset, data_dir=args.data_dir,
+                                 validation_size=args.validation_size, seed=args.seed)
+    log('dataset %s: %d train, %d validation, %d test; model %s'
+        % (args.dataset, datasets.train.num_examples, datasets.validation.num_examples,
+           datasets.test.num_examples, args.model))
+    trainer.train(config, model_fn, datasets, info.input_shape, log=log)
+
+
+def _int_list(text, flag):
+    try:
+        values = [int(v) for v in text.split(',') if v.strip()]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        from towers.errors import TowersError
+        raise TowersError('%s wants positive integers like 1,2,4, got %r' % (flag, text))
+    return values
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+    import data
+    import models
+    from towers.errors import TowersError
+
+    def log(line):
+        print(line, flush=True)
+
+    try:
+        _run(args, log)
+    except (TowersError, data.DataError, models.ModelError) as e:
+        if args.debug:
+            raise
+        print('towers: error: %s' % e, file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print('towers: interrupted', file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

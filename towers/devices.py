@@ -1,0 +1,129 @@
+"""Which devices the towers run on, and the session config that makes them exist.
+
+On a machine with GPUs the towers default to every visible GPU, `/gpu:0..k-1`,
+as in the classic multi-GPU tutorial. Without GPUs, `num_towers=N` gives N
+*virtual* CPU devices (`ConfigProto(device_count={'CPU': N})`), so the very same
+multi-tower graph runs on N devices anywhere. A device that does not exist is an
+error here, before any graph is built, never a silent collapse onto one device.
+"""
+import re
+
+import tensorflow as tf
+
+from towers.errors import DeviceError
+
+tf1 = tf.compat.v1
+
+_DEVICE_RE = re.compile(r'^/?(?:device:)?(cpu|gpu):(\d+)$', re.IGNORECASE)
+
+
+def visible_gpus():
+    """Number of GPUs TensorFlow can see (0 on a CPU-only machine or build)."""
+    return len(tf.config.list_physical_devices('GPU'))
+
+
+def parse_device(name):
+    """'/gpu:1', 'GPU:1', '/device:CPU:0' -> ('gpu', 1); anything else is an error."""
+    match = _DEVICE_RE.match(name.strip())
+    if not match:
+        raise DeviceError(
+            "bad device name %r: use the form /gpu:N or /cpu:N" % name)
+    return match.group(1).lower(), int(match.group(2))
+
+
+def resolve_devices(num_towers=None, devices=None, num_gpus=None):
+    """Choose the tower devices.
+
+    Args:
+      num_towers: how many towers; None means every visible GPU, or one CPU.
+      devices: explicit device names ('/gpu:0,/gpu:1' or a list); overrides
+        num_towers (which, if also given, must agree).
+      num_gpus: GPUs to assume; None asks TensorFlow.
+
+    Returns:
+      A list of canonical device strings, e.g. ['/gpu:0', '/gpu:1'] or
+      ['/cpu:0', '/cpu:1', '/cpu:2'].
+
+    Raises:
+      DeviceError: a device that does not exist, duplicates, mixed kinds, or a
+        tower count that cannot be met.
+    """
+    if num_gpus is None:
+        num_gpus = visible_gpus()
+    if devices:
+        if isinstance(devices, str):
+            devices = [d for d in devices.split(',') if d.strip()]
+        parsed = [parse_device(d) for d in devices]
+        if len(set(parsed)) != len(parsed):
+            raise DeviceError('device list %s names a device twice' % ','.join(devices))
+        if len({kind for kind, _ in parsed}) > 1:
+            raise DeviceError('device list %s mixes CPUs and GPUs; use one kind'
+                              % ','.join(devices))
+        if num_towers is not None and num_towers != len(parsed):
+            raise DeviceError('--towers %d disagrees with %d devices in %s'
+                              % (num_towers, len(parsed), ','.join(devices)))
+        for kind, index in parsed:
+            if kind == 'gpu' and index >= num_gpus:
+                raise DeviceError(
+                    '/gpu:%d does not exist: this machine has %d visible GPU(s)%s'
+                    % (index, num_gpus, ' (use /cpu:N virtual devices)' if not num_gpus else ''))
+        return ['/%s:%d' % p for p in parsed]
+    if num_towers is not None and num_towers < 1:
+        raise DeviceError('--towers must be at least 1, got %d' % num_towers)
+    if num_gpus:
+        if num_towers is None:
+            num_towers = num_gpus
+        if num_towers > num_gpus:
+            raise DeviceError(
+                'asked for %d towers but this machine has %d visible GPU(s); use '
+                '--towers %d or fewer, or --devices /cpu:0,... for CPU towers'
+                % (num_towers, num_gpus, num_gpus))
+        return ['/gpu:%d' % i for i in range(num_towers)]
+    return ['/cpu:%d' % i for i in range(num_towers or 1)]
+
+
+def session_config(tower_devices, param_device='/cpu:0', **kwargs):
+    """A ConfigProto under which every named device exists.
+
+    Virtual CPU devices are created with device_count; soft placement stays off
+    so that an op pinned to a missing device fails loudly instead of moving.
+
+    Args:
+      tower_devices: device strings from resolve_devices.
+      param_device: the device holding the variables (counted too).
+      **kwargs: other ConfigProto fields.
+    """
+    cpus = [index for kind, index in map(parse_device, list(tower_devices) + [param_device])
+            if kind == 'cpu']
+    config = tf1.ConfigProto(allow_soft_placement=False, **kwargs)
+    config.device_count['CPU'] = max(cpus) + 1 if cpus else 1
+    return config
+
+
+def describe_devices(tower_devices, param_device):
+    """Lines for `towers devices`: what would be used, and what exists."""
+    gpus = visible_gpus()
+    lines = ['visible GPUs: %d' % gpus]
+    for i, device in enumerate(tower_devices):
+        virtual = ' (virtual CPU device)' if device.startswith('/cpu') else ''
+        lines.append('tower_%d: %s%s' % (i, device, virtual))
+    lines.append('variables: %s' % param_device)
+    return lines
+
+
+def resolve_param_device(choice, tower_devices):
+    """Where the shared variables live.
+
+    Args:
+      choice: 'cpu' (the classic tutorial's '/cpu:0'), 'gpu' (the first tower's
+        GPU, which must be one), or an explicit device name such as '/cpu:1'.
+      tower_devices: the resolved tower devices.
+    """
+    if choice in (None, 'cpu'):
+        return '/cpu:0'
+    if choice == 'gpu':
+        if not tower_devices[0].startswith('/gpu'):
+            raise DeviceError("--param-device gpu needs GPU towers, but the towers run on %s; "
+                              "use --param-device cpu" % ','.join(tower_devices))
+        return tower_devices[0]
+    return '/%s:%d' % parse_device(choice)

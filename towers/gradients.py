@@ -1,0 +1,90 @@
+"""Combining the towers' gradients: the one place where the towers meet.
+
+`average_gradients` is the function of the classic CIFAR-10 multi-GPU tutorial,
+made exact for any split of the batch: each tower's gradient is weighted by its
+share of the examples, so N towers on an uneven (or partly empty) batch give the
+same update as one device on the whole batch.
+"""
+import tensorflow as tf
+
+from towers.errors import GradientError
+
+
+def _check_same_variables(tower_grads):
+    """Every tower must list the same variables in the same order."""
+    reference = [v for _, v in tower_grads[0]]
+    for i, grads_and_vars in enumerate(tower_grads[1:], start=1):
+        variables = [v for _, v in grads_and_vars]
+        if len(variables) != len(reference) or any(
+                a is not b for a, b in zip(variables, reference)):
+            names0 = {v.op.name for v in reference}
+            names_i = {v.op.name for v in variables}
+            only0 = sorted(names0 - names_i)
+            only_i = sorted(names_i - names0)
+            detail = ('only in tower 0: %s; only in tower %d: %s'
+                      % (only0 or '-', i, only_i or '-')) if (only0 or only_i) else \
+                'same variables in a different order'
+            raise GradientError(
+                'towers disagree on their variables (tower 0 has %d, tower %d has %d; %s): '
+                'build every tower with the same model under one shared variable scope'
+                % (len(reference), i, len(variables), detail))
+
+
+def _combine(grads, weights):
+    """Weighted sum of one variable's gradients; None grads are zero.
+
+    IndexedSlices stay sparse: their scaled values and indices are concatenated
+    (duplicate indices are summed by the optimizer's sparse apply). Only a mix of
+    dense and sparse is densified, since the sum is dense anyway.
+    """
+    present = [(g, w) for g, w in zip(grads, weights) if g is not None]
+    if not present:
+        return None
+    if all(isinstance(g, tf.IndexedSlices) for g, _ in present):
+        dense_shape = present[0][0].dense_shape
+        values = tf.concat([g.values * tf.cast(w, g.values.dtype) for g, w in present], 0)
+        indices = tf.concat([g.indices for g, _ in present], 0)
+        return tf.IndexedSlices(values, indices, dense_shape)
+    terms = [tf.convert_to_tensor(g) * tf.cast(w, g.dtype) for g, w in present]
+    return tf.add_n(terms) if len(terms) > 1 else terms[0]
+
+
+def average_gradients(tower_grads, weights=None):
+    """Average gradients across towers, one result per shared variable.
+
+    Args:
+      tower_grads: num_towers x num_vars x (grad, var), as returned by
+        `optimizer.compute_gradients` in each tower. Every tower lists the same
+        variables in the same order. A grad may be None (the variable is unused
+        by that tower's loss): it counts as zero, which is what that tower
+        contributes to the total loss.
+      weights: num_towers scalars (floats or scalar tensors) summing to 1, each
+        tower's share of the global batch. None means equal shares (1/N), the
+        classic tutorial's plain mean.
+
+    Returns:
+      num_vars x (grad, var): the weighted sum per variable, computed on the
+      variable's own device. grad is a dense tensor, or tf.IndexedSlices when
+      every tower's grad is sparse, or None when no tower has a gradient.
+
+    Raises:
+      GradientError: the towers disagree on their variables, or weights has the
+        wrong length.
+    """
+    if not tower_grads:
+        raise GradientError('average_gradients needs at least one tower')
+    if weights is None:
+        weights = [1.0 / len(tower_grads)] * len(tower_grads)
+    if len(weights) != len(tower_grads):
+        raise GradientError('got %d weights for %d towers' % (len(weights), len(tower_grads)))
+    _check_same_variables(tower_grads)
+    average = []
+    with tf.name_scope('average_gradients'):
+        for grads_and_vars in zip(*tower_grads):
+            var = grads_and_vars[0][1]
+            # The sum lands where the variable lives, as in the classic tutorial
+            # (there, /cpu:0): each tower's gradient crosses once.
+            with tf.device(var.device):
+                grad = _combine([g for g, _ in grads_and_vars], weights)
+            average.append((grad, var))
+    return average

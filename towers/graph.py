@@ -1,0 +1,117 @@
+"""The whole training graph: towers -> average_gradients -> one apply_gradients.
+
+This module only wires the pieces of tower.py and gradients.py together in the
+order the classic recipe does; read `build_train_op` next to the tutorial's
+`train()` and they match line for line.
+"""
+import collections
+
+import tensorflow as tf
+
+from towers.errors import TowersError
+from towers.gradients import average_gradients
+from towers.tower import build_towers, tower_update_ops
+
+tf1 = tf.compat.v1
+
+OPTIMIZERS = ('sgd', 'momentum', 'adam')
+
+TrainGraph = collections.namedtuple(
+    'TrainGraph', ['graph', 'images', 'labels', 'towers', 'train_op', 'loss', 'correct',
+                   'global_step', 'eval_loss', 'eval_correct', 'init_op', 'saver'])
+TrainGraph.__doc__ = """Handles on a built training graph.
+
+  graph: the tf.Graph holding everything.
+  images, labels: [None, H, W, C] float32 and [None] int64, placeholders
+    unless an input_fn made them.
+  towers: the training Towers.
+  train_op: runs one synchronous step over all towers.
+  loss: scalar float32, the global batch's mean loss (towers weighted by share).
+  correct: scalar int32, correct predictions over the global batch.
+  global_step: the int64 step counter.
+  eval_loss, eval_correct: the same for the inference-mode (training=False)
+    towers, which share the variables; feed them the same placeholders.
+  init_op, saver: variable initializer and a Saver of all global variables.
+"""
+
+
+def make_optimizer(name, learning_rate, momentum=0.9):
+    """A tf.compat.v1 optimizer by name: 'sgd', 'momentum' or 'adam'."""
+    if learning_rate <= 0:
+        raise TowersError('--lr must be positive, got %g' % learning_rate)
+    if name == 'sgd':
+        return tf1.train.GradientDescentOptimizer(learning_rate)
+    if name == 'momentum':
+        return tf1.train.MomentumOptimizer(learning_rate, momentum)
+    if name == 'adam':
+        return tf1.train.AdamOptimizer(learning_rate)
+    raise TowersError('unknown optimizer %r; choose one of: %s' % (name, ', '.join(OPTIMIZERS)))
+
+
+def build_train_op(towers, optimizer, global_step):
+    """Average the towers' gradients and apply them once.
+
+    Args:
+      towers: Towers built with the optimizer (grads_and_vars set).
+      optimizer: the optimizer that computed them.
+      global_step: incremented by the apply.
+    Returns:
+      (train_op, averaged grads_and_vars).
+    """
+    grads = average_gradients([t.grads_and_vars for t in towers],
+                              weights=[t.weight for t in towers])
+    apply_op = optimizer.apply_gradients(grads, global_step=global_step)
+    # Batch-norm moving averages from tower 0 only, once per step.
+    return tf.group(apply_op, *tower_update_ops(towers[0]), name='train_op'), grads
+
+
+def weighted_loss(towers):
+    """The global batch's mean loss: each tower's mean weighted by its share."""
+    return tf.add_n([t.weight * t.loss for t in towers], name='loss')
+
+
+def build_training_graph(model_fn, input_shape, tower_devices, optimizer,
+                         param_device='/cpu:0', seed=None, input_fn=None):
+    """Build a fresh tf.Graph with training and evaluation towers.
+
+    Args:
+      model_fn: callable(images, training) -> logits.
+      input_shape: (H, W, C) of one example.
+      tower_devices: one device string per tower.
+      optimizer: callable() -> tf.compat.v1 optimizer, called inside the graph.
+      param_device: where the variables live.
+      seed: graph-level random seed (initializers, dropout), or None.
+      input_fn: callable() -> (images, labels) building the input tensors
+        inside the graph; default: placeholders [None, H, W, C] float32 and
+        [None] int64 fed by the Session loop.
+    Returns:
+      A TrainGraph.
+    """
+    graph = tf.Graph()
+    with graph.as_default():
+        if seed is not None:
+            tf1.set_random_seed(seed)
+        if input_fn is None:
+            images = tf1.placeholder(tf.float32, [None] + list(input_shape), name='images')
+            labels = tf1.placeholder(tf.int64, [None], name='labels')
+        else:
+            images, labels = input_fn()
+        with tf.device(param_device):
+            global_step = tf1.train.get_or_create_global_step()
+        opt = optimizer()
+        towers = build_towers(model_fn, images, labels, tower_devices, param_device,
+                              optimizer=opt, training=True)
+        train_op, _ = build_train_op(towers, opt, global_step)
+        with tf1.name_scope('eval'):
+            eval_towers = build_towers(model_fn, images, labels, tower_devices, param_device,
+                                       training=False, reuse=True)
+        with tf.device('/cpu:0'):
+            loss = weighted_loss(towers)
+            correct = tf.add_n([t.correct for t in towers], name='correct')
+            eval_loss = weighted_loss(eval_towers)
+            eval_correct = tf.add_n([t.correct for t in eval_towers], name='eval_correct')
+        init_op = tf1.global_variables_initializer()
+        saver = tf1.train.Saver(max_to_keep=5)
+    graph.finalize()
+    return TrainGraph(graph, images, labels, towers, train_op, loss, correct, global_step,
+                      eval_loss, eval_correct, init_op, saver)

@@ -1,0 +1,166 @@
+"""Towers: one copy of the model's compute per device, one shared set of variables.
+
+This is the classic multi-GPU recipe. The global batch is sliced, slice i goes
+to device i under the name scope `tower_i`, and every tower builds the same
+model under one shared variable scope (tower 0 creates the variables, the
+others reuse them), so there is exactly one copy of each variable whatever the
+number of towers. The variables sit on a parameter device (the tutorial's
+`/cpu:0` by default); each tower's compute, and its gradients, on its own device.
+"""
+import collections
+
+import tensorflow as tf
+
+tf1 = tf.compat.v1
+
+# Op types that hold a variable's storage; they go to the parameter device.
+_VARIABLE_OPS = frozenset(['Variable', 'VariableV2', 'VarHandleOp', 'AutoReloadVariable'])
+
+Tower = collections.namedtuple(
+    'Tower', ['device', 'scope', 'images', 'labels', 'logits', 'loss', 'correct', 'count',
+              'weight', 'grads_and_vars'])
+Tower.__doc__ = """The tensors of one tower.
+
+  device: the tower's device string.
+  scope: its name scope, e.g. 'tower_0/'.
+  images, labels: its slice, [m_i, H, W, C] float32 and [m_i] int64, where
+    m_i = max(n_i, 1) (see split_batch).
+  logits: [m_i, num_classes] float32.
+  loss: scalar float32, mean cross-entropy over the slice (0 for an empty one).
+  correct: scalar int32, how many of the slice are classified right.
+  count: scalar int32, n_i.
+  weight: scalar float32, n_i / global batch: the tower's share.
+  grads_and_vars: num_vars x (grad, var), or None when built without optimizer.
+"""
+
+
+def variables_on(param_device, compute_device):
+    """Device function: variables on param_device, every other op on compute_device."""
+    def device_fn(op):
+        return param_device if op.type in _VARIABLE_OPS else compute_device
+    return device_fn
+
+
+def split_sizes(batch, num_towers):
+    """Per-tower slice sizes of a batch: as equal as possible, the first towers larger.
+
+    100 over 3 towers -> [34, 33, 33]; 2 over 3 towers -> [1, 1, 0].
+
+    Args:
+      batch: scalar int32 tensor (or int), the global batch size.
+      num_towers: Python int.
+    Returns:
+      [num_towers] int32 tensor.
+    """
+    base, extra = batch // num_towers, batch % num_towers
+    return tf.stack([base + tf.cast(i < extra, tf.int32) for i in range(num_towers)])
+
+
+def split_batch(images, labels, num_towers):
+    """Slice a global batch into num_towers contiguous pieces.
+
+    A tower whose share is empty (a batch smaller than num_towers) is handed
+    the batch's last example as a stand-in, with count 0: tower_loss masks it
+    out and the tower's weight is 0. Feeding it nothing would be cleaner, but
+    some CPU kernels (oneDNN's max-pool gradient) abort on an empty batch.
+
+    Args:
+      images: [batch, H, W, C] float32; batch may be unknown, must be >= 1.
+      labels: [batch] int64.
+      num_towers: Python int.
+    Returns:
+      num_towers x (images_i [m_i, H, W, C], labels_i [m_i], count_i), where
+      count_i is the scalar int32 number of real examples and m_i = max(count_i, 1).
+    """
+    with tf.name_scope('split_batch'):
+        batch = tf.shape(labels)[0]
+        if num_towers == 1:
+            return [(images, labels, batch)]
+        sizes = split_sizes(batch, num_towers)
+        starts = tf.cumsum(sizes, exclusive=True)
+        slices = []
+        for i in range(num_towers):
+            begin = tf.minimum(starts[i], batch - 1)
+            end = begin + tf.maximum(sizes[i], 1)
+            slices.append((images[begin:end], labels[begin:end], sizes[i]))
+        return slices
+
+
+def tower_loss(model_fn, images, labels, count, training):
+    """Build the model on one slice: its mean loss, correct count and size.
+
+    Args:
+      model_fn: callable(images, training) -> logits [m, num_classes] float32.
+      images: [m, H, W, C] float32.
+      labels: [m] int64.
+      count: scalar int32, how many of the m examples are real (the rest are
+        stand-ins for an empty slice, see split_batch).
+      training: Python bool (dropout, batch-norm mode).
+    Returns:
+      (logits, loss, correct): [m, K] float32; scalar float32, the mean over the
+      real examples (0 for none, never NaN); scalar int32.
+    """
+    logits = model_fn(images, training)
+    real = tf.range(tf.shape(labels)[0]) < count
+    xent = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
+    xent = tf.where(real, xent, tf.zeros_like(xent))
+    loss = tf.math.divide(tf.reduce_sum(xent), tf.cast(tf.maximum(count, 1), tf.float32),
+                          name='loss')
+    predictions = tf.argmax(logits, axis=1, output_type=labels.dtype)
+    hits = tf.logical_and(real, tf.equal(predictions, labels))
+    correct = tf.reduce_sum(tf.cast(hits, tf.int32), name='correct')
+    return logits, loss, correct
+
+
+def build_towers(model_fn, images, labels, tower_devices, param_device='/cpu:0',
+                 optimizer=None, training=True, reuse=False):
+    """Build one tower per device over slices of the global batch.
+
+    Args:
+      model_fn: callable(images, training) -> logits; creates its variables
+        with tf.compat.v1.get_variable so that the towers share them.
+      images: [batch, H, W, C] float32 (e.g. a placeholder with batch None).
+      labels: [batch] int64.
+      tower_devices: device strings, one per tower ('/gpu:0', '/cpu:1', ...).
+      param_device: where the variables live.
+      optimizer: a tf.compat.v1.train.Optimizer; when given, each tower computes
+        its gradients (on its own device) into Tower.grads_and_vars.
+      training: Python bool passed to model_fn.
+      reuse: True when the variables already exist (e.g. an evaluation copy of
+        a training graph); tower 0 then reuses them too.
+    Returns:
+      A list of Tower, one per device.
+    """
+    num_towers = len(tower_devices)
+    with tf.device('/cpu:0'):
+        # Slicing on the host, as the classic tutorial dequeues there; each
+        # slice is then copied once to its tower's device.
+        slices = split_batch(images, labels, num_towers)
+        global_batch = tf.cast(tf.maximum(tf.shape(labels)[0], 1), tf.float32)
+    towers = []
+    for i, (device, (tower_images, tower_labels, count)) in enumerate(zip(tower_devices, slices)):
+        # The reuse flag lives only inside this `with`, so it cannot leak into
+        # the optimizer's slot creation later (Momentum/Adam get_variable calls).
+        with tf1.variable_scope(tf1.get_variable_scope(), reuse=True if (reuse or i > 0) else None,
+                                auxiliary_name_scope=False), \
+                tf1.device(variables_on(param_device, device)), \
+                tf1.name_scope('tower_%d' % i) as scope:
+            logits, loss, correct = tower_loss(model_fn, tower_images, tower_labels, count,
+                                               training)
+            weight = tf.math.divide(tf.cast(count, tf.float32), global_batch, name='weight')
+            grads_and_vars = None
+            if optimizer is not None:
+                grads_and_vars = optimizer.compute_gradients(
+                    loss, colocate_gradients_with_ops=True)
+        towers.append(Tower(device, scope, tower_images, tower_labels, logits, loss, correct,
+                            count, weight, grads_and_vars))
+    return towers
+
+
+def tower_update_ops(tower):
+    """The UPDATE_OPS (batch-norm moving averages) built by one tower.
+
+    Only tower 0's are run, once per step, as tf_cnn_benchmarks does: running
+    every tower's would move the averages N times per step.
+    """
+    return tf1.get_collection(tf1.GraphKeys.UPDATE_OPS, scope=tower.scope)

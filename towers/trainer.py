@@ -1,0 +1,173 @@
+"""The Session loop: feed batches, run the train op, log, checkpoint, evaluate.
+
+The loop is the classic one: `sess.run(train_op, feed_dict=...)` per step, a
+log line every few steps, a Saver checkpoint every K steps and at the end, and
+one pass over the test set when training is done.
+"""
+import dataclasses
+import math
+import os
+import time
+
+import numpy as np
+import tensorflow as tf
+
+from towers.devices import session_config
+from towers.errors import TowersError
+from towers.graph import build_training_graph, make_optimizer
+
+tf1 = tf.compat.v1
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    """What to train and how; the CLI's flags map one to one onto these fields.
+
+    Exactly one of epochs / steps sets the length (steps wins when both are
+    given). batch_size is the *global* batch, sliced over the towers.
+    """
+    tower_devices: list = dataclasses.field(default_factory=lambda: ['/cpu:0'])
+    param_device: str = '/cpu:0'
+    batch_size: int = 100
+    epochs: float = 1.0
+    steps: int = None
+    optimizer: str = 'adam'
+    learning_rate: float = 1e-3
+    momentum: float = 0.9
+    logdir: str = None
+    log_every: int = 50
+    checkpoint_every: int = 500
+    warmup_steps: int = 10
+    seed: int = 0
+
+    def total_steps(self, num_examples):
+        if self.batch_size < 1:
+            raise TowersError('--batch-size must be at least 1, got %d' % self.batch_size)
+        if self.steps is not None:
+            if self.steps < 1:
+                raise TowersError('--steps must be at least 1, got %d' % self.steps)
+            return self.steps
+        if self.epochs <= 0:
+            raise TowersError('--epochs must be positive, got %g' % self.epochs)
+        return int(math.ceil(self.epochs * num_examples / self.batch_size))
+
+
+def evaluate(sess, graph, dataset, batch_size):
+    """Mean loss and accuracy over a whole DataSet, last partial batch included.
+
+    Args:
+      sess: a Session on graph.graph with the variables initialised.
+      graph: the TrainGraph (its inference-mode towers are used).
+      dataset: anything with `images` [N, H, W, C] and `labels` [N] arrays.
+      batch_size: global batch per run, spread over the towers.
+    Returns:
+      (loss, accuracy) as Python floats.
+    """
+    total = len(dataset.labels)
+    if total == 0:
+        raise TowersError('cannot evaluate on an empty dataset')
+    loss_sum, correct = 0.0, 0
+    for start in range(0, total, batch_size):
+        images = dataset.images[start:start + batch_size]
+        labels = dataset.labels[start:start + batch_size]
+        loss, right = sess.run([graph.eval_loss, graph.eval_correct],
+                               {graph.images: images, graph.labels: labels})
+        # Batch means are re-weighted by batch size so the short last batch
+        # counts exactly as much as its examples.
+        loss_sum += float(loss) * len(labels)
+        correct += int(right)
+    return loss_sum / total, correct / total
+
+
+def _prepare_logdir(logdir):
+    try:
+        os.makedirs(logdir, exist_ok=True)
+    except OSError as e:
+        raise TowersError('cannot create --logdir %s: %s' % (logdir, e.strerror)) from e
+    if not os.access(logdir, os.W_OK):
+        raise TowersError('--logdir %s is not writable; choose another folder' % logdir)
+
+
+class _Throughput:
+    """images/sec over the steps since the last report, warm-up steps excluded."""
+
+    def __init__(self, warmup_steps):
+        self.warmup_steps = warmup_steps
+        self.images = 0
+        self.seconds = 0.0
+
+    def add(self, step, images, seconds):
+        if step > self.warmup_steps:
+            self.images += images
+            self.seconds += seconds
+
+    def take(self):
+        rate = self.images / self.seconds if self.seconds else None
+        self.images, self.seconds = 0, 0.0
+        return rate
+
+
+def train(config, model_fn, datasets, input_shape, log=print):
+    """Train model_fn on datasets.train over config.tower_devices; test at the end.
+
+    Args:
+      config: a TrainConfig.
+      model_fn: callable(images, training) -> logits [batch, num_classes].
+      datasets: a data.Datasets (train with next_batch; test with images/labels).
+      input_shape: (H, W, C).
+      log: callable taking one line of text.
+    Returns:
+      dict with steps, test_loss, test_accuracy, images_per_sec (mean over the
+      run after warm-up, None if too short) and checkpoint (path or None).
+    """
+    num_steps = config.total_steps(datasets.train.num_examples)
+    if config.logdir:
+        _prepare_logdir(config.logdir)
+    graph = build_training_graph(
+        model_fn, input_shape, config.tower_devices,
+        lambda: make_optimizer(config.optimizer, config.learning_rate, config.momentum),
+        param_device=config.param_device, seed=config.seed)
+    sess_config = session_config(config.tower_devices, config.param_device)
+    checkpoint = None
+    with tf1.Session(graph=graph.graph, config=sess_config) as sess:
+        latest = tf1.train.latest_checkpoint(config.logdir) if config.logdir else None
+        if latest:
+            graph.saver.restore(sess, latest)
+            log('resumed from %s' % latest)
+        else:
+            sess.run(graph.init_op)
+        step = int(sess.run(graph.global_step))
+        window, overall = _Throughput(config.warmup_steps), _Throughput(config.warmup_steps)
+        log('training %d steps on %d tower(s) %s, global batch %d'
+            % (num_steps, len(config.tower_devices), ','.join(config.tower_devices),
+               config.batch_size))
+        while step < num_steps:
+            images, labels = datasets.train.next_batch(config.batch_size)
+            start = time.perf_counter()
+            _, loss, correct, step = sess.run(
+                [graph.train_op, graph.loss, graph.correct, graph.global_step],
+                {graph.images: images, graph.labels: labels})
+            elapsed = time.perf_counter() - start
+            window.add(step, len(labels), elapsed)
+            overall.add(step, len(labels), elapsed)
+            if not np.isfinite(loss):
+                raise TowersError('loss is %s at step %d; lower --lr' % (loss, step))
+            if step % config.log_every == 0 or step == num_steps:
+                rate = window.take()
+                log('step %d/%d epoch %.2f: loss %.4f accuracy %.4f%s'
+                    % (step, num_steps, step * config.batch_size / datasets.train.num_examples,
+                       loss, correct / len(labels),
+                       ' | %.1f images/sec' % rate if rate else ''))
+            if config.logdir and config.checkpoint_every and step % config.checkpoint_every == 0:
+                checkpoint = graph.saver.save(sess, os.path.join(config.logdir, 'model.ckpt'),
+                                              global_step=step)
+        if config.logdir and (checkpoint is None or not checkpoint.endswith('-%d' % step)):
+            checkpoint = graph.saver.save(sess, os.path.join(config.logdir, 'model.ckpt'),
+                                          global_step=step)
+        if checkpoint:
+            log('checkpoint: %s' % checkpoint)
+        test_loss, test_accuracy = evaluate(sess, graph, datasets.test, config.batch_size)
+    log('test: loss %.4f accuracy %.4f (%d images)'
+        % (test_loss, test_accuracy, len(datasets.test.labels)))
+    return {'steps': step, 'test_loss': test_loss, 'test_accuracy': test_accuracy,
+            'images_per_sec': overall.take(), 'checkpoint': checkpoint}
