@@ -50,7 +50,7 @@ def build_parser():
     _device_flags(train)
     train.add_argument('--batch-size', type=int, default=100,
                        help='global batch, split over the towers (default: 100)')
-    train.add_argument('--epochs', type=float, default=3.0, help='epochs to train (default: 3)')
+    train.add_argument('--epochs', type=float, default=10.0, help='epochs to train (default: 10)')
     train.add_argument('--steps', type=int, default=None, help='train this many steps instead')
     train.add_argument('--optimizer', default='adam', choices=['sgd', 'momentum', 'adam'],
                        help='(default: adam)')

@@ -144,10 +144,10 @@ def train(config, model_fn, datasets, input_shape, log=print):
         while step < num_steps:
             images, labels = datasets.train.next_batch(config.batch_size)
             start = time.perf_counter()
-            _, loss, correct, step = sess.run(
-                [graph.train_op, graph.loss, graph.correct, graph.global_step],
-                {graph.images: images, graph.labels: labels})
+            _, loss, correct = sess.run([graph.train_op, graph.loss, graph.correct],
+                                        {graph.images: images, graph.labels: labels})
             elapsed = time.perf_counter() - start
+            step += 1  # the train op increments global_step by exactly one
             window.add(step, len(labels), elapsed)
             overall.add(step, len(labels), elapsed)
             if not np.isfinite(loss):
