@@ -32,7 +32,7 @@ def synthetic_inputs(batch_size, input_shape, num_classes):
                 shape=[batch_size] + list(input_shape), dtype=tf.float32)
             labels = tf1.get_local_variable(
                 'synthetic_labels', shape=[batch_size], dtype=tf.int64,
-                initializer=tf1.random_uniform_initializer(0, num_classes, dtype=tf.int64))
+                initializer=tf1.random_uniform_initializer(0, num_classes))
             return (tf1.placeholder_with_default(images.read_value(), images.shape, 'images'),
                     tf1.placeholder_with_default(labels.read_value(), labels.shape, 'labels'))
     return input_fn
@@ -57,12 +57,10 @@ def measure(model_fn, input_shape, num_classes, tower_devices, batch_size,
         model_fn, input_shape, tower_devices, lambda: make_optimizer(optimizer, 0.01),
         param_device=param_device, seed=0,
         input_fn=synthetic_inputs(batch_size, input_shape, num_classes))
-    with graph.graph.as_default():
-        local_init = tf1.local_variables_initializer()
     rates = []
     with tf1.Session(graph=graph.graph,
                      config=session_config(tower_devices, param_device)) as sess:
-        sess.run([graph.init_op, local_init])
+        sess.run(graph.init_op)
         for step in range(warmup_steps + timed_steps):
             start = time.perf_counter()
             sess.run(graph.train_op)

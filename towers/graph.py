@@ -31,7 +31,8 @@ TrainGraph.__doc__ = """Handles on a built training graph.
   global_step: the int64 step counter.
   eval_loss, eval_correct: the same for the inference-mode (training=False)
     towers, which share the variables; feed them the same placeholders.
-  init_op, saver: variable initializer and a Saver of all global variables.
+  init_op, saver: global and local variable initializer; a Saver of all
+    global variables.
 """
 
 
@@ -110,7 +111,8 @@ def build_training_graph(model_fn, input_shape, tower_devices, optimizer,
             correct = tf.add_n([t.correct for t in towers], name='correct')
             eval_loss = weighted_loss(eval_towers)
             eval_correct = tf.add_n([t.correct for t in eval_towers], name='eval_correct')
-        init_op = tf1.global_variables_initializer()
+        init_op = tf.group(tf1.global_variables_initializer(),
+                           tf1.local_variables_initializer(), name='init')
         saver = tf1.train.Saver(max_to_keep=5)
     graph.finalize()
     return TrainGraph(graph, images, labels, towers, train_op, loss, correct, global_step,
