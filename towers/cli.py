@@ -88,6 +88,7 @@ def _run(args, log):
     import data
     import models
     from towers import bench, devices, trainer
+    from towers.errors import TowersError
 
     if args.command == 'models':
         log('models: %s' % ', '.join(models.model_names()))
@@ -100,6 +101,10 @@ def _run(args, log):
             log(line)
         return
     info = data.dataset_info(args.dataset)
+    if args.command == 'train' and args.validation_size is not None and \
+            not 0 <= args.validation_size < info.num_train:
+        raise TowersError('--validation-size must be in [0, %d) for %s, got %d'
+                          % (info.num_train, args.dataset, args.validation_size))
     if args.command == 'bench':
         counts = _int_list(args.towers, '--towers')
         first = devices.resolve_devices(num_towers=counts[0])
@@ -141,9 +146,32 @@ def _int_list(text, flag):
     return values
 
 
+def _import_tensorflow_quietly():
+    """Import TensorFlow with its import-time C++ log lines dropped.
+
+    TensorFlow 2.21 writes its oneDNN notice through absl before absl logging is
+    initialised, where TF_CPP_MIN_LOG_LEVEL cannot reach it; only the file
+    descriptor can. A Python error raised by the import still shows: stderr is
+    restored before it propagates.
+    """
+    if 'tensorflow' in sys.modules:
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, 'w') as devnull:
+            os.dup2(devnull.fileno(), 2)
+            import tensorflow  # noqa: F401
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 def main(argv=None):
     args = build_parser().parse_args(argv)
     os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+    if not args.debug:
+        _import_tensorflow_quietly()
     import data
     import models
     from towers.errors import TowersError

@@ -53,6 +53,8 @@ def resolve_devices(num_towers=None, devices=None, num_gpus=None):
     if devices:
         if isinstance(devices, str):
             devices = [d for d in devices.split(',') if d.strip()]
+        if not devices:
+            raise DeviceError('the device list names no device: use e.g. /gpu:0,/gpu:1')
         parsed = [parse_device(d) for d in devices]
         if len(set(parsed)) != len(parsed):
             raise DeviceError('device list %s names a device twice' % ','.join(devices))
@@ -111,13 +113,14 @@ def describe_devices(tower_devices, param_device):
     return lines
 
 
-def resolve_param_device(choice, tower_devices):
+def resolve_param_device(choice, tower_devices, num_gpus=None):
     """Where the shared variables live.
 
     Args:
       choice: 'cpu' (the classic tutorial's '/cpu:0'), 'gpu' (the first tower's
         GPU, which must be one), or an explicit device name such as '/cpu:1'.
       tower_devices: the resolved tower devices.
+      num_gpus: GPUs to assume for an explicit '/gpu:N'; None asks TensorFlow.
     """
     if choice in (None, 'cpu'):
         return '/cpu:0'
@@ -126,4 +129,10 @@ def resolve_param_device(choice, tower_devices):
             raise DeviceError("--param-device gpu needs GPU towers, but the towers run on %s; "
                               "use --param-device cpu" % ','.join(tower_devices))
         return tower_devices[0]
-    return '/%s:%d' % parse_device(choice)
+    kind, index = parse_device(choice)
+    if kind == 'gpu':
+        num_gpus = visible_gpus() if num_gpus is None else num_gpus
+        if index >= num_gpus:
+            raise DeviceError('--param-device /gpu:%d does not exist: this machine has %d '
+                              'visible GPU(s); use --param-device cpu' % (index, num_gpus))
+    return '/%s:%d' % (kind, index)

@@ -121,6 +121,9 @@ def train(config, model_fn, datasets, input_shape, log=print):
       run after warm-up, None if too short) and checkpoint (path or None).
     """
     num_steps = config.total_steps(datasets.train.num_examples)
+    if config.batch_size > datasets.train.num_examples:
+        raise TowersError('--batch-size %d exceeds the %d training examples; use a smaller batch'
+                          % (config.batch_size, datasets.train.num_examples))
     if config.logdir:
         _prepare_logdir(config.logdir)
     graph = build_training_graph(
@@ -133,6 +136,10 @@ def train(config, model_fn, datasets, input_shape, log=print):
         latest = tf1.train.latest_checkpoint(config.logdir) if config.logdir else None
         if latest:
             graph.saver.restore(sess, latest)
+            # A fresh Saver knows none of the earlier checkpoints: without this it
+            # would drop them from the state file and never delete them (max_to_keep).
+            graph.saver.recover_last_checkpoints(
+                tf1.train.get_checkpoint_state(config.logdir).all_model_checkpoint_paths)
             log('resumed from %s' % latest)
         else:
             sess.run(graph.init_op)
