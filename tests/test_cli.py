@@ -1,0 +1,149 @@
+"""The `towers` command: the end-to-end run, `devices`, one-line errors, --debug, --help."""
+import os
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+import tensorflow as tf
+
+import data
+import models
+from towers.cli import main
+
+tf1 = tf.compat.v1
+
+ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
+HAS_GPU = bool(tf.config.list_physical_devices('GPU'))
+
+
+def _towers(*args, timeout=60, cwd=None):
+    """Run `python -m towers ARGS` in a fresh process; returns (process, seconds)."""
+    start = time.monotonic()
+    process = subprocess.run([sys.executable, '-m', 'towers'] + list(args), env=ENV, cwd=cwd,
+                             capture_output=True, text=True, timeout=timeout)
+    return process, time.monotonic() - start
+
+
+def test_train_end_to_end_on_the_embedded_sample(tmp_path):
+    logdir = tmp_path / 'run'
+    process, seconds = _towers('train', '--towers', '2', '--epochs', '6', '--batch-size', '50',
+                               '--logdir', str(logdir), timeout=180, cwd=str(tmp_path))
+    assert process.returncode == 0, process.stderr
+    assert seconds < 60, 'took %.1f s' % seconds
+    assert 'Traceback' not in process.stderr and 'error' not in process.stderr
+    out = process.stdout
+    assert 'training 480 steps on 2 tower(s) /cpu:0,/cpu:1, global batch 50' in out
+    match = re.search(r'^test: loss (\d+\.\d+) accuracy (\d\.\d+) \(1000 images\)$', out, re.M)
+    assert match, out
+    assert float(match.group(2)) >= 0.95, match.group(0)
+    state = tf1.train.get_checkpoint_state(str(logdir))
+    assert state is not None and state.model_checkpoint_path.endswith('model.ckpt-480')
+    assert 'checkpoint: %s' % state.model_checkpoint_path in out
+
+
+@pytest.mark.skipif(HAS_GPU, reason='a GPU is visible')
+def test_devices_lists_virtual_cpus(capsys):
+    assert main(['devices', '--towers', '3']) == 0
+    out, err = capsys.readouterr()
+    assert out.splitlines() == ['visible GPUs: 0',
+                                'tower_0: /cpu:0 (virtual CPU device)',
+                                'tower_1: /cpu:1 (virtual CPU device)',
+                                'tower_2: /cpu:2 (virtual CPU device)',
+                                'variables: /cpu:0']
+    assert err == ''
+
+
+def _blocked_logdir(tmp_path):
+    blocker = tmp_path / 'a_file'
+    blocker.write_text('not a folder')
+    return str(blocker / 'run')
+
+
+BAD_INPUT = [
+    (['train', '--model', 'nope'],
+     "unknown model 'nope'; known models: " + ', '.join(models.model_names())),
+    (['train', '--dataset', 'nope'],
+     "unknown dataset 'nope'; known datasets: " + ', '.join(sorted(data.DATASETS))),
+    (['bench', '--dataset', 'nope'], "unknown dataset 'nope'"),
+    (['train', '--batch-size', '0'], '--batch-size must be at least 1, got 0'),
+    (['train', '--steps', '0'], '--steps must be at least 1, got 0'),
+    (['train', '--epochs', '0'], '--epochs must be positive'),
+    (['train', '--lr', '0'], '--lr must be positive'),
+    (['train', '--towers', '0'], '--towers must be at least 1, got 0'),
+    (['devices', '--towers', '0'], '--towers must be at least 1, got 0'),
+    (['devices', '--devices', '/cpu:0,/cpu:0'], 'names a device twice'),
+    (['devices', '--devices', ','], 'names no device'),
+    (['devices', '--param-device', 'gpu'], '--param-device gpu needs GPU towers'),
+    (['bench', '--towers', '0,1'], '--towers wants positive integers'),
+    (['train', '--validation-size', '4000'], '--validation-size must be in [0, 4000)'),
+    (['train', '--batch-size', '4001', '--steps', '1'],
+     '--batch-size 4001 exceeds the 4000 training examples'),
+    (['train', '--steps', '1', '--logdir', None], 'cannot create --logdir'),
+]
+if not HAS_GPU:
+    BAD_INPUT += [
+        (['train', '--devices', '/gpu:0'], '/gpu:0 does not exist: this machine has 0 visible'),
+        (['devices', '--param-device', '/gpu:0'], '/gpu:0 does not exist'),
+    ]
+
+
+@pytest.mark.parametrize('argv,message', BAD_INPUT,
+                         ids=[' '.join(a for a in argv if a) for argv, _ in BAD_INPUT])
+def test_bad_input_is_one_line_and_status_1(capsys, tmp_path, argv, message):
+    argv = [a if a is not None else _blocked_logdir(tmp_path) for a in argv]
+    assert main(argv) == 1
+    out, err = capsys.readouterr()
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith('towers: error: ') and message in lines[0], lines[0]
+    assert 'training' not in out  # nothing was trained
+
+
+def test_debug_lets_the_exception_through(capsys):
+    with pytest.raises(models.ModelError, match="unknown model 'nope'"):
+        main(['--debug', 'train', '--model', 'nope'])
+    assert 'towers: error' not in capsys.readouterr().err
+
+
+def test_error_in_a_real_process_is_one_line_without_traceback(tmp_path):
+    process, _ = _towers('train', '--model', 'nope', cwd=str(tmp_path))
+    assert process.returncode == 1
+    assert process.stderr.splitlines() == [
+        "towers: error: unknown model 'nope'; known models: cifar_convnet, mnist_convnet, "
+        'small_convnet'], process.stderr
+    assert process.stdout == ''
+
+
+def test_debug_in_a_real_process_shows_the_traceback(tmp_path):
+    process, _ = _towers('--debug', 'train', '--model', 'nope', cwd=str(tmp_path))
+    assert process.returncode == 1
+    assert 'Traceback (most recent call last)' in process.stderr
+    assert process.stderr.rstrip().splitlines()[-1] == (
+        "models.errors.ModelError: unknown model 'nope'; known models: cifar_convnet, "
+        'mnist_convnet, small_convnet')
+    assert 'towers: error' not in process.stderr
+
+
+@pytest.mark.parametrize('argv,expected', [
+    (['--help'], 'usage: towers'), (['train', '--help'], '--batch-size BATCH_SIZE')])
+def test_help_exits_0_without_loading_tensorflow(argv, expected):
+    process, _ = _towers(*argv, timeout=30)
+    assert process.returncode == 0, process.stderr
+    assert expected in process.stdout
+    check = subprocess.run(
+        [sys.executable, '-c', 'import sys\nfrom towers.cli import main\n'
+         'try:\n    main(%r)\nexcept SystemExit as e:\n    assert e.code == 0\n'
+         'assert "tensorflow" not in sys.modules, "--help imported TensorFlow"' % argv],
+        env=ENV, capture_output=True, text=True, timeout=30)
+    assert check.returncode == 0, check.stderr
+
+
+def test_console_script_help():
+    script = os.path.join(os.path.dirname(sys.executable), 'towers')
+    if not os.path.exists(script):
+        pytest.skip('the towers console script is not installed next to %s' % sys.executable)
+    process = subprocess.run([script, '--help'], env=ENV, capture_output=True, text=True,
+                             timeout=30)
+    assert process.returncode == 0 and 'usage: towers' in process.stdout

@@ -1,0 +1,118 @@
+"""Device choice: defaults, explicit lists, errors instead of fallbacks, session config."""
+import pytest
+import tensorflow as tf
+
+from towers.devices import resolve_devices, resolve_param_device, session_config
+from towers.errors import DeviceError
+
+tf1 = tf.compat.v1
+
+
+@pytest.mark.skipif(bool(tf.config.list_physical_devices('GPU')), reason='a GPU is visible')
+def test_default_on_this_cpu_only_machine():
+    assert resolve_devices() == ['/cpu:0']
+    assert resolve_devices(num_towers=3) == ['/cpu:0', '/cpu:1', '/cpu:2']
+
+
+def test_without_gpus_num_towers_gives_virtual_cpus():
+    assert resolve_devices(num_gpus=0) == ['/cpu:0']
+    assert resolve_devices(num_towers=3, num_gpus=0) == ['/cpu:0', '/cpu:1', '/cpu:2']
+
+
+def test_gpus_are_the_default_and_cannot_be_exceeded():
+    assert resolve_devices(num_gpus=2) == ['/gpu:0', '/gpu:1']
+    assert resolve_devices(num_towers=1, num_gpus=2) == ['/gpu:0']
+    with pytest.raises(DeviceError) as error:
+        resolve_devices(num_towers=3, num_gpus=2)
+    message = str(error.value)
+    assert '3 towers' in message and '2 visible GPU' in message
+
+
+@pytest.mark.parametrize('devices,num_gpus,expected', [
+    ('/gpu:0,/gpu:1', 2, ['/gpu:0', '/gpu:1']),
+    (' /GPU:1 , /gpu:0 ', 2, ['/gpu:1', '/gpu:0']),  # order is kept: tower_0 on /gpu:1
+    ('GPU:1', 2, ['/gpu:1']),
+    ('/device:CPU:0', 0, ['/cpu:0']),
+    (['cpu:2', '/device:cpu:0'], 0, ['/cpu:2', '/cpu:0']),
+])
+def test_explicit_lists_are_canonicalised(devices, num_gpus, expected):
+    assert resolve_devices(devices=devices, num_gpus=num_gpus) == expected
+
+
+def test_explicit_list_with_agreeing_tower_count():
+    devices = resolve_devices(num_towers=2, devices='/cpu:0,/cpu:1', num_gpus=0)
+    assert devices == ['/cpu:0', '/cpu:1']
+
+
+def test_a_missing_gpu_is_an_error_never_a_cpu_fallback():
+    with pytest.raises(DeviceError, match=r'/gpu:0 does not exist.*0 visible GPU'):
+        resolve_devices(devices='/gpu:0', num_gpus=0)
+    with pytest.raises(DeviceError, match=r'/gpu:2 does not exist.*2 visible GPU'):
+        resolve_devices(devices='/gpu:0,/gpu:2', num_gpus=2)
+
+
+@pytest.mark.parametrize('kwargs,match', [
+    (dict(devices='/gpu:0,/gpu:0', num_gpus=2), 'twice'),
+    (dict(devices='/cpu:1,cpu:1', num_gpus=0), 'twice'),
+    (dict(devices='/cpu:0,/gpu:0', num_gpus=1), 'mixes CPUs and GPUs'),
+    (dict(devices='/tpu:0', num_gpus=0), 'bad device name'),
+    (dict(devices='/gpu:x', num_gpus=1), 'bad device name'),
+    (dict(devices='/gpu:0/gpu:1', num_gpus=2), 'bad device name'),
+    (dict(devices=',', num_gpus=0), 'names no device'),
+    (dict(num_towers=3, devices='/cpu:0,/cpu:1', num_gpus=0), '--towers 3 disagrees with 2'),
+    (dict(num_towers=0, num_gpus=0), 'at least 1, got 0'),
+    (dict(num_towers=0, num_gpus=2), 'at least 1, got 0'),
+    (dict(num_towers=-1, num_gpus=0), 'at least 1, got -1'),
+])
+def test_bad_requests_are_device_errors(kwargs, match):
+    with pytest.raises(DeviceError, match=match):
+        resolve_devices(**kwargs)
+
+
+@pytest.mark.parametrize('tower_devices,param_device,cpus', [
+    (['/cpu:0'], '/cpu:0', 1),
+    (['/cpu:0', '/cpu:1', '/cpu:2'], '/cpu:0', 3),
+    (['/cpu:2', '/cpu:0'], '/cpu:0', 3),
+    (['/cpu:0'], '/cpu:3', 4),
+    (['/gpu:0', '/gpu:1'], '/cpu:0', 1),
+    (['/gpu:0'], '/gpu:0', 1),
+])
+def test_session_config_counts_the_highest_cpu(tower_devices, param_device, cpus):
+    config = session_config(tower_devices, param_device)
+    assert config.device_count['CPU'] == cpus
+    assert config.allow_soft_placement is False
+
+
+def test_session_config_passes_other_fields_through():
+    config = session_config(['/cpu:0'], intra_op_parallelism_threads=1)
+    assert config.intra_op_parallelism_threads == 1
+    assert config.device_count['CPU'] == 1
+
+
+def test_a_session_with_that_config_has_that_many_cpus():
+    config = session_config(['/cpu:0', '/cpu:1', '/cpu:3'])
+    with tf.Graph().as_default() as graph, tf1.Session(graph=graph, config=config) as sess:
+        cpus = sorted(d.name.split('/')[-1] for d in sess.list_devices()
+                      if d.device_type == 'CPU')
+    assert cpus == ['device:CPU:0', 'device:CPU:1', 'device:CPU:2', 'device:CPU:3']
+
+
+def test_param_device_choices():
+    cpu_towers = ['/cpu:0', '/cpu:1']
+    assert resolve_param_device('cpu', cpu_towers) == '/cpu:0'
+    assert resolve_param_device(None, cpu_towers) == '/cpu:0'
+    assert resolve_param_device('/cpu:1', cpu_towers) == '/cpu:1'
+    assert resolve_param_device('device:CPU:2', cpu_towers) == '/cpu:2'
+    assert resolve_param_device('gpu', ['/gpu:1', '/gpu:0'], num_gpus=2) == '/gpu:1'
+    assert resolve_param_device('/gpu:1', ['/gpu:0'], num_gpus=2) == '/gpu:1'
+    with pytest.raises(DeviceError, match='needs GPU towers'):
+        resolve_param_device('gpu', cpu_towers)
+    with pytest.raises(DeviceError, match='bad device name'):
+        resolve_param_device('host', cpu_towers)
+
+
+def test_param_device_on_a_missing_gpu_is_an_error():
+    with pytest.raises(DeviceError, match=r'/gpu:0 does not exist.*0 visible GPU'):
+        resolve_param_device('/gpu:0', ['/cpu:0'], num_gpus=0)
+    with pytest.raises(DeviceError, match=r'/gpu:2 does not exist.*2 visible GPU'):
+        resolve_param_device('/gpu:2', ['/gpu:0'], num_gpus=2)

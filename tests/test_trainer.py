@@ -1,0 +1,275 @@
+"""The Session loop: step counts, checkpoints and resume, evaluate, errors, log lines."""
+import os
+import re
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import data
+import models
+from towers.devices import session_config
+from towers.errors import TowersError
+from towers.graph import build_training_graph, make_optimizer
+from towers.trainer import TrainConfig, evaluate, train
+
+tf1 = tf.compat.v1
+
+SHAPE = (28, 28, 1)
+NUM_TRAIN, NUM_TEST = 200, 37
+
+
+class _Counting:
+    """A DataSet that counts its next_batch calls: one per training step."""
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+        self.batches = 0
+
+    num_examples = property(lambda self: self.dataset.num_examples)
+    images = property(lambda self: self.dataset.images)
+    labels = property(lambda self: self.dataset.labels)
+
+    def next_batch(self, batch_size):
+        self.batches += 1
+        return self.dataset.next_batch(batch_size)
+
+
+def _images_and_labels(num, rng):
+    """Easy digits: class c lights one 7x7 cell of a 4x4 grid on faint noise."""
+    labels = rng.randint(0, 10, num)
+    images = rng.rand(num, *SHAPE).astype(np.float32) * 0.1
+    for image, label in zip(images, labels):
+        row, col = divmod(label, 4)
+        image[row * 7:row * 7 + 7, col * 7:col * 7 + 7] += 0.9
+    return images, labels
+
+
+def _datasets(seed=0):
+    rng = np.random.RandomState(seed)
+    train_set = data.DataSet(*_images_and_labels(NUM_TRAIN, rng), seed=seed)
+    test_set = data.DataSet(*_images_and_labels(NUM_TEST, rng), seed=seed)
+    empty = data.DataSet(np.zeros([0, 28, 28, 1], np.float32), np.zeros([0], np.int64))
+    return data.Datasets(_Counting(train_set), empty, test_set)
+
+
+def _model():
+    return models.build_model('small_convnet', SHAPE, 10)
+
+
+def _config(**overrides):
+    options = dict(batch_size=10, optimizer='sgd', learning_rate=0.05, log_every=1000,
+                   warmup_steps=0)
+    options.update(overrides)
+    return TrainConfig(**options)
+
+
+def _train(config, datasets=None):
+    """train() with a log collected into a list; returns (result, lines, datasets)."""
+    datasets = datasets or _datasets()
+    lines = []
+    result = train(config, _model(), datasets, SHAPE, log=lines.append)
+    return result, lines, datasets
+
+
+def _checkpoint_steps(logdir):
+    state = tf1.train.get_checkpoint_state(logdir)
+    assert state is not None, 'no checkpoint in %s' % logdir
+    return [int(path.rsplit('-', 1)[1]) for path in state.all_model_checkpoint_paths]
+
+
+@pytest.mark.parametrize('epochs,batch_size,expected', [
+    (1, 10, 20), (1, 30, 7), (0.5, 30, 4), (2.5, 64, 8), (0.01, 10, 1)])
+def test_total_steps_is_the_ceiling_of_epochs_times_examples_over_batch(epochs, batch_size,
+                                                                         expected):
+    assert TrainConfig(batch_size=batch_size, epochs=epochs).total_steps(NUM_TRAIN) == expected
+    assert TrainConfig(batch_size=batch_size, epochs=epochs, steps=3).total_steps(NUM_TRAIN) == 3
+
+
+def test_epochs_run_exactly_the_computed_steps_on_two_towers():
+    # 0.5 epoch of 200 at 30 per step: ceil(3.33) = 4 steps, not 3.
+    result, lines, sets = _train(_config(epochs=0.5, batch_size=30,
+                                         tower_devices=['/cpu:0', '/cpu:1']))
+    assert result['steps'] == 4
+    assert sets.train.batches == 4
+    assert 'training 4 steps on 2 tower(s) /cpu:0,/cpu:1, global batch 30' in lines
+    assert result['checkpoint'] is None
+    assert lines[-1] == 'test: loss %.4f accuracy %.4f (37 images)' % (
+        result['test_loss'], result['test_accuracy'])
+
+
+def test_steps_override_epochs():
+    result, _, sets = _train(_config(epochs=5, steps=3))
+    assert result['steps'] == 3 and sets.train.batches == 3
+
+
+def test_checkpoints_every_k_steps_and_at_the_end_then_resume(tmp_path):
+    logdir = str(tmp_path / 'run')  # does not exist yet: train creates it
+    first, lines, sets = _train(_config(steps=7, checkpoint_every=3, logdir=logdir))
+    assert first['steps'] == 7 and sets.train.batches == 7
+    assert _checkpoint_steps(logdir) == [3, 6, 7]
+    assert first['checkpoint'] == os.path.join(logdir, 'model.ckpt-7')
+    assert tf1.train.latest_checkpoint(logdir) == first['checkpoint']
+    assert tf.train.load_variable(logdir, 'global_step') == 7
+    assert not any('resumed' in line for line in lines)
+
+    # The same logdir and more steps: training continues from step 7.
+    second, lines, sets = _train(_config(steps=10, checkpoint_every=3, logdir=logdir))
+    assert 'resumed from %s' % first['checkpoint'] in lines
+    assert second['steps'] == 10 and sets.train.batches == 3
+    assert _checkpoint_steps(logdir) == [3, 6, 7, 9, 10]
+    assert tf.train.load_variable(logdir, 'global_step') == 10
+
+    # Nothing left to do: no step runs and the restored weights test the same.
+    third, lines, sets = _train(_config(steps=10, checkpoint_every=3, logdir=logdir))
+    assert 'resumed from %s' % second['checkpoint'] in lines
+    assert third['steps'] == 10 and sets.train.batches == 0
+    assert third['test_loss'] == pytest.approx(second['test_loss'], rel=1e-6)
+    assert third['test_accuracy'] == second['test_accuracy']
+    assert third['test_loss'] != pytest.approx(first['test_loss'], rel=1e-3)
+
+
+def test_resumed_runs_keep_only_the_last_five_checkpoints(tmp_path):
+    logdir = str(tmp_path)
+    _train(_config(steps=4, checkpoint_every=1, logdir=logdir))
+    assert _checkpoint_steps(logdir) == [1, 2, 3, 4]
+    _train(_config(steps=7, checkpoint_every=1, logdir=logdir))
+    assert _checkpoint_steps(logdir) == [3, 4, 5, 6, 7]
+    on_disk = sorted(int(name.split('-')[1].split('.')[0]) for name in os.listdir(logdir)
+                     if name.endswith('.index'))
+    assert on_disk == [3, 4, 5, 6, 7]
+
+
+def _reference_loss_and_accuracy(logits, labels):
+    """Mean softmax cross-entropy and accuracy in numpy, float64."""
+    logits = logits.astype(np.float64)
+    shifted = logits - logits.max(axis=1, keepdims=True)
+    log_probs = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+    losses = -log_probs[np.arange(len(labels)), labels]
+    return losses, float(np.mean(np.argmax(logits, axis=1) == labels))
+
+
+def test_evaluate_counts_every_example_of_a_test_set_that_is_not_a_multiple_of_the_batch(
+        tmp_path):
+    images = np.random.RandomState(5).rand(NUM_TEST, *SHAPE).astype(np.float32)
+    optimizer = lambda: make_optimizer('sgd', 0.1)  # noqa: E731
+    one = build_training_graph(_model(), SHAPE, ['/cpu:0'], optimizer, seed=3)
+    with tf1.Session(graph=one.graph, config=session_config(['/cpu:0'])) as sess:
+        sess.run(one.init_op)
+        # small_convnet has no dropout: the training tower's logits are the eval logits.
+        logits = sess.run(one.towers[0].logits, {one.images: images})
+        predicted = np.argmax(logits, axis=1)
+        # Every other label is wrong on purpose: accuracy is exactly 19/37.
+        labels = np.where(np.arange(NUM_TEST) % 2 == 0, predicted, (predicted + 1) % 10)
+        test_set = data.DataSet(images, labels)
+        losses, accuracy = _reference_loss_and_accuracy(logits, labels)
+        assert accuracy == 19 / 37
+        # The one-shot run over all 37 agrees with numpy.
+        loss, correct = sess.run([one.eval_loss, one.eval_correct],
+                                 {one.images: images, one.labels: labels})
+        assert loss == pytest.approx(losses.mean(), rel=1e-5) and correct == 19
+        one_tower = evaluate(sess, one, test_set, 10)
+        checkpoint = one.saver.save(sess, str(tmp_path / 'weights'))
+    # Averaging the four batch means (10, 10, 10, 7) would be off: the test can tell.
+    batch_means = np.mean([losses[i:i + 10].mean() for i in range(0, NUM_TEST, 10)])
+    assert abs(batch_means - losses.mean()) > 1e-4 * losses.mean()
+    assert one_tower[0] == pytest.approx(losses.mean(), rel=1e-5)
+    assert one_tower[1] == 19 / 37
+
+    # Three towers, same weights: the last batch of 7 splits 3/2/2; batch 1 leaves
+    # two towers empty on every run.
+    devices = ['/cpu:0', '/cpu:1', '/cpu:2']
+    three = build_training_graph(_model(), SHAPE, devices, optimizer, seed=3)
+    with tf1.Session(graph=three.graph, config=session_config(devices)) as sess:
+        three.saver.restore(sess, checkpoint)
+        for batch_size in (10, 1, 37):
+            loss, accuracy = evaluate(sess, three, test_set, batch_size)
+            assert loss == pytest.approx(losses.mean(), rel=1e-5), batch_size
+            assert accuracy == 19 / 37, batch_size
+
+
+def test_evaluate_refuses_an_empty_set():
+    graph = build_training_graph(_model(), SHAPE, ['/cpu:0'], lambda: make_optimizer('sgd', 0.1))
+    empty = data.DataSet(np.zeros([0, 28, 28, 1], np.float32), np.zeros([0], np.int64))
+    with tf1.Session(graph=graph.graph, config=session_config(['/cpu:0'])) as sess:
+        sess.run(graph.init_op)
+        with pytest.raises(TowersError, match='empty'):
+            evaluate(sess, graph, empty, 10)
+
+
+class _NeverBuilt:
+    """A model_fn that must not be called: the error comes before the graph."""
+
+    def __call__(self, images, training):
+        raise AssertionError('the graph was built before the error')
+
+
+@pytest.mark.parametrize('overrides,match', [
+    (dict(batch_size=0), '--batch-size must be at least 1, got 0'),
+    (dict(steps=0), '--steps must be at least 1, got 0'),
+    (dict(epochs=0), '--epochs must be positive, got 0'),
+    (dict(epochs=-1), '--epochs must be positive, got -1'),
+    (dict(batch_size=NUM_TRAIN + 1), '--batch-size 201 exceeds the 200 training examples'),
+], ids=['batch 0', 'steps 0', 'epochs 0', 'epochs -1', 'batch > train set'])
+def test_bad_numbers_are_errors_before_training(overrides, match):
+    lines = []
+    with pytest.raises(TowersError, match=match):
+        train(_config(**overrides), _NeverBuilt(), _datasets(), SHAPE, log=lines.append)
+    assert lines == []
+
+
+def test_unwritable_logdir_is_an_error_before_training(tmp_path):
+    blocker = tmp_path / 'a_file'
+    blocker.write_text('not a folder')
+    lines = []
+    with pytest.raises(TowersError, match='cannot create --logdir .*a_file/run'):
+        train(_config(steps=1, logdir=str(blocker / 'run')), _NeverBuilt(), _datasets(), SHAPE,
+              log=lines.append)
+    assert lines == []
+
+
+def test_a_diverging_loss_stops_training_at_the_step_where_it_happens(tmp_path):
+    sets = _datasets()
+    lines = []
+    with pytest.raises(TowersError) as error:
+        train(_config(steps=20, learning_rate=1e30, log_every=1, checkpoint_every=1,
+                      logdir=str(tmp_path)),
+              _model(), sets, SHAPE, log=lines.append)
+    match = re.match(r'loss is (nan|inf) at step (\d+); lower --lr$', str(error.value))
+    assert match, str(error.value)
+    bad_step = int(match.group(2))
+    # The first step's loss comes from the initial weights, so it is finite.
+    assert bad_step >= 2 and sets.train.batches == bad_step
+    # Every step before it was logged with a finite loss: the first bad one stopped the run.
+    logged = [re.match(r'step (\d+)/20 epoch [\d.]+: loss (\S+) ', line)
+              for line in lines if line.startswith('step ')]
+    assert [int(m.group(1)) for m in logged] == list(range(1, bad_step))
+    assert all(np.isfinite(float(m.group(2))) for m in logged)
+    # Only the good steps were checkpointed.
+    assert _checkpoint_steps(str(tmp_path)) == list(range(1, bad_step))[-5:]
+
+
+def test_images_per_sec_is_logged_only_after_the_warm_up():
+    result, lines, _ = _train(_config(steps=6, log_every=1, warmup_steps=3))
+    step_lines = [line for line in lines if line.startswith('step ')]
+    assert len(step_lines) == 6
+    for step, line in enumerate(step_lines, start=1):
+        assert line.startswith('step %d/6 epoch %.2f: loss ' % (step, step * 10 / NUM_TRAIN))
+        rate = re.search(r'\| ([\d.]+) images/sec$', line)
+        if step <= 3:
+            assert rate is None and 'images/sec' not in line, line
+        else:
+            assert rate and float(rate.group(1)) > 0, line
+    assert result['images_per_sec'] > 0
+
+
+def test_images_per_sec_is_none_when_the_run_is_all_warm_up():
+    result, lines, _ = _train(_config(steps=2, log_every=1, warmup_steps=5))
+    assert not any('images/sec' in line for line in lines)
+    assert result['images_per_sec'] is None
+
+
+def test_training_learns_the_easy_digits():
+    result, _, _ = _train(_config(epochs=3, optimizer='adam', learning_rate=0.01))
+    assert result['steps'] == 60
+    assert result['test_accuracy'] == 1.0 and result['test_loss'] < 0.1
