@@ -78,9 +78,23 @@ def test_bad_requests_are_device_errors(kwargs, match):
     (['/gpu:0'], '/gpu:0', 1),
 ])
 def test_session_config_counts_the_highest_cpu(tower_devices, param_device, cpus):
-    config = session_config(tower_devices, param_device)
+    config = session_config(tower_devices, param_device, num_gpus=2)
     assert config.device_count['CPU'] == cpus
-    assert config.allow_soft_placement is False
+    # Devices are checked here, so soft placement only ever moves a single op
+    # that has no kernel on its device (as in the classic tutorial).
+    assert config.allow_soft_placement is True
+
+
+@pytest.mark.parametrize('tower_devices,param_device,num_gpus,missing', [
+    (['/gpu:0', '/gpu:1'], '/cpu:0', 1, 1),
+    (['/cpu:0'], '/gpu:0', 0, 0),
+    (['/gpu:2'], '/cpu:0', 2, 2),
+])
+def test_session_config_refuses_gpus_that_do_not_exist(tower_devices, param_device, num_gpus,
+                                                       missing):
+    with pytest.raises(DeviceError, match='/gpu:%d does not exist: this machine has %d visible'
+                       % (missing, num_gpus)):
+        session_config(tower_devices, param_device, num_gpus=num_gpus)
 
 
 def test_session_config_passes_other_fields_through():

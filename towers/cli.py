@@ -170,8 +170,15 @@ def _import_tensorflow_quietly():
 def main(argv=None):
     args = build_parser().parse_args(argv)
     os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
-    if not args.debug:
-        _import_tensorflow_quietly()
+    try:
+        if not args.debug:
+            _import_tensorflow_quietly()
+        import tensorflow  # noqa: F401
+    except ImportError as e:
+        print("towers: error: TensorFlow cannot be imported (%s); install it with "
+              "pip install -e '.[cpu]' on a CPU-only machine or '.[gpu]' with GPUs" % e,
+              file=sys.stderr)
+        return 1
     import data
     import models
     from towers.errors import TowersError

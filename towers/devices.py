@@ -84,20 +84,31 @@ def resolve_devices(num_towers=None, devices=None, num_gpus=None):
     return ['/cpu:%d' % i for i in range(num_towers or 1)]
 
 
-def session_config(tower_devices, param_device='/cpu:0', **kwargs):
+def session_config(tower_devices, param_device='/cpu:0', num_gpus=None, **kwargs):
     """A ConfigProto under which every named device exists.
 
-    Virtual CPU devices are created with device_count; soft placement stays off
-    so that an op pinned to a missing device fails loudly instead of moving.
+    Virtual CPU devices are created with device_count. A named GPU that is not
+    there is an error here; soft placement is then on, as in the classic
+    tutorial, only so that a single op without a GPU kernel may run on the host.
 
     Args:
       tower_devices: device strings from resolve_devices.
       param_device: the device holding the variables (counted too).
+      num_gpus: GPUs to assume; None asks TensorFlow.
       **kwargs: other ConfigProto fields.
+
+    Raises:
+      DeviceError: a named GPU does not exist.
     """
-    cpus = [index for kind, index in map(parse_device, list(tower_devices) + [param_device])
-            if kind == 'cpu']
-    config = tf1.ConfigProto(allow_soft_placement=False, **kwargs)
+    parsed = [parse_device(d) for d in list(tower_devices) + [param_device]]
+    gpus = [index for kind, index in parsed if kind == 'gpu']
+    if gpus:
+        num_gpus = visible_gpus() if num_gpus is None else num_gpus
+        if max(gpus) >= num_gpus:
+            raise DeviceError('/gpu:%d does not exist: this machine has %d visible GPU(s)'
+                              % (max(gpus), num_gpus))
+    cpus = [index for kind, index in parsed if kind == 'cpu']
+    config = tf1.ConfigProto(allow_soft_placement=True, **kwargs)
     config.device_count['CPU'] = max(cpus) + 1 if cpus else 1
     return config
 

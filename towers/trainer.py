@@ -89,15 +89,21 @@ def _prepare_logdir(logdir):
 
 
 class _Throughput:
-    """images/sec over the steps since the last report, warm-up steps excluded."""
+    """images/sec over the steps since the last report.
+
+    The first warmup_steps of this process are left out (graph optimisation and
+    memory allocation happen there), also when a run resumes mid-way.
+    """
 
     def __init__(self, warmup_steps):
-        self.warmup_steps = warmup_steps
+        self.warmup_left = warmup_steps
         self.images = 0
         self.seconds = 0.0
 
-    def add(self, step, images, seconds):
-        if step > self.warmup_steps:
+    def add(self, images, seconds):
+        if self.warmup_left > 0:
+            self.warmup_left -= 1
+        else:
             self.images += images
             self.seconds += seconds
 
@@ -155,8 +161,8 @@ def train(config, model_fn, datasets, input_shape, log=print):
                                         {graph.images: images, graph.labels: labels})
             elapsed = time.perf_counter() - start
             step += 1  # the train op increments global_step by exactly one
-            window.add(step, len(labels), elapsed)
-            overall.add(step, len(labels), elapsed)
+            window.add(len(labels), elapsed)
+            overall.add(len(labels), elapsed)
             if not np.isfinite(loss):
                 raise TowersError('loss is %s at step %d; lower --lr' % (loss, step))
             if step % config.log_every == 0 or step == num_steps:
@@ -174,7 +180,10 @@ def train(config, model_fn, datasets, input_shape, log=print):
         if checkpoint:
             log('checkpoint: %s' % checkpoint)
         test_loss, test_accuracy = evaluate(sess, graph, datasets.test, config.batch_size)
+    rate = overall.take()
+    if rate:
+        log('trained to step %d: %.1f images/sec after warm-up' % (step, rate))
     log('test: loss %.4f accuracy %.4f (%d images)'
         % (test_loss, test_accuracy, len(datasets.test.labels)))
     return {'steps': step, 'test_loss': test_loss, 'test_accuracy': test_accuracy,
-            'images_per_sec': overall.take(), 'checkpoint': checkpoint}
+            'images_per_sec': rate, 'checkpoint': checkpoint}
