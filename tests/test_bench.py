@@ -7,6 +7,7 @@ import pytest
 import models
 from towers.bench import mean_stderr, measure, run_bench
 from towers.devices import resolve_devices
+from towers.errors import TowersError
 
 SHAPE = (28, 28, 1)
 
@@ -57,3 +58,11 @@ def test_run_bench_rows_and_table():
         assert fields[0] == str(row['towers']) and fields[1] == row['devices']
         assert fields[2:5] == ['%.1f' % row['mean'], '±', '%.1f' % row['stderr']]
         assert fields[5] == '%.3f' % row['ratio']
+
+
+@pytest.mark.parametrize('batch_size,window,warmup', [(0, 5, 1), (8, 1, 1), (8, 5, -1)])
+def test_run_bench_refuses_numbers_it_cannot_measure(batch_size, window, warmup):
+    model_fn = models.build_model('small_convnet', SHAPE, 10)
+    with pytest.raises(TowersError, match='bench needs --batch-size >= 1, --window >= 2'):
+        run_bench(model_fn, SHAPE, 10, [1], batch_size=batch_size, warmup_steps=warmup,
+                  timed_steps=window, log=lambda line: None)

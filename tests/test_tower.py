@@ -5,7 +5,8 @@ import tensorflow as tf
 
 import models
 from towers.devices import session_config
-from towers.graph import build_train_op, make_optimizer
+from towers.gradients import build_train_op
+from towers.graph import make_optimizer
 from towers.tower import build_towers, split_sizes
 
 tf1 = tf.compat.v1
@@ -161,3 +162,30 @@ def test_batch_norm_moving_averages_move_once_from_tower_0():
     tower0 = x[:2]
     np.testing.assert_allclose(mean, [(1 - decay) * tower0.mean()], rtol=1e-5)
     np.testing.assert_allclose(var, [decay * 1.0 + (1 - decay) * tower0.var()], rtol=1e-5)
+
+
+@pytest.mark.parametrize('param_device', ['/cpu:0', '/cpu:3'])
+def test_variables_and_their_updates_live_on_the_parameter_device(param_device):
+    devices = ['/cpu:1', '/cpu:2']
+    model_fn = models.build_model('small_convnet', SHAPE, 10)
+    with tf.Graph().as_default() as graph:
+        images = tf1.placeholder(tf.float32, [None] + list(SHAPE))
+        labels = tf1.placeholder(tf.int64, [None])
+        opt = make_optimizer('adam', 0.01)
+        towers = build_towers(model_fn, images, labels, devices, param_device, optimizer=opt)
+        with tf.device(param_device):
+            global_step = tf1.train.get_or_create_global_step()
+        train_op, grads = build_train_op(towers, opt, global_step)
+        handles = [op for op in graph.get_operations() if op.type == 'VarHandleOp']
+        assert len(handles) == 1 + 4 * 3 + 2  # step, 4 variables and 2 Adam slots each, betas
+        assert {_canonical(op.device) for op in handles} == {_canonical(param_device)}
+        assert {_canonical(g.device) for g, _ in grads} == {_canonical(param_device)}
+        # The towers' compute stays off the parameter device.
+        assert not any(_canonical(op.device) == _canonical(param_device)
+                       for op in graph.get_operations()
+                       if op.name.startswith('tower_') and op.type != 'ReadVariableOp')
+        with tf1.Session(config=session_config(devices, param_device)) as sess:
+            sess.run(tf1.global_variables_initializer())
+            x, y = _batch(4)
+            sess.run(train_op, {images: x, labels: y})
+            assert sess.run(global_step) == 1

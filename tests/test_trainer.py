@@ -20,19 +20,23 @@ NUM_TRAIN, NUM_TEST = 200, 37
 
 
 class _Counting:
-    """A DataSet that counts its next_batch calls: one per training step."""
+    """A DataSet that records each batch of images taken from it: one per step."""
 
     def __init__(self, dataset):
         self.dataset = dataset
-        self.batches = 0
+        self.fed = []  # the index array of every batch, in order
+        outer = self
+
+        class _Images:
+            def __getitem__(self, index):
+                outer.fed.append(np.asarray(index))
+                return outer.dataset.images[index]
+
+        self.images = _Images()
 
     num_examples = property(lambda self: self.dataset.num_examples)
-    images = property(lambda self: self.dataset.images)
     labels = property(lambda self: self.dataset.labels)
-
-    def next_batch(self, batch_size):
-        self.batches += 1
-        return self.dataset.next_batch(batch_size)
+    batches = property(lambda self: len(self.fed))
 
 
 def _images_and_labels(num, rng):
@@ -78,16 +82,26 @@ def _checkpoint_steps(logdir):
     return [int(path.rsplit('-', 1)[1]) for path in state.all_model_checkpoint_paths]
 
 
-@pytest.mark.parametrize('epochs,batch_size,expected', [
-    (1, 10, 20), (1, 30, 7), (0.5, 30, 4), (2.5, 64, 8), (0.01, 10, 1)])
-def test_total_steps_is_the_ceiling_of_epochs_times_examples_over_batch(epochs, batch_size,
-                                                                         expected):
-    assert TrainConfig(batch_size=batch_size, epochs=epochs).total_steps(NUM_TRAIN) == expected
-    assert TrainConfig(batch_size=batch_size, epochs=epochs, steps=3).total_steps(NUM_TRAIN) == 3
+@pytest.mark.parametrize('epochs,steps_per_epoch,expected', [
+    (1, 20, 20), (1, 7, 7), (0.5, 7, 4), (2.5, 4, 10), (0.01, 20, 1),
+    (0.07, 1100, 77)])  # float ceil(0.07 * 1100) would say 78
+def test_total_steps_is_epochs_times_steps_per_epoch_rounded_up(epochs, steps_per_epoch,
+                                                                expected):
+    assert TrainConfig(epochs=epochs).total_steps(steps_per_epoch) == expected
+    assert TrainConfig(epochs=epochs, steps=3).total_steps(steps_per_epoch) == 3
+
+
+def test_two_epochs_feed_every_example_exactly_once_each():
+    # 200 examples at 30 per step: 7 steps an epoch, the 7th holding 20.
+    result, _, sets = _train(_config(epochs=2, batch_size=30))
+    assert result['steps'] == 14
+    assert [len(b) for b in sets.train.fed] == [30] * 6 + [20] + [30] * 6 + [20]
+    for epoch in (sets.train.fed[:7], sets.train.fed[7:]):
+        assert sorted(np.concatenate(epoch)) == list(range(NUM_TRAIN))
 
 
 def test_epochs_run_exactly_the_computed_steps_on_two_towers():
-    # 0.5 epoch of 200 at 30 per step: ceil(3.33) = 4 steps, not 3.
+    # 0.5 epoch of 7 steps (200 at 30 per step): ceil(3.5) = 4 steps.
     result, lines, sets = _train(_config(epochs=0.5, batch_size=30,
                                          tower_devices=['/cpu:0', '/cpu:1']))
     assert result['steps'] == 4
@@ -273,3 +287,59 @@ def test_training_learns_the_easy_digits():
     result, _, _ = _train(_config(epochs=3, optimizer='adam', learning_rate=0.01))
     assert result['steps'] == 60
     assert result['test_accuracy'] == 1.0 and result['test_loss'] < 0.1
+
+
+def _variables(logdir):
+    return {name: tf.train.load_variable(logdir, name)
+            for name, _ in tf1.train.list_variables(logdir)}
+
+
+def test_stopped_and_resumed_equals_uninterrupted(tmp_path):
+    # 200 examples at 30 per step: the stop at step 9 falls mid second epoch.
+    straight = str(tmp_path / 'straight')
+    _train(_config(steps=16, batch_size=30, logdir=straight))
+    resumed = str(tmp_path / 'resumed')
+    _, _, first = _train(_config(steps=9, batch_size=30, logdir=resumed))
+    _, _, second = _train(_config(steps=16, batch_size=30, logdir=resumed))
+    # The resumed run fed exactly the batches the straight run fed after step 9.
+    order = first.train.fed + second.train.fed
+    _, _, reference = _train(_config(steps=16, batch_size=30))
+    assert [list(b) for b in order] == [list(b) for b in reference.train.fed]
+    expected, actual = _variables(straight), _variables(resumed)
+    assert expected.keys() == actual.keys()
+    for name in expected:
+        np.testing.assert_allclose(actual[name], expected[name], rtol=1e-6, atol=1e-7,
+                                   err_msg=name)
+
+
+def test_a_checkpoint_resumes_on_another_number_of_towers(tmp_path):
+    logdir = str(tmp_path / 'run')
+    _train(_config(steps=3, logdir=logdir, tower_devices=['/cpu:0', '/cpu:1']))
+    result, lines, _ = _train(_config(steps=5, logdir=logdir,
+                                      tower_devices=['/cpu:0', '/cpu:1', '/cpu:2'],
+                                      param_device='/cpu:2'))
+    assert any(line.startswith('resumed from') for line in lines)
+    assert result['steps'] == 5
+
+
+def test_a_checkpoint_of_another_model_is_a_readable_error(tmp_path):
+    logdir = str(tmp_path / 'run')
+    _train(_config(steps=2, logdir=logdir))
+    other = models.build_model('mnist_convnet', SHAPE, 10)
+    with pytest.raises(TowersError, match=re.escape(
+            'does not match this model (missing: conv2/weights, conv2/biases, fc1/weights, '
+            'fc1/biases, fc2/weights, fc2/biases | other shapes: conv1/weights [5, 5, 1, 32] '
+            'here, [3, 3, 1, 32] there)')):
+        train(_config(steps=4, logdir=logdir), other, _datasets(), SHAPE, log=lambda line: None)
+    # An optimizer with slots the checkpoint lacks is named the same way.
+    with pytest.raises(TowersError, match='missing: conv1/weights/Momentum, conv1/biases/Mom'):
+        _train(_config(steps=4, logdir=logdir, optimizer='momentum'))
+    assert _checkpoint_steps(logdir) == [2], 'a refused resume must not touch the checkpoints'
+
+
+@pytest.mark.parametrize('field,value,message', [
+    ('log_every', 0, '--log-every must be at least 1, got 0'),
+    ('checkpoint_every', -1, '--checkpoint-every must be 0 (off) or more, got -1')])
+def test_bad_loop_numbers_are_errors(field, value, message):
+    with pytest.raises(TowersError, match=re.escape(message)):
+        _train(_config(**{field: value}))

@@ -3,9 +3,11 @@
 The public API, in the order the classic recipe uses it:
 
     resolve_devices, session_config    which devices; a ConfigProto that has them
+    split_batch                        slice the global batch, one piece per tower
     build_towers, Tower                one tower per device, shared variables
     average_gradients                  combine the towers' gradients
     build_train_op                     average_gradients -> one apply_gradients
+    make_optimizer                     sgd / momentum / adam by name
     build_training_graph, TrainGraph   all of the above in a fresh tf.Graph
     train, TrainConfig, evaluate       the Session loop
     TowersError                        what bad input raises
@@ -22,7 +24,7 @@ _API = {
     'split_batch': 'towers.tower',
     'Tower': 'towers.tower',
     'average_gradients': 'towers.gradients',
-    'build_train_op': 'towers.graph',
+    'build_train_op': 'towers.gradients',
     'build_training_graph': 'towers.graph',
     'make_optimizer': 'towers.graph',
     'TrainGraph': 'towers.graph',

@@ -12,7 +12,7 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from towers.devices import resolve_devices, session_config
+from towers.devices import resolve_devices, resolve_param_device, session_config
 from towers.errors import TowersError
 from towers.graph import build_training_graph, make_optimizer
 
@@ -71,21 +71,33 @@ def measure(model_fn, input_shape, num_classes, tower_devices, batch_size,
 
 
 def run_bench(model_fn, input_shape, num_classes, tower_counts, batch_size,
-              warmup_steps=10, timed_steps=50, param_device='/cpu:0', log=print):
+              warmup_steps=10, timed_steps=50, param_device='cpu', log=print):
     """Measure each tower count on the same global batch; print a table with ratios.
 
+    Args:
+      tower_counts: e.g. [1, 2, 4]; a count the machine cannot run is skipped
+        with a line saying why.
+      param_device: as resolve_param_device takes it ('cpu', 'gpu', a name),
+        resolved for each tower count.
     Returns:
-      list of dicts: towers, devices, mean, stderr, ratio (to the first count).
+      list of dicts: towers, devices, mean, stderr, ratio (to the first row).
+    Raises:
+      TowersError: batch_size < 1, timed_steps < 2 (no standard error), a
+        negative warm-up, or no count could run.
     """
+    if batch_size < 1 or timed_steps < 2 or warmup_steps < 0:
+        raise TowersError('bench needs --batch-size >= 1, --window >= 2 and --warmup >= 0; got '
+                          '%d, %d and %d' % (batch_size, timed_steps, warmup_steps))
     rows = []
     for count in tower_counts:
         try:
             devices = resolve_devices(num_towers=count)
+            params = resolve_param_device(param_device, devices)
         except TowersError as e:
             log('%d towers: skipped (%s)' % (count, e))
             continue
         mean, stderr = measure(model_fn, input_shape, num_classes, devices, batch_size,
-                               warmup_steps, timed_steps, param_device)
+                               warmup_steps, timed_steps, params)
         rows.append({'towers': count, 'devices': ','.join(devices), 'mean': mean,
                      'stderr': stderr})
     if not rows:

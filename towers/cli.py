@@ -1,4 +1,4 @@
-"""The `towers` command: train, devices, bench.
+"""The `towers` command: train, devices, bench, models.
 
 TensorFlow is imported inside main(), after its C++ log level is set, so that
 `towers --help` is instant and a run prints our lines rather than TF's banner.
@@ -9,8 +9,9 @@ import argparse
 import os
 import sys
 
+from data import DEFAULT_DATASET  # data/ is numpy-only: --help stays instant
+
 DEFAULT_MODEL = 'mnist_convnet'
-DEFAULT_DATASET = 'mnist_sample'
 
 
 def _device_flags(parser):
@@ -83,39 +84,44 @@ def build_parser():
     return parser
 
 
-def _run(args, log):
-    """Dispatch a parsed command; imports TensorFlow."""
+def _models(args, log):
     import data
     import models
-    from towers import bench, devices, trainer
-    from towers.errors import TowersError
+    log('models: %s' % ', '.join(models.model_names()))
+    log('datasets: %s' % ', '.join(sorted(data.DATASETS)))
 
-    if args.command == 'models':
-        log('models: %s' % ', '.join(models.model_names()))
-        log('datasets: %s' % ', '.join(sorted(data.DATASETS)))
-        return
-    if args.command == 'devices':
-        tower_devices = devices.resolve_devices(args.towers, args.devices)
-        param_device = devices.resolve_param_device(args.param_device, tower_devices)
-        for line in devices.describe_devices(tower_devices, param_device):
-            log(line)
-        return
+
+def _devices(args, log):
+    from towers import devices
+    tower_devices = devices.resolve_devices(args.towers, args.devices)
+    param_device = devices.resolve_param_device(args.param_device, tower_devices)
+    for line in devices.describe_devices(tower_devices, param_device):
+        log(line)
+
+
+def _bench(args, log):
+    import data
+    import models
+    from towers import bench
     info = data.dataset_info(args.dataset)
-    if args.command == 'train' and args.validation_size is not None and \
-            not 0 <= args.validation_size < info.num_train:
+    counts = _int_list(args.towers, '--towers')
+    model_fn = models.build_model(args.model, info.input_shape, info.num_classes)
+    log('bench: model %s, input %s, global batch %d, synthetic data in host memory, '
+        '%d warm-up + %d timed steps' % (args.model, 'x'.join(map(str, info.input_shape)),
+                                         args.batch_size, args.warmup, args.window))
+    bench.run_bench(model_fn, info.input_shape, info.num_classes, counts, args.batch_size,
+                    args.warmup, args.window, args.param_device, log=log)
+
+
+def _train(args, log):
+    import data
+    import models
+    from towers import devices, trainer
+    from towers.errors import TowersError
+    info = data.dataset_info(args.dataset)
+    if args.validation_size is not None and not 0 <= args.validation_size < info.num_train:
         raise TowersError('--validation-size must be in [0, %d) for %s, got %d'
                           % (info.num_train, args.dataset, args.validation_size))
-    if args.command == 'bench':
-        counts = _int_list(args.towers, '--towers')
-        first = devices.resolve_devices(num_towers=counts[0])
-        model_fn = models.build_model(args.model, info.input_shape, info.num_classes)
-        log('bench: model %s, input %s, global batch %d, synthetic data in host memory, '
-            '%d warm-up + %d timed steps' % (args.model, 'x'.join(map(str, info.input_shape)),
-                                             args.batch_size, args.warmup, args.window))
-        bench.run_bench(model_fn, info.input_shape, info.num_classes, counts, args.batch_size,
-                        args.warmup, args.window,
-                        devices.resolve_param_device(args.param_device, first), log=log)
-        return
     options = {} if args.dropout is None else {'dropout_rate': args.dropout}
     model_fn = models.build_model(args.model, info.input_shape, info.num_classes, **options)
     tower_devices = devices.resolve_devices(args.towers, args.devices)
@@ -126,13 +132,16 @@ def _run(args, log):
         optimizer=args.optimizer, learning_rate=args.lr, momentum=args.momentum,
         logdir=args.logdir, log_every=args.log_every, checkpoint_every=args.checkpoint_every,
         seed=args.seed)
-    config.total_steps(1)  # validate the numbers before any data is read
+    config.validate()  # before any data is read
     datasets = data.load_dataset(args.dataset, data_dir=args.data_dir,
                                  validation_size=args.validation_size, seed=args.seed)
     log('dataset %s: %d train, %d validation, %d test; model %s'
         % (args.dataset, datasets.train.num_examples, datasets.validation.num_examples,
            datasets.test.num_examples, args.model))
     trainer.train(config, model_fn, datasets, info.input_shape, log=log)
+
+
+COMMANDS = {'train': _train, 'devices': _devices, 'bench': _bench, 'models': _models}
 
 
 def _int_list(text, flag):
@@ -187,7 +196,7 @@ def main(argv=None):
         print(line, flush=True)
 
     try:
-        _run(args, log)
+        COMMANDS[args.command](args, log)
     except (TowersError, data.DataError, models.ModelError) as e:
         if args.debug:
             raise
@@ -198,6 +207,3 @@ def main(argv=None):
         return 130
     return 0
 
-
-if __name__ == '__main__':
-    sys.exit(main())

@@ -31,6 +31,23 @@ def parse_device(name):
     return match.group(1).lower(), int(match.group(2))
 
 
+def require_gpus(parsed, num_gpus=None):
+    """Raise DeviceError unless every ('gpu', i) in parsed exists.
+
+    Args:
+      parsed: (kind, index) pairs from parse_device.
+      num_gpus: GPUs to assume; None asks TensorFlow (only if a GPU is named).
+    """
+    gpus = [index for kind, index in parsed if kind == 'gpu']
+    if not gpus:
+        return
+    num_gpus = visible_gpus() if num_gpus is None else num_gpus
+    if max(gpus) >= num_gpus:
+        raise DeviceError('/gpu:%d does not exist: this machine has %d visible GPU(s)%s'
+                          % (max(gpus), num_gpus,
+                             '; use /cpu:N (virtual) devices' if not num_gpus else ''))
+
+
 def resolve_devices(num_towers=None, devices=None, num_gpus=None):
     """Choose the tower devices.
 
@@ -64,11 +81,7 @@ def resolve_devices(num_towers=None, devices=None, num_gpus=None):
         if num_towers is not None and num_towers != len(parsed):
             raise DeviceError('--towers %d disagrees with %d devices in %s'
                               % (num_towers, len(parsed), ','.join(devices)))
-        for kind, index in parsed:
-            if kind == 'gpu' and index >= num_gpus:
-                raise DeviceError(
-                    '/gpu:%d does not exist: this machine has %d visible GPU(s)%s'
-                    % (index, num_gpus, ' (use /cpu:N virtual devices)' if not num_gpus else ''))
+        require_gpus(parsed, num_gpus)
         return ['/%s:%d' % p for p in parsed]
     if num_towers is not None and num_towers < 1:
         raise DeviceError('--towers must be at least 1, got %d' % num_towers)
@@ -101,12 +114,7 @@ def session_config(tower_devices, param_device='/cpu:0', num_gpus=None, **kwargs
       DeviceError: a named GPU does not exist.
     """
     parsed = [parse_device(d) for d in list(tower_devices) + [param_device]]
-    gpus = [index for kind, index in parsed if kind == 'gpu']
-    if gpus:
-        num_gpus = visible_gpus() if num_gpus is None else num_gpus
-        if max(gpus) >= num_gpus:
-            raise DeviceError('/gpu:%d does not exist: this machine has %d visible GPU(s)'
-                              % (max(gpus), num_gpus))
+    require_gpus(parsed, num_gpus)
     cpus = [index for kind, index in parsed if kind == 'cpu']
     config = tf1.ConfigProto(allow_soft_placement=True, **kwargs)
     config.device_count['CPU'] = max(cpus) + 1 if cpus else 1
@@ -140,10 +148,6 @@ def resolve_param_device(choice, tower_devices, num_gpus=None):
             raise DeviceError("--param-device gpu needs GPU towers, but the towers run on %s; "
                               "use --param-device cpu" % ','.join(tower_devices))
         return tower_devices[0]
-    kind, index = parse_device(choice)
-    if kind == 'gpu':
-        num_gpus = visible_gpus() if num_gpus is None else num_gpus
-        if index >= num_gpus:
-            raise DeviceError('--param-device /gpu:%d does not exist: this machine has %d '
-                              'visible GPU(s); use --param-device cpu' % (index, num_gpus))
-    return '/%s:%d' % (kind, index)
+    parsed = parse_device(choice)
+    require_gpus([parsed], num_gpus)
+    return '/%s:%d' % parsed

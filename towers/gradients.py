@@ -1,13 +1,15 @@
-"""Combining the towers' gradients: the one place where the towers meet.
+"""Combining the towers' gradients and applying them: where the towers meet.
 
 `average_gradients` is the function of the classic CIFAR-10 multi-GPU tutorial,
 made exact for any split of the batch: each tower's gradient is weighted by its
 share of the examples, so N towers on an uneven (or partly empty) batch give the
-same update as one device on the whole batch.
+same update as one device on the whole batch. `build_train_op` then makes the
+tutorial's single `apply_gradients`.
 """
 import tensorflow as tf
 
 from towers.errors import GradientError
+from towers.tower import tower_update_ops
 
 
 def _check_same_variables(tower_grads):
@@ -88,3 +90,20 @@ def average_gradients(tower_grads, weights=None):
                 grad = _combine([g for g, _ in grads_and_vars], weights)
             average.append((grad, var))
     return average
+
+
+def build_train_op(towers, optimizer, global_step):
+    """Average the towers' gradients and apply them once.
+
+    Args:
+      towers: Towers built with the optimizer (grads_and_vars set).
+      optimizer: the optimizer that computed them.
+      global_step: incremented by the apply.
+    Returns:
+      (train_op, averaged grads_and_vars).
+    """
+    grads = average_gradients([t.grads_and_vars for t in towers],
+                              weights=[t.weight for t in towers])
+    apply_op = optimizer.apply_gradients(grads, global_step=global_step)
+    # Batch-norm moving averages from tower 0 only: once per step, not N times.
+    return tf.group(apply_op, *tower_update_ops(towers[0]), name='train_op'), grads

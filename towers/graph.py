@@ -1,16 +1,16 @@
-"""The whole training graph: towers -> average_gradients -> one apply_gradients.
+"""The whole training graph in a fresh tf.Graph, wired as the classic recipe.
 
-This module only wires the pieces of tower.py and gradients.py together in the
-order the classic recipe does; read `build_train_op` next to the tutorial's
-`train()` and they match line for line.
+placeholders -> build_towers (tower.py) -> build_train_op (gradients.py: the
+average and the one apply_gradients) -> evaluation towers sharing the
+variables. Nothing here adds math of its own.
 """
 import collections
 
 import tensorflow as tf
 
 from towers.errors import TowersError
-from towers.gradients import average_gradients
-from towers.tower import build_towers, tower_update_ops
+from towers.gradients import build_train_op
+from towers.tower import build_towers
 
 tf1 = tf.compat.v1
 
@@ -49,29 +49,12 @@ def make_optimizer(name, learning_rate, momentum=0.9):
     raise TowersError('unknown optimizer %r; choose one of: %s' % (name, ', '.join(OPTIMIZERS)))
 
 
-def build_train_op(towers, optimizer, global_step):
-    """Average the towers' gradients and apply them once.
-
-    Args:
-      towers: Towers built with the optimizer (grads_and_vars set).
-      optimizer: the optimizer that computed them.
-      global_step: incremented by the apply.
-    Returns:
-      (train_op, averaged grads_and_vars).
-    """
-    grads = average_gradients([t.grads_and_vars for t in towers],
-                              weights=[t.weight for t in towers])
-    apply_op = optimizer.apply_gradients(grads, global_step=global_step)
-    # Batch-norm moving averages from tower 0 only, once per step.
-    return tf.group(apply_op, *tower_update_ops(towers[0]), name='train_op'), grads
-
-
 def weighted_loss(towers):
     """The global batch's mean loss: each tower's mean weighted by its share."""
     return tf.add_n([t.weight * t.loss for t in towers], name='loss')
 
 
-def build_training_graph(model_fn, input_shape, tower_devices, optimizer,
+def build_training_graph(model_fn, input_shape, tower_devices, optimizer_fn,
                          param_device='/cpu:0', seed=None, input_fn=None):
     """Build a fresh tf.Graph with training and evaluation towers.
 
@@ -79,7 +62,8 @@ def build_training_graph(model_fn, input_shape, tower_devices, optimizer,
       model_fn: callable(images, training) -> logits.
       input_shape: (H, W, C) of one example.
       tower_devices: one device string per tower.
-      optimizer: callable() -> tf.compat.v1 optimizer, called inside the graph.
+      optimizer_fn: callable() -> tf.compat.v1 optimizer, called inside the
+        graph (optimizers create their slots in the default graph).
       param_device: where the variables live.
       seed: graph-level random seed (initializers, dropout), or None.
       input_fn: callable() -> (images, labels) building the input tensors
@@ -99,7 +83,7 @@ def build_training_graph(model_fn, input_shape, tower_devices, optimizer,
             images, labels = input_fn()
         with tf.device(param_device):
             global_step = tf1.train.get_or_create_global_step()
-        opt = optimizer()
+        opt = optimizer_fn()
         towers = build_towers(model_fn, images, labels, tower_devices, param_device,
                               optimizer=opt, training=True)
         train_op, _ = build_train_op(towers, opt, global_step)

@@ -13,8 +13,9 @@ import tensorflow as tf
 
 tf1 = tf.compat.v1
 
-# Op types that hold a variable's storage; they go to the parameter device.
-_VARIABLE_OPS = frozenset(['Variable', 'VariableV2', 'VarHandleOp', 'AutoReloadVariable'])
+# Op types that hold a variable's storage (resource variables, and the older
+# ref variables); they go to the parameter device.
+_VARIABLE_OPS = frozenset(['VarHandleOp', 'VariableV2'])
 
 Tower = collections.namedtuple(
     'Tower', ['device', 'scope', 'images', 'labels', 'logits', 'loss', 'correct', 'count',

@@ -5,6 +5,7 @@ log line every few steps, a Saver checkpoint every K steps and at the end, and
 one pass over the test set when training is done.
 """
 import dataclasses
+import fractions
 import math
 import os
 import time
@@ -14,6 +15,7 @@ import tensorflow as tf
 
 from towers.devices import session_config
 from towers.errors import TowersError
+from data.sampler import EpochSampler
 from towers.graph import build_training_graph, make_optimizer
 
 tf1 = tf.compat.v1
@@ -23,13 +25,14 @@ tf1 = tf.compat.v1
 class TrainConfig:
     """What to train and how; the CLI's flags map one to one onto these fields.
 
-    Exactly one of epochs / steps sets the length (steps wins when both are
-    given). batch_size is the *global* batch, sliced over the towers.
+    steps, when given, sets the length; otherwise epochs does, an epoch being
+    ceil(N / batch_size) steps with a short last batch. batch_size is the
+    *global* batch, sliced over the towers.
     """
     tower_devices: list = dataclasses.field(default_factory=lambda: ['/cpu:0'])
     param_device: str = '/cpu:0'
     batch_size: int = 100
-    epochs: float = 1.0
+    epochs: float = 10.0
     steps: int = None
     optimizer: str = 'adam'
     learning_rate: float = 1e-3
@@ -40,16 +43,29 @@ class TrainConfig:
     warmup_steps: int = 10
     seed: int = 0
 
-    def total_steps(self, num_examples):
-        if self.batch_size < 1:
-            raise TowersError('--batch-size must be at least 1, got %d' % self.batch_size)
+    def validate(self):
+        """Raise TowersError for numbers no run can use."""
+        checks = [
+            (self.batch_size >= 1, '--batch-size must be at least 1, got %s' % self.batch_size),
+            (self.steps is None or self.steps >= 1, '--steps must be at least 1, got %s'
+             % self.steps),
+            (self.epochs > 0, '--epochs must be positive, got %s' % self.epochs),
+            (self.log_every >= 1, '--log-every must be at least 1, got %s' % self.log_every),
+            (self.checkpoint_every >= 0, '--checkpoint-every must be 0 (off) or more, got %s'
+             % self.checkpoint_every),
+            (self.warmup_steps >= 0, 'warmup_steps must be 0 or more, got %s'
+             % self.warmup_steps)]
+        for ok, message in checks:
+            if not ok:
+                raise TowersError(message)
+
+    def total_steps(self, steps_per_epoch):
+        """Steps of the whole run; a fractional epoch count is rounded up to a step."""
+        self.validate()
         if self.steps is not None:
-            if self.steps < 1:
-                raise TowersError('--steps must be at least 1, got %d' % self.steps)
             return self.steps
-        if self.epochs <= 0:
-            raise TowersError('--epochs must be positive, got %g' % self.epochs)
-        return int(math.ceil(self.epochs * num_examples / self.batch_size))
+        # Fraction: 0.07 epochs of 1,100 steps is 77 steps, not 78 as float ceil says.
+        return max(1, math.ceil(fractions.Fraction(repr(float(self.epochs))) * steps_per_epoch))
 
 
 def evaluate(sess, graph, dataset, batch_size):
@@ -77,6 +93,30 @@ def evaluate(sess, graph, dataset, batch_size):
         loss_sum += float(loss) * len(labels)
         correct += int(right)
     return loss_sum / total, correct / total
+
+
+def restore(sess, graph, checkpoint):
+    """Restore a checkpoint into graph, or say plainly why it does not fit.
+
+    Raises:
+      TowersError: the checkpoint lacks some of the graph's variables or holds
+        them with other shapes (another model, optimizer or input shape).
+    """
+    saved = dict(tf1.train.list_variables(checkpoint))
+    missing, reshaped = [], []
+    for var in graph.graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES):
+        name, shape = var.op.name, var.shape.as_list()
+        if name not in saved:
+            missing.append(name)
+        elif saved[name] != shape:
+            reshaped.append('%s %s here, %s there' % (name, shape, saved[name]))
+    if missing or reshaped:
+        problems = (['missing: ' + ', '.join(missing[:6]) + (' ...' if len(missing) > 6 else '')]
+                    if missing else []) + (['other shapes: ' + '; '.join(reshaped[:4])]
+                                           if reshaped else [])
+        raise TowersError('checkpoint %s does not match this model (%s); use another --logdir '
+                          'or the flags it was trained with' % (checkpoint, ' | '.join(problems)))
+    graph.saver.restore(sess, checkpoint)
 
 
 def _prepare_logdir(logdir):
@@ -119,17 +159,20 @@ def train(config, model_fn, datasets, input_shape, log=print):
     Args:
       config: a TrainConfig.
       model_fn: callable(images, training) -> logits [batch, num_classes].
-      datasets: a data.Datasets (train with next_batch; test with images/labels).
+      datasets: a data.Datasets; train and test need images [N, H, W, C]
+        float32 and labels [N] int64.
       input_shape: (H, W, C).
       log: callable taking one line of text.
     Returns:
       dict with steps, test_loss, test_accuracy, images_per_sec (mean over the
       run after warm-up, None if too short) and checkpoint (path or None).
     """
-    num_steps = config.total_steps(datasets.train.num_examples)
-    if config.batch_size > datasets.train.num_examples:
+    train_set = datasets.train
+    sampler = EpochSampler(train_set.num_examples, max(config.batch_size, 1), seed=config.seed)
+    num_steps = config.total_steps(sampler.steps_per_epoch)
+    if config.batch_size > train_set.num_examples:
         raise TowersError('--batch-size %d exceeds the %d training examples; use a smaller batch'
-                          % (config.batch_size, datasets.train.num_examples))
+                          % (config.batch_size, train_set.num_examples))
     if config.logdir:
         _prepare_logdir(config.logdir)
     graph = build_training_graph(
@@ -141,7 +184,7 @@ def train(config, model_fn, datasets, input_shape, log=print):
     with tf1.Session(graph=graph.graph, config=sess_config) as sess:
         latest = tf1.train.latest_checkpoint(config.logdir) if config.logdir else None
         if latest:
-            graph.saver.restore(sess, latest)
+            restore(sess, graph, latest)
             # A fresh Saver knows none of the earlier checkpoints: without this it
             # would drop them from the state file and never delete them (max_to_keep).
             graph.saver.recover_last_checkpoints(
@@ -155,7 +198,9 @@ def train(config, model_fn, datasets, input_shape, log=print):
             % (num_steps, len(config.tower_devices), ','.join(config.tower_devices),
                config.batch_size))
         while step < num_steps:
-            images, labels = datasets.train.next_batch(config.batch_size)
+            # The sampler is stateless: a resumed run continues the same data order.
+            batch = sampler.indices(step)
+            images, labels = train_set.images[batch], train_set.labels[batch]
             start = time.perf_counter()
             _, loss, correct = sess.run([graph.train_op, graph.loss, graph.correct],
                                         {graph.images: images, graph.labels: labels})
@@ -168,7 +213,7 @@ def train(config, model_fn, datasets, input_shape, log=print):
             if step % config.log_every == 0 or step == num_steps:
                 rate = window.take()
                 log('step %d/%d epoch %.2f: loss %.4f accuracy %.4f%s'
-                    % (step, num_steps, step * config.batch_size / datasets.train.num_examples,
+                    % (step, num_steps, sampler.epoch_progress(step),
                        loss, correct / len(labels),
                        ' | %.1f images/sec' % rate if rate else ''))
             if config.logdir and config.checkpoint_every and step % config.checkpoint_every == 0:
