@@ -129,7 +129,10 @@ class DataSet:
 
 def read_data_sets(train_dir, one_hot=False, validation_size=5000, seed=None, download=True,
                    mirrors=None, files=None):
-    """Reads the four MNIST `.gz` IDX files in `train_dir` into Datasets.
+    """Reads the four MNIST IDX files in `train_dir` into Datasets.
+
+    Each file may be gzipped (`train-images-idx3-ubyte.gz`) or not
+    (`train-images-idx3-ubyte`); see data.mnist.ensure_mnist.
 
     Args:
         train_dir: str or os.PathLike, folder with the MNIST files.

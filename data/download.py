@@ -8,10 +8,10 @@ import hashlib
 import http.client
 import logging
 import os
-import tempfile
 import urllib.error
 import urllib.request
 
+from data.atomic import atomic_output
 from data.errors import ChecksumError, DownloadError
 
 _CHUNK_BYTES = 1 << 16
@@ -76,19 +76,11 @@ def sha256_of_file(path):
 
 def _fetch(url, dest_path, sha256, timeout):
     """Streams one URL into place, or raises _MirrorFailed leaving no file."""
-    folder, name = os.path.split(os.path.abspath(dest_path))
-    fd, tmp_path = tempfile.mkstemp(dir=folder, prefix=f'.{name}.', suffix='.part')
-    # BaseException: a Ctrl-C mid-download must not leave the .part file behind.
-    try:
-        with os.fdopen(fd, 'wb') as out:
-            actual = _stream(url, out, timeout)
+    # atomic_output also removes the .part file on Ctrl-C mid-download.
+    with atomic_output(dest_path, suffix='.part') as out:
+        actual = _stream(url, out, timeout)
         if actual != sha256:
             raise _MirrorFailed(f'checksum mismatch (got sha256 {actual})')
-        os.chmod(tmp_path, 0o644)  # mkstemp creates 0600; data files should be readable.
-        os.replace(tmp_path, dest_path)
-    except BaseException:
-        os.unlink(tmp_path)
-        raise
 
 
 def _stream(url, out, timeout):

@@ -2,18 +2,20 @@
 
 An IDX file is: two zero bytes, a type byte, a byte giving the number of
 dimensions, one big-endian uint32 per dimension, then the array data in
-big-endian, row-major order. Files may be gzip-compressed.
+big-endian, row-major order. Files may be gzip-compressed; readers tell by
+content, not by name, since a raw IDX file always starts with two zero bytes
+and a gzip stream never does.
 """
 import gzip
 import io
 import math
 import os
 import struct
-import tempfile
 import zlib
 
 import numpy as np
 
+from data.atomic import atomic_output
 from data.errors import IdxFormatError
 
 # IDX type byte -> on-disk dtype (IDX data is always big-endian).
@@ -31,7 +33,7 @@ _GZIP_MAGIC = b'\x1f\x8b'
 
 
 def read_idx(path, ndim=None):
-    """Reads an IDX file, gzip-compressed (`.gz` or gzip magic) or raw.
+    """Reads an IDX file, gzip-compressed or raw, whatever its name says.
 
     Args:
         path: str or os.PathLike, the file to read.
@@ -105,6 +107,7 @@ def write_idx(path, array, compress=None):
         array: array-like of dtype uint8, int8, int16, int32, float32 or
             float64 (any byte order), at most 255 dimensions.
         compress: gzip the output; defaults to whether `path` ends in `.gz`.
+            (read_idx does not care: it reads either kind under any name.)
 
     Raises:
         IdxFormatError: the dtype or shape cannot be stored in IDX.
@@ -124,7 +127,8 @@ def write_idx(path, array, compress=None):
         compress = path.endswith('.gz')
     if compress:
         payload = _gzip(payload)
-    _atomic_write(path, payload)
+    with atomic_output(path) as out:
+        out.write(payload)
 
 
 def _read_uint8(path, ndim, what):
@@ -138,7 +142,9 @@ def _read_uint8(path, ndim, what):
 def _read_bytes(path):
     with open(path, 'rb') as f:
         raw = f.read()
-    if path.endswith('.gz') or raw[:2] == _GZIP_MAGIC:
+    # By magic, not suffix: browsers and unpacking tools sometimes leave raw
+    # bytes under a .gz name, or gzip data under a plain one.
+    if raw[:2] == _GZIP_MAGIC:
         try:
             raw = gzip.decompress(raw)
         except (OSError, EOFError, zlib.error) as err:
@@ -156,16 +162,3 @@ def _gzip(payload):
         gz.write(payload)
     return buffer.getvalue()
 
-
-def _atomic_write(path, payload):
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp_path = tempfile.mkstemp(dir=folder, prefix='.' + os.path.basename(path) + '.',
-                                    suffix='.tmp')
-    try:
-        with os.fdopen(fd, 'wb') as f:
-            f.write(payload)
-        os.chmod(tmp_path, 0o644)  # mkstemp creates 0600; data files should be readable.
-        os.replace(tmp_path, path)
-    except BaseException:
-        os.unlink(tmp_path)
-        raise

@@ -33,11 +33,15 @@ MIRRORS = (
 def ensure_mnist(data_dir, mirrors=MIRRORS, download=True, files=None):
     """Makes sure the four MNIST files are in `data_dir`, downloading missing ones.
 
-    Files already present are trusted as they are and not re-checksummed:
-    users may keep recompressed copies. Only fresh downloads are verified.
+    Each file may be present gzipped under its table name or uncompressed
+    under that name without `.gz` (`train-images-idx3-ubyte`, as many tools
+    unpack it); the gzipped one wins when both are there. Files already
+    present are trusted as they are and not re-checksummed: users may keep
+    recompressed or unpacked copies. Only fresh downloads, always of the
+    `.gz` name, are verified.
 
     Args:
-        data_dir: str or os.PathLike, folder holding the `.gz` files.
+        data_dir: str or os.PathLike, folder holding the files.
         mirrors: base URLs tried in order; a file's URL is base + file name.
         download: if False, never touch the network.
         files: a MnistPaths of FileSpec; defaults to `FILES` (tests pass
@@ -45,7 +49,8 @@ def ensure_mnist(data_dir, mirrors=MIRRORS, download=True, files=None):
 
     Returns:
         MnistPaths of four str paths (train images, train labels, test images,
-        test labels).
+        test labels), each the gzipped or the uncompressed file, whichever is
+        there.
 
     Raises:
         DatasetNotFoundError: files are missing and could not be downloaded;
@@ -53,25 +58,41 @@ def ensure_mnist(data_dir, mirrors=MIRRORS, download=True, files=None):
     """
     data_dir = os.fspath(data_dir)
     files = FILES if files is None else files
-    paths = MnistPaths(*(os.path.join(data_dir, spec.name) for spec in files))
     failure = None
     if download:
-        for spec, path in zip(files, paths):
-            if os.path.exists(path):
+        for spec in files:
+            if _find(data_dir, spec.name) is not None:
                 continue
             urls = [base.rstrip('/') + '/' + spec.name for base in mirrors]
             try:
-                download_file(urls, path, spec.sha256)
+                download_file(urls, os.path.join(data_dir, spec.name), spec.sha256)
             except DownloadError as err:
                 # Offline machines fail every file the same way; stop at the first.
                 failure = err
                 break
-    missing = [spec.name for spec, path in zip(files, paths) if not os.path.exists(path)]
+    found = [_find(data_dir, spec.name) for spec in files]
+    missing = [spec.name for spec, path in zip(files, found) if path is None]
     if missing:
         if failure is None:
             how = 'downloading is disabled'
         else:
             how = 'download failed: ' + '; '.join(f'{url}: {why}' for url, why in failure.reasons)
+        unpacked = [name[:-len('.gz')] for name in missing if name.endswith('.gz')]
+        either = (f', each gzipped as named or uncompressed without .gz (e.g. {unpacked[0]})'
+                  if unpacked else '')
         raise DatasetNotFoundError(f'MNIST file(s) missing from {data_dir}: {", ".join(missing)} '
-                                   f'({how}); put them in {data_dir} by hand') from failure
-    return paths
+                                   f'({how}); put them in {data_dir} by hand{either}') from failure
+    return MnistPaths(*found)
+
+
+def _find(data_dir, name):
+    """Returns the path of `name`, or of its uncompressed twin, in data_dir; None if neither."""
+    candidates = [name]
+    if name.endswith('.gz'):
+        candidates.append(name[:-len('.gz')])
+    for candidate in candidates:
+        path = os.path.join(data_dir, candidate)
+        # isfile: some archives unpack to a folder named like the file.
+        if os.path.isfile(path):
+            return path
+    return None

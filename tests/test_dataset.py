@@ -116,8 +116,11 @@ def test_bad_batch_size(batch_size):
         _make(10).next_batch(batch_size)
 
 
-def _write_mnist(folder, num_train=12, num_test=5, num_train_labels=None):
-    """Writes tiny MNIST-named IDX files whose pixel (0, 0) is the example index."""
+def _write_mnist(folder, num_train=12, num_test=5, num_train_labels=None, unpacked=False):
+    """Writes tiny MNIST-named IDX files whose pixel (0, 0) is the example index.
+
+    unpacked: write raw files under the names without .gz, as unpacking tools leave them.
+    """
     folder.mkdir(parents=True, exist_ok=True)
 
     def images(n):
@@ -127,7 +130,7 @@ def _write_mnist(folder, num_train=12, num_test=5, num_train_labels=None):
     arrays = (images(num_train), np.arange(num_train_labels or num_train, dtype=np.uint8) % 10,
               images(num_test), np.arange(num_test, dtype=np.uint8) % 10)
     for spec, array in zip(mnist.FILES, arrays):
-        write_idx(folder / spec.name, array)
+        write_idx(folder / (spec.name[:-len('.gz')] if unpacked else spec.name), array)
 
 
 def test_read_data_sets_splits_validation_off_the_front(tmp_path):
@@ -139,6 +142,14 @@ def test_read_data_sets_splits_validation_off_the_front(tmp_path):
     assert sorted(_ids(sets.train.images)) == list(range(3, 12))
     assert sets.train.images.shape[1:] == (28, 28, 1)
     assert sets.train.labels.dtype == np.int64
+
+
+def test_read_data_sets_reads_unpacked_files(tmp_path):
+    _write_mnist(tmp_path, unpacked=True)
+    sets = read_data_sets(tmp_path, validation_size=3, download=False, seed=0)
+    assert (sets.train.num_examples, sets.validation.num_examples, sets.test.num_examples) \
+        == (9, 3, 5)
+    assert sorted(_ids(sets.train.images)) == list(range(3, 12))
 
 
 def test_read_data_sets_empty_validation_and_one_hot(tmp_path):
@@ -175,3 +186,4 @@ def test_read_data_sets_missing_files_without_download(tmp_path):
     assert 'train-images-idx3-ubyte.gz, t10k-labels-idx1-ubyte.gz' in message
     assert 'train-labels' not in message and 't10k-images' not in message
     assert str(tmp_path) in message
+    assert 'or uncompressed without .gz (e.g. train-images-idx3-ubyte)' in message

@@ -1,5 +1,6 @@
 """Tests for data/download.py and data/mnist.py against a local HTTP server."""
 import functools
+import gzip
 import hashlib
 import http.server
 import importlib
@@ -150,6 +151,17 @@ def test_interrupt_mid_download_leaves_nothing(monkeypatch, dest):
     assert os.listdir(dest) == []
 
 
+def test_download_is_synced_before_rename(server, dest, monkeypatch):
+    root, base = server
+    (root / 'file.bin').write_bytes(b'payload')
+    synced = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, 'fsync', lambda fd: (synced.append(fd), real_fsync(fd)))
+    download(f'{base}/file.bin', dest / 'file.bin', _sha(b'payload'))
+    assert len(synced) == 1
+    assert os.stat(dest / 'file.bin').st_mode & 0o777 == 0o644
+
+
 def _tiny_mnist(folder):
     """Writes four tiny MNIST-named IDX files; returns a matching file table."""
     arrays = (np.arange(6 * 28 * 28, dtype=np.uint8).reshape(6, 28, 28),
@@ -197,7 +209,53 @@ def test_offline_lists_missing_files(server, tmp_path):
             't10k-labels-idx1-ubyte.gz') in message
     assert 'train-labels' not in message.split('(')[0]
     assert str(data_dir) in message and 'HTTP 404' in message
+    assert 'uncompressed without .gz (e.g. train-images-idx3-ubyte)' in message
     assert os.listdir(data_dir) == [files.train_labels.name]
+
+
+def _unpack(path):
+    """Replaces `path` (a .gz file) by its uncompressed twin; returns the new path."""
+    raw = path.with_name(path.name[:-len('.gz')])
+    raw.write_bytes(gzip.decompress(path.read_bytes()))
+    path.unlink()
+    return raw
+
+
+def test_uncompressed_names_are_used_without_network(tmp_path):
+    data_dir = tmp_path / 'mnist'
+    data_dir.mkdir()
+    files = _tiny_mnist(data_dir)
+    for spec in files:
+        _unpack(data_dir / spec.name)
+    paths = mnist.ensure_mnist(data_dir, mirrors=(_refused_url(),), files=files)
+    assert paths == tuple(str(data_dir / spec.name[:-len('.gz')]) for spec in files)
+    sets = read_data_sets(data_dir, validation_size=2, mirrors=(_refused_url(),), files=files)
+    assert (sets.train.num_examples, sets.test.num_examples) == (4, 3)
+    assert sorted(sets.validation.labels.tolist()) == [0, 5]
+
+
+def test_gz_preferred_and_only_missing_files_downloaded(server, tmp_path):
+    root, base = server
+    (root / 'mirror').mkdir()
+    files = _tiny_mnist(root / 'mirror')
+    data_dir = tmp_path / 'mnist'
+    data_dir.mkdir()
+    for spec in files:
+        (data_dir / spec.name).write_bytes((root / 'mirror' / spec.name).read_bytes())
+    # train images: both forms, and the unpacked one is junk that must not be read.
+    (data_dir / 'train-images-idx3-ubyte').write_bytes(b'junk')
+    # train labels: only the unpacked form; test images: neither, so it is downloaded.
+    raw_labels = _unpack(data_dir / files.train_labels.name)
+    (data_dir / files.test_images.name).unlink()
+    paths = mnist.ensure_mnist(data_dir, mirrors=(f'{base}/mirror/',), files=files)
+    assert paths == (str(data_dir / files.train_images.name), str(raw_labels),
+                     str(data_dir / files.test_images.name),
+                     str(data_dir / files.test_labels.name))
+    assert sorted(os.listdir(data_dir)) == sorted([
+        'train-images-idx3-ubyte.gz', 'train-images-idx3-ubyte', 'train-labels-idx1-ubyte',
+        't10k-images-idx3-ubyte.gz', 't10k-labels-idx1-ubyte.gz'])
+    assert read_data_sets(data_dir, validation_size=0, download=False,
+                          files=files).train.num_examples == 6
 
 
 def test_mnist_table_matches_datasets_md():

@@ -1,12 +1,14 @@
-"""Tests for data/idx.py: round trips and every kind of malformed file."""
+"""Tests for data/idx.py (round trips, every kind of malformed file) and data/atomic.py."""
 import gzip
 import os
+import stat
 import struct
 
 import numpy as np
 import pytest
 
 from data import IdxFormatError, read_idx, write_idx
+from data.atomic import atomic_output
 from data.idx import read_images, read_labels
 
 DTYPES = [np.uint8, np.int8, np.int16, np.int32, np.float32, np.float64]
@@ -46,6 +48,14 @@ def test_gzip_detected_by_magic_without_suffix(tmp_path):
     path = tmp_path / 'plain-name'
     write_idx(path, _example(np.uint8), compress=True)
     np.testing.assert_array_equal(read_idx(path), _example(np.uint8))
+
+
+def test_raw_data_under_a_gz_name(tmp_path):
+    # What a browser that undoes Content-Encoding: gzip leaves behind.
+    path = tmp_path / 'x-idx.gz'
+    write_idx(path, _example(np.int16), compress=False)
+    assert path.read_bytes()[:2] == b'\x00\x00'
+    np.testing.assert_array_equal(read_idx(path), _example(np.int16))
 
 
 def test_gzip_output_is_reproducible_and_leaves_no_temp_files(tmp_path):
@@ -111,8 +121,15 @@ def test_wrong_ndim(tmp_path):
     assert str(path) in str(info.value)
 
 
+def test_gz_name_without_gzip_or_idx_data(tmp_path):
+    path = tmp_path / 'page.gz'
+    path.write_bytes(b'<html>not found</html>')
+    with pytest.raises(IdxFormatError, match='bad IDX magic') as info:
+        read_idx(path)
+    assert str(path) in str(info.value)
+
+
 @pytest.mark.parametrize('payload', [
-    b'this is not gzip at all',                        # .gz suffix, no gzip magic
     gzip.compress(GOOD)[:-12],                          # gzip stream cut off
     gzip.compress(GOOD)[:12] + b'\xff' * 20,            # gzip magic, garbage body
 ])
@@ -126,3 +143,52 @@ def test_corrupt_gzip(tmp_path, payload):
 
 def test_idx_format_error_is_a_value_error():
     assert issubclass(IdxFormatError, ValueError)
+
+
+def _temp_files(folder):
+    return [p for p in folder.iterdir() if p.name.startswith('.')]
+
+
+def test_atomic_output_syncs_full_contents_before_rename(tmp_path, monkeypatch):
+    # A crash right after the rename must find the bytes on disk, not an empty file.
+    events = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd):
+        [temp] = _temp_files(tmp_path)
+        events.append(('fsync', temp.read_bytes()))  # what the OS holds: flushed already?
+        real_fsync(fd)
+
+    def replace(src, dst):
+        events.append(('replace', os.path.basename(dst)))
+        real_replace(src, dst)
+    monkeypatch.setattr(os, 'fsync', fsync)
+    monkeypatch.setattr(os, 'replace', replace)
+    with atomic_output(tmp_path / 'out.bin') as out:
+        out.write(b'payload')
+    assert events == [('fsync', b'payload'), ('replace', 'out.bin')]
+    assert (tmp_path / 'out.bin').read_bytes() == b'payload'
+    assert stat.S_IMODE(os.stat(tmp_path / 'out.bin').st_mode) == 0o644
+    assert os.listdir(tmp_path) == ['out.bin']
+
+
+@pytest.mark.parametrize('error', [KeyboardInterrupt, ValueError])
+def test_atomic_output_failure_keeps_old_file_and_leaves_no_temp(tmp_path, error):
+    path = tmp_path / 'out.bin'
+    path.write_bytes(b'old')
+    with pytest.raises(error):
+        with atomic_output(path, suffix='.part') as out:
+            out.write(b'new')
+            assert _temp_files(tmp_path)[0].name.endswith('.part')
+            raise error
+    assert path.read_bytes() == b'old'
+    assert os.listdir(tmp_path) == ['out.bin']
+
+
+def test_write_idx_goes_through_atomic_output(tmp_path, monkeypatch):
+    synced = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, 'fsync', lambda fd: (synced.append(fd), real_fsync(fd)))
+    write_idx(tmp_path / 'x.gz', _example(np.uint8))
+    assert len(synced) == 1
+    assert stat.S_IMODE(os.stat(tmp_path / 'x.gz').st_mode) == 0o644
