@@ -4,8 +4,10 @@ import math
 import numpy as np
 import pytest
 
+import data
 import models
 from towers.bench import mean_stderr, measure, run_bench
+from towers.inputs import INPUT_MODES, SyntheticInput
 from towers.devices import resolve_devices
 from towers.errors import TowersError
 
@@ -27,37 +29,62 @@ def test_mean_stderr_of_one_value_has_no_error_bar():
     assert mean == 120.0 and math.isnan(stderr)
 
 
+def _tiny_dataset(num=40):
+    rng = np.random.RandomState(0)
+    return data.DataSet(rng.randint(0, 256, (num,) + SHAPE).astype(np.uint8),
+                        rng.randint(0, 10, num))
+
+
 def test_measure_times_a_real_window():
     model_fn = models.build_model('small_convnet', SHAPE, 10)
-    mean, stderr = measure(model_fn, SHAPE, 10, ['/cpu:0', '/cpu:1'], batch_size=8,
-                           warmup_steps=2, timed_steps=3)
+    mean, stderr = measure(model_fn, SHAPE, ['/cpu:0', '/cpu:1'], 8,
+                           SyntheticInput(8, 10), warmup_steps=2, timed_steps=3)
     assert math.isfinite(mean) and mean > 0
     assert math.isfinite(stderr) and stderr >= 0
 
 
-def test_run_bench_rows_and_table():
+def test_measure_leaves_the_warm_up_out():
+    # A fake clock: two warm-up steps of 100 s, then timed steps of exactly 0.5 s.
+    durations = iter([100.0, 100.0, 0.5, 0.5, 0.5])
+    now = [0.0]
+    started = [False]
+
+    def clock():
+        if started[0]:
+            now[0] += next(durations)
+        started[0] = not started[0]
+        return now[0]
+
+    model_fn = models.build_model('small_convnet', SHAPE, 10)
+    mean, stderr = measure(model_fn, SHAPE, ['/cpu:0'], 8, SyntheticInput(8, 10),
+                           warmup_steps=2, timed_steps=3, clock=clock)
+    assert (mean, stderr) == (16.0, 0.0)  # 8 images / 0.5 s, warm-up not counted
+
+
+def test_run_bench_every_input_mode_and_the_ratios():
     model_fn = models.build_model('small_convnet', SHAPE, 10)
     lines = []
-    rows = run_bench(model_fn, SHAPE, 10, [1, 2], batch_size=8, warmup_steps=2, timed_steps=3,
-                     log=lines.append)
-    assert [row['towers'] for row in rows] == [1, 2]
+    rows = run_bench(model_fn, SHAPE, 10, [1, 2], batch_size=8, modes=INPUT_MODES,
+                     dataset=_tiny_dataset(), warmup_steps=1, timed_steps=2, log=lines.append)
+    assert [(r['towers'], r['input']) for r in rows] == [(n, m) for n in (1, 2)
+                                                         for m in INPUT_MODES]
     # On this CPU-only machine: '/cpu:0' and '/cpu:0,/cpu:1'.
-    assert [row['devices'] for row in rows] == [','.join(resolve_devices(num_towers=n))
-                                                 for n in (1, 2)]
+    assert {r['devices'] for r in rows} == {','.join(resolve_devices(num_towers=n))
+                                            for n in (1, 2)}
+    synthetic = {r['towers']: r['mean'] for r in rows if r['input'] == 'synthetic'}
     for row in rows:
         assert math.isfinite(row['mean']) and row['mean'] > 0
-        assert math.isfinite(row['stderr']) and row['stderr'] >= 0
-        assert row['ratio'] == row['mean'] / rows[0]['mean']
-    assert rows[0]['ratio'] == 1.0
-    # A header, then one line per tower count, in order.
-    assert len(lines) == 3
-    assert lines[0].split()[:3] == ['towers', 'devices', 'images/sec']
-    assert lines[0].endswith('ratio to 1 tower(s)')
+        assert row['vs_synthetic'] == row['mean'] / synthetic[row['towers']]
+        first = next(r for r in rows if r['input'] == row['input'])
+        assert row['vs_first'] == row['mean'] / first['mean']
+    # A header, then one line per row, in order.
+    assert len(lines) == 1 + len(rows)
+    assert lines[0].split()[:4] == ['input', 'towers', 'devices', 'images/sec']
     for line, row in zip(lines[1:], rows):
         fields = line.split()
-        assert fields[0] == str(row['towers']) and fields[1] == row['devices']
-        assert fields[2:5] == ['%.1f' % row['mean'], '±', '%.1f' % row['stderr']]
-        assert fields[5] == '%.3f' % row['ratio']
+        assert fields[:3] == [row['input'], str(row['towers']), row['devices']]
+        assert fields[3:6] == ['%.1f' % row['mean'], '±', '%.1f' % row['stderr']]
+        assert fields[6:] == ['%.3f' % row['vs_synthetic'], '%.3f' % row['vs_first']]
 
 
 @pytest.mark.parametrize('batch_size,window,warmup', [(0, 5, 1), (8, 1, 1), (8, 5, -1)])

@@ -106,7 +106,7 @@ def test_epochs_run_exactly_the_computed_steps_on_two_towers():
                                          tower_devices=['/cpu:0', '/cpu:1']))
     assert result['steps'] == 4
     assert sets.train.batches == 4
-    assert 'training 4 steps on 2 tower(s) /cpu:0,/cpu:1, global batch 30' in lines
+    assert 'training 4 steps on 2 tower(s) /cpu:0,/cpu:1, global batch 30, feed input' in lines
     assert result['checkpoint'] is None
     assert lines[-1] == 'test: loss %.4f accuracy %.4f (37 images)' % (
         result['test_loss'], result['test_accuracy'])
@@ -171,7 +171,7 @@ def test_evaluate_counts_every_example_of_a_test_set_that_is_not_a_multiple_of_t
     with tf1.Session(graph=one.graph, config=session_config(['/cpu:0'])) as sess:
         sess.run(one.init_op)
         # small_convnet has no dropout: the training tower's logits are the eval logits.
-        logits = sess.run(one.towers[0].logits, {one.images: images})
+        logits = sess.run(one.towers[0].logits, {one.source.images: images})
         predicted = np.argmax(logits, axis=1)
         # Every other label is wrong on purpose: accuracy is exactly 19/37.
         labels = np.where(np.arange(NUM_TEST) % 2 == 0, predicted, (predicted + 1) % 10)
@@ -180,7 +180,7 @@ def test_evaluate_counts_every_example_of_a_test_set_that_is_not_a_multiple_of_t
         assert accuracy == 19 / 37
         # The one-shot run over all 37 agrees with numpy.
         loss, correct = sess.run([one.eval_loss, one.eval_correct],
-                                 {one.images: images, one.labels: labels})
+                                 {one.eval_images: images, one.eval_labels: labels})
         assert loss == pytest.approx(losses.mean(), rel=1e-5) and correct == 19
         one_tower = evaluate(sess, one, test_set, 10)
         checkpoint = one.saver.save(sess, str(tmp_path / 'weights'))

@@ -49,6 +49,11 @@ def build_parser():
     train.add_argument('--validation-size', type=int, default=None,
                        help='training examples held out as validation (default: per dataset)')
     _device_flags(train)
+    train.add_argument('--input', default='feed',
+                       choices=['feed', 'staging', 'dataset', 'synthetic'],
+                       help='how batches reach the towers: feed (feed_dict, the reference), '
+                            'staging (host queue + per-tower StagingArea), dataset (in-graph '
+                            'tf.data), synthetic (random, benchmarks only); default: feed')
     train.add_argument('--batch-size', type=int, default=100,
                        help='global batch, split over the towers (default: 100)')
     train.add_argument('--epochs', type=float, default=10.0, help='epochs to train (default: 10)')
@@ -74,6 +79,9 @@ def build_parser():
     _model_flags(bench)
     bench.add_argument('--towers', default='1,2,4',
                        help='comma-separated tower counts (default: 1,2,4)')
+    bench.add_argument('--input', default='synthetic',
+                       help='comma-separated input modes to compare: feed, staging, dataset, '
+                            'synthetic (default: synthetic)')
     bench.add_argument('--param-device', default='cpu', help='as for train (default: cpu)')
     bench.add_argument('--batch-size', type=int, default=128,
                        help='global batch (default: 128)')
@@ -106,11 +114,15 @@ def _bench(args, log):
     info = data.dataset_info(args.dataset)
     counts = _int_list(args.towers, '--towers')
     model_fn = models.build_model(args.model, info.input_shape, info.num_classes)
-    log('bench: model %s, input %s, global batch %d, synthetic data in host memory, '
-        '%d warm-up + %d timed steps' % (args.model, 'x'.join(map(str, info.input_shape)),
-                                         args.batch_size, args.warmup, args.window))
+    modes = [m.strip() for m in args.input.split(',') if m.strip()]
+    train_set = None
+    if set(modes) - {'synthetic'}:
+        train_set = data.load_dataset(args.dataset).train
+    log('bench: model %s on %s images, global batch %d, %d warm-up + %d timed steps per row'
+        % (args.model, 'x'.join(map(str, info.input_shape)), args.batch_size, args.warmup,
+           args.window))
     bench.run_bench(model_fn, info.input_shape, info.num_classes, counts, args.batch_size,
-                    args.warmup, args.window, args.param_device, log=log)
+                    modes, train_set, args.warmup, args.window, args.param_device, log=log)
 
 
 def _train(args, log):
@@ -131,14 +143,14 @@ def _train(args, log):
         batch_size=args.batch_size, epochs=args.epochs, steps=args.steps,
         optimizer=args.optimizer, learning_rate=args.lr, momentum=args.momentum,
         logdir=args.logdir, log_every=args.log_every, checkpoint_every=args.checkpoint_every,
-        seed=args.seed)
+        seed=args.seed, input=args.input)
     config.validate()  # before any data is read
     datasets = data.load_dataset(args.dataset, data_dir=args.data_dir,
                                  validation_size=args.validation_size, seed=args.seed)
     log('dataset %s: %d train, %d validation, %d test; model %s'
         % (args.dataset, datasets.train.num_examples, datasets.validation.num_examples,
            datasets.test.num_examples, args.model))
-    trainer.train(config, model_fn, datasets, info.input_shape, log=log)
+    trainer.train(config, model_fn, datasets, info.input_shape, info.num_classes, log=log)
 
 
 COMMANDS = {'train': _train, 'devices': _devices, 'bench': _bench, 'models': _models}

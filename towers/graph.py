@@ -1,7 +1,7 @@
 """The whole training graph in a fresh tf.Graph, wired as the classic recipe.
 
-placeholders -> build_towers (tower.py) -> build_train_op (gradients.py: the
-average and the one apply_gradients) -> evaluation towers sharing the
+input source (inputs.py) -> towers (tower.py) -> build_train_op (gradients.py:
+the average and the one apply_gradients) -> evaluation towers sharing the
 variables. Nothing here adds math of its own.
 """
 import collections
@@ -10,27 +10,30 @@ import tensorflow as tf
 
 from towers.errors import TowersError
 from towers.gradients import build_train_op
-from towers.tower import build_towers
+from towers.inputs import FeedInput
+from towers.tower import build_towers, build_towers_from_slices
 
 tf1 = tf.compat.v1
 
 OPTIMIZERS = ('sgd', 'momentum', 'adam')
 
 TrainGraph = collections.namedtuple(
-    'TrainGraph', ['graph', 'images', 'labels', 'towers', 'train_op', 'loss', 'correct',
-                   'global_step', 'eval_loss', 'eval_correct', 'init_op', 'saver'])
+    'TrainGraph', ['graph', 'source', 'towers', 'train_op', 'loss', 'correct', 'batch',
+                   'global_step', 'eval_images', 'eval_labels', 'eval_loss', 'eval_correct',
+                   'init_op', 'saver'])
 TrainGraph.__doc__ = """Handles on a built training graph.
 
   graph: the tf.Graph holding everything.
-  images, labels: [None, H, W, C] float32 and [None] int64, placeholders
-    unless an input_fn made them.
+  source: the InputSource the training towers read (towers/inputs.py).
   towers: the training Towers.
   train_op: runs one synchronous step over all towers.
   loss: scalar float32, the global batch's mean loss (towers weighted by share).
   correct: scalar int32, correct predictions over the global batch.
+  batch: scalar int32, the size of that global batch.
   global_step: the int64 step counter.
-  eval_loss, eval_correct: the same for the inference-mode (training=False)
-    towers, which share the variables; feed them the same placeholders.
+  eval_images, eval_labels: placeholders [None, H, W, C] float32 and [None]
+    int64 feeding the inference-mode (training=False) towers, which share the
+    variables; eval_loss and eval_correct are what they compute.
   init_op, saver: global and local variable initializer; a Saver of all
     global variables.
 """
@@ -55,7 +58,7 @@ def weighted_loss(towers):
 
 
 def build_training_graph(model_fn, input_shape, tower_devices, optimizer_fn,
-                         param_device='/cpu:0', seed=None, input_fn=None):
+                         param_device='/cpu:0', seed=None, source=None):
     """Build a fresh tf.Graph with training and evaluation towers.
 
     Args:
@@ -66,38 +69,37 @@ def build_training_graph(model_fn, input_shape, tower_devices, optimizer_fn,
         graph (optimizers create their slots in the default graph).
       param_device: where the variables live.
       seed: graph-level random seed (initializers, dropout), or None.
-      input_fn: callable() -> (images, labels) building the input tensors
-        inside the graph; default: placeholders [None, H, W, C] float32 and
-        [None] int64 fed by the Session loop.
+      source: the InputSource of the training batches; default a FeedInput
+        (placeholders fed by the Session loop).
     Returns:
       A TrainGraph.
     """
+    source = source or FeedInput()
     graph = tf.Graph()
     with graph.as_default():
         if seed is not None:
             tf1.set_random_seed(seed)
-        if input_fn is None:
-            images = tf1.placeholder(tf.float32, [None] + list(input_shape), name='images')
-            labels = tf1.placeholder(tf.int64, [None], name='labels')
-        else:
-            images, labels = input_fn()
+        slices = source.build(input_shape, tower_devices)
         with tf.device(param_device):
             global_step = tf1.train.get_or_create_global_step()
         opt = optimizer_fn()
-        towers = build_towers(model_fn, images, labels, tower_devices, param_device,
-                              optimizer=opt, training=True)
+        towers = build_towers_from_slices(model_fn, slices, tower_devices, param_device,
+                                          optimizer=opt, training=True)
         train_op, _ = build_train_op(towers, opt, global_step)
+        eval_images = tf1.placeholder(tf.float32, [None] + list(input_shape), name='eval_images')
+        eval_labels = tf1.placeholder(tf.int64, [None], name='eval_labels')
         with tf1.name_scope('eval'):
-            eval_towers = build_towers(model_fn, images, labels, tower_devices, param_device,
-                                       training=False, reuse=True)
+            eval_towers = build_towers(model_fn, eval_images, eval_labels, tower_devices,
+                                       param_device, training=False, reuse=True)
         with tf.device('/cpu:0'):
             loss = weighted_loss(towers)
             correct = tf.add_n([t.correct for t in towers], name='correct')
+            batch = tf.add_n([t.count for t in towers], name='batch')
             eval_loss = weighted_loss(eval_towers)
             eval_correct = tf.add_n([t.correct for t in eval_towers], name='eval_correct')
         init_op = tf.group(tf1.global_variables_initializer(),
                            tf1.local_variables_initializer(), name='init')
         saver = tf1.train.Saver(max_to_keep=5)
     graph.finalize()
-    return TrainGraph(graph, images, labels, towers, train_op, loss, correct, global_step,
-                      eval_loss, eval_correct, init_op, saver)
+    return TrainGraph(graph, source, towers, train_op, loss, correct, batch, global_step,
+                      eval_images, eval_labels, eval_loss, eval_correct, init_op, saver)

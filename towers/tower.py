@@ -17,6 +17,15 @@ tf1 = tf.compat.v1
 # ref variables); they go to the parameter device.
 _VARIABLE_OPS = frozenset(['VarHandleOp', 'VariableV2'])
 
+TowerSlice = collections.namedtuple('TowerSlice', ['images', 'labels', 'count', 'batch'])
+TowerSlice.__doc__ = """One tower's share of a global batch.
+
+  images: [m, H, W, C] float32; labels: [m] int64.
+  count: scalar int32, how many of the m examples are real (m = max(count, 1):
+    an empty share carries one stand-in example, see split_batch).
+  batch: scalar int32, the global batch size the share was cut from.
+"""
+
 Tower = collections.namedtuple(
     'Tower', ['device', 'scope', 'images', 'labels', 'logits', 'loss', 'correct', 'count',
               'weight', 'grads_and_vars'])
@@ -70,20 +79,19 @@ def split_batch(images, labels, num_towers):
       labels: [batch] int64.
       num_towers: Python int.
     Returns:
-      num_towers x (images_i [m_i, H, W, C], labels_i [m_i], count_i), where
-      count_i is the scalar int32 number of real examples and m_i = max(count_i, 1).
+      num_towers TowerSlices.
     """
     with tf.name_scope('split_batch'):
         batch = tf.shape(labels)[0]
         if num_towers == 1:
-            return [(images, labels, batch)]
+            return [TowerSlice(images, labels, batch, batch)]
         sizes = split_sizes(batch, num_towers)
         starts = tf.cumsum(sizes, exclusive=True)
         slices = []
         for i in range(num_towers):
             begin = tf.minimum(starts[i], batch - 1)
             end = begin + tf.maximum(sizes[i], 1)
-            slices.append((images[begin:end], labels[begin:end], sizes[i]))
+            slices.append(TowerSlice(images[begin:end], labels[begin:end], sizes[i], batch))
         return slices
 
 
@@ -132,29 +140,43 @@ def build_towers(model_fn, images, labels, tower_devices, param_device='/cpu:0',
     Returns:
       A list of Tower, one per device.
     """
-    num_towers = len(tower_devices)
     with tf.device('/cpu:0'):
         # Slicing on the host, as the classic tutorial dequeues there; each
         # slice is then copied once to its tower's device.
-        slices = split_batch(images, labels, num_towers)
-        global_batch = tf.cast(tf.maximum(tf.shape(labels)[0], 1), tf.float32)
+        slices = split_batch(images, labels, len(tower_devices))
+    return build_towers_from_slices(model_fn, slices, tower_devices, param_device, optimizer,
+                                    training, reuse)
+
+
+def build_towers_from_slices(model_fn, slices, tower_devices, param_device='/cpu:0',
+                             optimizer=None, training=True, reuse=False):
+    """build_towers for input already cut per tower (e.g. staged on each device).
+
+    Args:
+      slices: one TowerSlice per tower device.
+      The other arguments are those of build_towers.
+    Returns:
+      A list of Tower, one per device.
+    """
     towers = []
-    for i, (device, (tower_images, tower_labels, count)) in enumerate(zip(tower_devices, slices)):
+    for i, (device, piece) in enumerate(zip(tower_devices, slices)):
         # The reuse flag lives only inside this `with`, so it cannot leak into
         # the optimizer's slot creation later (Momentum/Adam get_variable calls).
         with tf1.variable_scope(tf1.get_variable_scope(), reuse=True if (reuse or i > 0) else None,
                                 auxiliary_name_scope=False), \
                 tf1.device(variables_on(param_device, device)), \
                 tf1.name_scope('tower_%d' % i) as scope:
-            logits, loss, correct = tower_loss(model_fn, tower_images, tower_labels, count,
+            logits, loss, correct = tower_loss(model_fn, piece.images, piece.labels, piece.count,
                                                training)
-            weight = tf.math.divide(tf.cast(count, tf.float32), global_batch, name='weight')
+            weight = tf.math.divide(tf.cast(piece.count, tf.float32),
+                                    tf.cast(tf.maximum(piece.batch, 1), tf.float32),
+                                    name='weight')
             grads_and_vars = None
             if optimizer is not None:
                 grads_and_vars = optimizer.compute_gradients(
                     loss, colocate_gradients_with_ops=True)
-        towers.append(Tower(device, scope, tower_images, tower_labels, logits, loss, correct,
-                            count, weight, grads_and_vars))
+        towers.append(Tower(device, scope, piece.images, piece.labels, logits, loss, correct,
+                            piece.count, weight, grads_and_vars))
     return towers
 
 

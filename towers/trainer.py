@@ -17,6 +17,7 @@ from towers.devices import session_config
 from towers.errors import TowersError
 from data.sampler import EpochSampler
 from towers.graph import build_training_graph, make_optimizer
+from towers.inputs import DatasetInput, make_input, run_step
 
 tf1 = tf.compat.v1
 
@@ -42,6 +43,7 @@ class TrainConfig:
     checkpoint_every: int = 500
     warmup_steps: int = 10
     seed: int = 0
+    input: str = 'feed'
 
     def validate(self):
         """Raise TowersError for numbers no run can use."""
@@ -87,7 +89,7 @@ def evaluate(sess, graph, dataset, batch_size):
         images = dataset.images[start:start + batch_size]
         labels = dataset.labels[start:start + batch_size]
         loss, right = sess.run([graph.eval_loss, graph.eval_correct],
-                               {graph.images: images, graph.labels: labels})
+                               {graph.eval_images: images, graph.eval_labels: labels})
         # Batch means are re-weighted by batch size so the short last batch
         # counts exactly as much as its examples.
         loss_sum += float(loss) * len(labels)
@@ -153,7 +155,7 @@ class _Throughput:
         return rate
 
 
-def train(config, model_fn, datasets, input_shape, log=print):
+def train(config, model_fn, datasets, input_shape, num_classes=10, log=print):
     """Train model_fn on datasets.train over config.tower_devices; test at the end.
 
     Args:
@@ -162,10 +164,12 @@ def train(config, model_fn, datasets, input_shape, log=print):
       datasets: a data.Datasets; train and test need images [N, H, W, C]
         float32 and labels [N] int64.
       input_shape: (H, W, C).
+      num_classes: labels lie in [0, num_classes).
       log: callable taking one line of text.
     Returns:
       dict with steps, test_loss, test_accuracy, images_per_sec (mean over the
-      run after warm-up, None if too short) and checkpoint (path or None).
+      run after warm-up, None if too short), checkpoint (path or None) and
+      dropped (records the dataset input's cleaning removed, else 0).
     """
     train_set = datasets.train
     sampler = EpochSampler(train_set.num_examples, max(config.batch_size, 1), seed=config.seed)
@@ -175,14 +179,17 @@ def train(config, model_fn, datasets, input_shape, log=print):
                           % (config.batch_size, train_set.num_examples))
     if config.logdir:
         _prepare_logdir(config.logdir)
+    source = make_input(config.input, train_set, sampler, config.batch_size, num_classes,
+                        seed=config.seed)
     graph = build_training_graph(
         model_fn, input_shape, config.tower_devices,
         lambda: make_optimizer(config.optimizer, config.learning_rate, config.momentum),
-        param_device=config.param_device, seed=config.seed)
+        param_device=config.param_device, seed=config.seed, source=source)
     sess_config = session_config(config.tower_devices, config.param_device)
-    checkpoint = None
+    checkpoint, dropped = None, 0
     with tf1.Session(graph=graph.graph, config=sess_config) as sess:
         latest = tf1.train.latest_checkpoint(config.logdir) if config.logdir else None
+        sess.run(graph.init_op)  # also the local variables a checkpoint does not hold
         if latest:
             restore(sess, graph, latest)
             # A fresh Saver knows none of the earlier checkpoints: without this it
@@ -190,40 +197,46 @@ def train(config, model_fn, datasets, input_shape, log=print):
             graph.saver.recover_last_checkpoints(
                 tf1.train.get_checkpoint_state(config.logdir).all_model_checkpoint_paths)
             log('resumed from %s' % latest)
-        else:
-            sess.run(graph.init_op)
         step = int(sess.run(graph.global_step))
         window, overall = _Throughput(config.warmup_steps), _Throughput(config.warmup_steps)
-        log('training %d steps on %d tower(s) %s, global batch %d'
+        log('training %d steps on %d tower(s) %s, global batch %d, %s input'
             % (num_steps, len(config.tower_devices), ','.join(config.tower_devices),
-               config.batch_size))
-        while step < num_steps:
-            # The sampler is stateless: a resumed run continues the same data order.
-            batch = sampler.indices(step)
-            images, labels = train_set.images[batch], train_set.labels[batch]
-            start = time.perf_counter()
-            _, loss, correct = sess.run([graph.train_op, graph.loss, graph.correct],
-                                        {graph.images: images, graph.labels: labels})
-            elapsed = time.perf_counter() - start
-            step += 1  # the train op increments global_step by exactly one
-            window.add(len(labels), elapsed)
-            overall.add(len(labels), elapsed)
-            if not np.isfinite(loss):
-                raise TowersError('loss is %s at step %d; lower --lr' % (loss, step))
-            if step % config.log_every == 0 or step == num_steps:
-                rate = window.take()
-                log('step %d/%d epoch %.2f: loss %.4f accuracy %.4f%s'
-                    % (step, num_steps, sampler.epoch_progress(step),
-                       loss, correct / len(labels),
-                       ' | %.1f images/sec' % rate if rate else ''))
-            if config.logdir and config.checkpoint_every and step % config.checkpoint_every == 0:
-                checkpoint = graph.saver.save(sess, os.path.join(config.logdir, 'model.ckpt'),
-                                              global_step=step)
+               config.batch_size, config.input))
+        source.start(sess, step, num_steps)
+        try:
+            while step < num_steps:
+                start = time.perf_counter()
+                values = run_step(sess, source, step,
+                                  [graph.train_op, graph.loss, graph.correct, graph.batch])
+                if values is None:
+                    break  # a finite dataset input ended
+                _, loss, correct, batch = values
+                elapsed = time.perf_counter() - start
+                step += 1  # the train op increments global_step by exactly one
+                window.add(batch, elapsed)
+                overall.add(batch, elapsed)
+                if not np.isfinite(loss):
+                    raise TowersError('loss is %s at step %d; lower --lr' % (loss, step))
+                if step % config.log_every == 0 or step == num_steps:
+                    rate = window.take()
+                    log('step %d/%d epoch %.2f: loss %.4f accuracy %.4f%s'
+                        % (step, num_steps, sampler.epoch_progress(step), loss, correct / batch,
+                           ' | %.1f images/sec' % rate if rate else ''))
+                if (config.logdir and config.checkpoint_every
+                        and step % config.checkpoint_every == 0):
+                    checkpoint = graph.saver.save(
+                        sess, os.path.join(config.logdir, 'model.ckpt'), global_step=step)
+        finally:
+            source.stop(sess)
         if config.logdir and (checkpoint is None or not checkpoint.endswith('-%d' % step)):
             checkpoint = graph.saver.save(sess, os.path.join(config.logdir, 'model.ckpt'),
                                           global_step=step)
         if checkpoint:
             log('checkpoint: %s' % checkpoint)
+        if isinstance(source, DatasetInput):
+            dropped = int(sess.run(source.dropped))
+            if dropped:
+                log('cleaning dropped %d bad record(s) (counted on every pass)' % dropped)
         test_loss, test_accuracy = evaluate(sess, graph, datasets.test, config.batch_size)
     rate = overall.take()
     if rate:
@@ -231,4 +244,4 @@ def train(config, model_fn, datasets, input_shape, log=print):
     log('test: loss %.4f accuracy %.4f (%d images)'
         % (test_loss, test_accuracy, len(datasets.test.labels)))
     return {'steps': step, 'test_loss': test_loss, 'test_accuracy': test_accuracy,
-            'images_per_sec': rate, 'checkpoint': checkpoint}
+            'images_per_sec': rate, 'checkpoint': checkpoint, 'dropped': dropped}

@@ -1,0 +1,215 @@
+"""Input modes: exactly once per epoch, same training as feed, cleaning, clean shutdown."""
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import data
+import models
+from data.sampler import EpochSampler
+from towers.devices import session_config
+from towers.errors import TowersError
+from towers.graph import build_training_graph, make_optimizer
+from towers.inputs import DatasetInput, FeedInput, StagingInput, SyntheticInput, run_step
+
+tf1 = tf.compat.v1
+
+SHAPE = (28, 28, 1)
+DEVICES = ['/cpu:0', '/cpu:1']
+
+
+def _numbered(num):
+    """Images whose pixel (0, 0, 0) is their own index, so delivery can be traced."""
+    rng = np.random.RandomState(0)
+    images = rng.rand(num, *SHAPE).astype(np.float32)
+    images[:, 0, 0, 0] = np.arange(num)
+    return data.DataSet(images, rng.randint(0, 10, num))
+
+
+def _delivered(source, num_steps, devices=DEVICES):
+    """Run a source alone for num_steps; return the example ids of each step."""
+    with tf.Graph().as_default() as graph:
+        slices = source.build(SHAPE, devices)
+        init = tf1.local_variables_initializer()
+    steps = []
+    with tf1.Session(graph=graph, config=session_config(devices)) as sess:
+        sess.run(init)
+        source.start(sess, 0, num_steps)
+        try:
+            for step in range(num_steps):
+                extra, feed = source.step(step)
+                values = sess.run([(s.images, s.count) for s in slices] + extra, feed)
+                steps.append(np.concatenate([images[:count, 0, 0, 0].astype(int)
+                                             for images, count in values[:len(slices)]]))
+        finally:
+            source.stop(sess)
+    return steps
+
+
+def test_staging_delivers_each_example_exactly_once_per_epoch():
+    train_set = _numbered(50)
+    sampler = EpochSampler(50, 8, seed=3)  # 7 steps an epoch, the last of 2
+    steps = _delivered(StagingInput(train_set, sampler), 14)
+    assert [len(s) for s in steps] == [8] * 6 + [2] + [8] * 6 + [2]
+    for epoch in (steps[:7], steps[7:]):
+        assert sorted(np.concatenate(epoch)) == list(range(50))
+    # One loader thread keeps the sampler's order: the same batches feed would give.
+    assert [list(s) for s in steps] == [list(sampler.indices(k)) for k in range(14)]
+
+
+def test_staging_with_several_loader_threads_still_delivers_each_example_once():
+    sampler = EpochSampler(50, 8, seed=3)
+    steps = _delivered(StagingInput(_numbered(50), sampler, num_threads=3), 7)
+    assert sorted(np.concatenate(steps)) == list(range(50))
+
+
+def test_dataset_delivers_each_example_exactly_once_per_epoch():
+    train_set = _numbered(50)
+    source = DatasetInput(train_set.images, train_set.labels, batch_size=8, seed=3)
+    steps = _delivered(source, 14)
+    assert [len(s) for s in steps] == [8] * 6 + [2] + [8] * 6 + [2]
+    first, second = np.concatenate(steps[:7]), np.concatenate(steps[7:])
+    assert sorted(first) == list(range(50)) and sorted(second) == list(range(50))
+    assert list(first) != list(second), 'each epoch is reshuffled'
+
+
+def test_dataset_cleaning_drops_and_counts_bad_records():
+    train_set = _numbered(20)
+    images, labels = train_set.images.copy(), train_set.labels.copy()
+    images[3, 5, 5, 0] = np.nan
+    images[7, 1, 2, 0] = np.inf
+    labels[11], labels[12] = -1, 10
+    source = DatasetInput(images, labels, num_classes=10, batch_size=4, epochs=1,
+                          shuffle_buffer=0)
+    with tf.Graph().as_default() as graph:
+        slices = source.build(SHAPE, ['/cpu:0'])
+        init = tf1.local_variables_initializer()
+    kept = []
+    with tf1.Session(graph=graph) as sess:
+        sess.run(init)
+        source.start(sess, 0, 100)
+        with pytest.raises(tf.errors.OutOfRangeError):
+            while True:
+                batch = sess.run(slices[0].images)
+                kept.extend(batch[:, 0, 0, 0].astype(int))
+        assert sess.run(source.dropped) == 4
+    assert kept == [i for i in range(20) if i not in (3, 7, 11, 12)]
+
+
+def _train_variables(source, num_steps=3, devices=DEVICES):
+    model_fn = models.build_model('small_convnet', SHAPE, 10)
+    graph = build_training_graph(model_fn, SHAPE, devices, lambda: make_optimizer('sgd', 0.1),
+                                 seed=7, source=source)
+    with tf1.Session(graph=graph.graph, config=session_config(devices)) as sess:
+        sess.run(graph.init_op)
+        source.start(sess, 0, num_steps)
+        try:
+            for step in range(num_steps):
+                run_step(sess, source, step, [graph.train_op])
+        finally:
+            source.stop(sess)
+        return sess.run(graph.graph.get_collection(tf1.GraphKeys.TRAINABLE_VARIABLES))
+
+
+def test_every_mode_trains_exactly_like_feed():
+    train_set = _numbered(30)
+    train_set.images[:, 0, 0, 0] = 0.5  # the ids were only for tracing
+    in_order = EpochSampler(30, 8, shuffle=False)
+    reference = _train_variables(FeedInput(train_set, in_order))
+    staged = _train_variables(StagingInput(train_set, in_order))
+    piped = _train_variables(DatasetInput(train_set.images, train_set.labels, batch_size=8,
+                                          shuffle_buffer=0))
+    for ref, stage, pipe in zip(reference, staged, piped):
+        np.testing.assert_array_equal(stage, ref)
+        np.testing.assert_allclose(pipe, ref, rtol=1e-6, atol=1e-7)
+
+
+def test_synthetic_slices_sit_on_their_towers():
+    source = SyntheticInput(5, 10)
+    with tf.Graph().as_default():
+        slices = source.build(SHAPE, ['/cpu:0', '/cpu:1'])
+        init = tf1.local_variables_initializer()
+        with tf1.Session(config=session_config(['/cpu:0', '/cpu:1'])) as sess:
+            sess.run(init)
+            values = sess.run([(s.images, s.labels, s.count, s.batch) for s in slices])
+    assert [v[2] for v in values] == [3, 2] and [v[3] for v in values] == [5, 5]
+    assert values[0][0].shape == (3,) + SHAPE and values[1][1].shape == (2,)
+    assert all(0 <= label < 10 for v in values for label in v[1])
+
+
+def _finishes(fn, seconds=60):
+    """Run fn in a thread; True when it returned within `seconds` (no hang)."""
+    outcome = {}
+
+    def target():
+        try:
+            outcome['value'] = fn()
+        except BaseException as e:  # noqa: B902 - reported to the test below
+            outcome['error'] = e
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    return not thread.is_alive(), outcome
+
+
+def test_staging_stops_cleanly_at_the_end_of_data():
+    sampler = EpochSampler(20, 4)
+    source = StagingInput(_numbered(20), sampler, capacity=2)
+    done, outcome = _finishes(lambda: _delivered(source, 5))
+    assert done and 'error' not in outcome
+    assert not any(t.name.startswith('towers-loader') for t in threading.enumerate())
+
+
+def test_a_loader_error_reaches_the_trainer_without_a_hang():
+    train_set = _numbered(40)
+
+    def batches(step):
+        if step == 2:
+            raise OSError('disk went away')
+        return train_set.images[:4], train_set.labels[:4]
+
+    source = StagingInput(batches=batches, capacity=2)
+    done, outcome = _finishes(lambda: _train_variables(source, num_steps=6))
+    assert done, 'a failing loader must not hang the trainer'
+    assert isinstance(outcome.get('error'), TowersError)
+    assert str(outcome['error']) == 'the data loader failed: OSError: disk went away'
+    assert not any(t.name.startswith('towers-loader') for t in threading.enumerate())
+
+
+def test_stop_while_the_loader_waits_on_a_full_queue():
+    source = StagingInput(_numbered(40), EpochSampler(40, 4), capacity=1)
+    with tf.Graph().as_default() as graph:
+        slices = source.build(SHAPE, DEVICES)
+    with tf1.Session(graph=graph, config=session_config(DEVICES)) as sess:
+        source.start(sess, 0, 50)  # 50 steps to load, room for 1 in the queue
+        extra, _ = source.step(0)
+        sess.run([slices[0].images] + extra)
+        loader, = [t for t in threading.enumerate() if t.name.startswith('towers-loader')]
+        done, outcome = _finishes(lambda: source.stop(sess), seconds=30)
+    assert done and 'error' not in outcome
+    assert not loader.is_alive()
+
+
+def test_ctrl_c_during_staged_training_exits_cleanly(tmp_path):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
+    process = subprocess.Popen(
+        [sys.executable, '-m', 'towers', 'train', '--input', 'staging', '--towers', '2',
+         '--model', 'small_convnet', '--steps', '100000', '--log-every', '5'],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=str(tmp_path))
+    try:
+        for line in process.stdout:
+            if re.match(r'step \d+/100000', line):
+                break
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == 130, err
+    assert err.strip().splitlines()[-1] == 'towers: interrupted'
