@@ -1,13 +1,28 @@
-"""Where the MNIST files come from and how to make sure they are on disk."""
+"""Where IDX datasets (MNIST and its look-alikes) come from and how to make sure they are on disk.
+
+An IDX dataset is four gzip files with the MNIST names, described by an
+IdxSource: a title for messages, a table of the four files and the base URLs
+of its mirrors. MNIST's is `SOURCE` below; Fashion-MNIST's lives in
+data/fashion_mnist.py.
+"""
 import collections
 import os
 
 from data.download import download as download_file
 from data.errors import DatasetNotFoundError, DownloadError
+from data.locate import describe_search
 
 FileSpec = collections.namedtuple('FileSpec', ['name', 'num_bytes', 'sha256'])
 MnistPaths = collections.namedtuple(
     'MnistPaths', ['train_images', 'train_labels', 'test_images', 'test_labels'])
+IdxSource = collections.namedtuple('IdxSource', ['title', 'files', 'mirrors'])
+IdxSource.__doc__ = """One IDX dataset's download facts.
+
+Attributes:
+    title: name used in messages, e.g. 'MNIST'.
+    files: MnistPaths of FileSpec, the four upstream gzip files.
+    mirrors: base URLs tried in order; a file's URL is base + file name.
+"""
 
 # The upstream gzip files; the SHA-256 values are the ones many public projects agree on.
 FILES = MnistPaths(
@@ -29,16 +44,11 @@ MIRRORS = (
     'http://yann.lecun.com/exdb/mnist/',
 )
 
+SOURCE = IdxSource('MNIST', FILES, MIRRORS)
+
 
 def ensure_mnist(data_dir, mirrors=MIRRORS, download=True, files=None):
-    """Makes sure the four MNIST files are in `data_dir`, downloading missing ones.
-
-    Each file may be present gzipped under its table name or uncompressed
-    under that name without `.gz` (`train-images-idx3-ubyte`, as many tools
-    unpack it); the gzipped one wins when both are there. Files already
-    present are trusted as they are and not re-checksummed: users may keep
-    recompressed or unpacked copies. Only fresh downloads, always of the
-    `.gz` name, are verified.
+    """Makes sure the four MNIST files are in `data_dir`; see ensure_idx.
 
     Args:
         data_dir: str or os.PathLike, folder holding the files.
@@ -46,6 +56,35 @@ def ensure_mnist(data_dir, mirrors=MIRRORS, download=True, files=None):
         download: if False, never touch the network.
         files: a MnistPaths of FileSpec; defaults to `FILES` (tests pass
             their own table so tiny generated files validate).
+
+    Returns:
+        MnistPaths of four str paths, as ensure_idx.
+    """
+    return ensure_idx(data_dir, SOURCE._replace(files=FILES if files is None else files,
+                                                mirrors=mirrors), download=download)
+
+
+def has_idx_files(data_dir, files=FILES):
+    """True when each of the four files is in data_dir, gzipped or uncompressed."""
+    return all(_find(os.fspath(data_dir), spec.name) is not None for spec in files)
+
+
+def ensure_idx(data_dir, source, download=True, searched=()):
+    """Makes sure an IDX dataset's four files are in `data_dir`, downloading missing ones.
+
+    Each file may be present gzipped under its table name or uncompressed
+    under that name without `.gz` (`train-images-idx3-ubyte`, as many tools
+    unpack it); the gzipped one wins when both are there. Files already
+    present are trusted as they are and not re-checksummed: users may keep
+    recompressed or unpacked copies (Debian's packages recompress). Only
+    fresh downloads, always of the `.gz` name, are verified.
+
+    Args:
+        data_dir: str or os.PathLike, folder holding the files.
+        source: IdxSource, the files and where to get them.
+        download: if False, never touch the network.
+        searched: folders already looked in (see data.locate), named in the
+            error message; empty when the caller named one folder.
 
     Returns:
         MnistPaths of four str paths (train images, train labels, test images,
@@ -57,31 +96,32 @@ def ensure_mnist(data_dir, mirrors=MIRRORS, download=True, files=None):
             the message lists exactly which ones and the folder to put them in.
     """
     data_dir = os.fspath(data_dir)
-    files = FILES if files is None else files
     failure = None
     if download:
-        for spec in files:
+        for spec in source.files:
             if _find(data_dir, spec.name) is not None:
                 continue
-            urls = [base.rstrip('/') + '/' + spec.name for base in mirrors]
+            urls = [base.rstrip('/') + '/' + spec.name for base in source.mirrors]
             try:
                 download_file(urls, os.path.join(data_dir, spec.name), spec.sha256)
             except DownloadError as err:
                 # Offline machines fail every file the same way; stop at the first.
                 failure = err
                 break
-    found = [_find(data_dir, spec.name) for spec in files]
-    missing = [spec.name for spec, path in zip(files, found) if path is None]
+    found = [_find(data_dir, spec.name) for spec in source.files]
+    missing = [spec.name for spec, path in zip(source.files, found) if path is None]
     if missing:
         if failure is None:
             how = 'downloading is disabled'
         else:
             how = 'download failed: ' + '; '.join(f'{url}: {why}' for url, why in failure.reasons)
+        where = f'; {describe_search(searched)}' if searched else ''
         unpacked = [name[:-len('.gz')] for name in missing if name.endswith('.gz')]
         either = (f', each gzipped as named or uncompressed without .gz (e.g. {unpacked[0]})'
                   if unpacked else '')
-        raise DatasetNotFoundError(f'MNIST file(s) missing from {data_dir}: {", ".join(missing)} '
-                                   f'({how}); put them in {data_dir} by hand{either}') from failure
+        raise DatasetNotFoundError(
+            f'{source.title} file(s) missing from {data_dir}: {", ".join(missing)} ({how}){where}; '
+            f'put them in {data_dir} by hand{either}') from failure
     return MnistPaths(*found)
 
 

@@ -7,8 +7,7 @@ import sys
 import numpy as np
 import pytest
 
-import data
-from data import DATASETS, DataError, DatasetNotFoundError, dataset_info, load_dataset
+from data import DatasetNotFoundError, load_dataset
 from data import make_sample, mnist, sample
 from data.idx import read_idx
 
@@ -106,20 +105,6 @@ def test_split_is_stratified():
     assert not set(train) & set(test)
     assert np.bincount(labels[train]).tolist() == [400] * 10
     assert np.bincount(labels[test]).tolist() == [100] * 10
-
-
-def test_registry():
-    assert set(DATASETS) == {'mnist_sample', 'mnist'}
-    assert data.DEFAULT_DATASET == 'mnist_sample'
-    for info in DATASETS.values():
-        assert info.input_shape == (28, 28, 1)
-        assert info.num_classes == 10
-    assert dataset_info('mnist_sample').default_validation_size == 0
-    assert dataset_info('mnist').default_validation_size == 5000
-    with pytest.raises(DataError, match='mnist, mnist_sample'):
-        dataset_info('cifar100')
-    with pytest.raises(DataError, match="'nope'"):
-        load_dataset('nope')
 
 
 def test_load_dataset_sample_options():
