@@ -49,11 +49,15 @@ def build_parser():
     train.add_argument('--validation-size', type=int, default=None,
                        help='training examples held out as validation (default: per dataset)')
     _device_flags(train)
-    train.add_argument('--input', default='feed',
+    train.add_argument('--input', default=None,
                        choices=['feed', 'staging', 'dataset', 'synthetic'],
                        help='how batches reach the towers: feed (feed_dict, the reference), '
                             'staging (host queue + per-tower StagingArea), dataset (in-graph '
-                            'tf.data), synthetic (random, benchmarks only); default: feed')
+                            'tf.data), synthetic (random, benchmarks only); default: feed, '
+                            'or dataset for records:DIR')
+    train.add_argument('--skip-bad-shards', action='store_true',
+                       help='with records:DIR, skip (and count) shards that fail their '
+                            'checksum instead of stopping')
     train.add_argument('--batch-size', type=int, default=100,
                        help='global batch, split over the towers (default: 100)')
     train.add_argument('--epochs', type=float, default=10.0, help='epochs to train (default: 10)')
@@ -89,6 +93,16 @@ def build_parser():
     bench.add_argument('--window', type=int, default=50, help='timed steps (default: 50)')
 
     commands.add_parser('models', help='list the models and datasets')
+
+    data_command = commands.add_parser('data', help='dataset tools')
+    data_actions = data_command.add_subparsers(dest='action', metavar='ACTION')
+    data_actions.required = True
+    convert = data_actions.add_parser(
+        'convert', help='write a dataset as TFRecord shards + manifest, for --dataset records:DIR')
+    convert.add_argument('--dataset', default=DEFAULT_DATASET, help='dataset to convert')
+    convert.add_argument('--data-dir', default=None, help='where its files are (as for train)')
+    convert.add_argument('--shards', type=int, default=4, help='shards per split (default: 4)')
+    convert.add_argument('--out', required=True, help='the records folder to create')
     return parser
 
 
@@ -125,17 +139,42 @@ def _bench(args, log):
                     modes, train_set, args.warmup, args.window, args.param_device, log=log)
 
 
+def _load_records(args):
+    """--dataset records:DIR: the train split stays on disk, the test split is read in."""
+    import data
+    from data import records
+    folder = args.dataset.split(':', 1)[1]
+    train_set = records.RecordSet(folder, 'train', skip_bad_shards=args.skip_bad_shards)
+    test = records.RecordSet(folder, 'test', skip_bad_shards=args.skip_bad_shards)
+    images, labels = records.read_all(test, test.input_shape)
+    empty = data.DataSet(images[:0], labels[:0], num_classes=train_set.num_classes)
+    datasets = data.Datasets(train_set, empty,
+                             data.DataSet(images, labels, num_classes=train_set.num_classes))
+    skipped = train_set.skipped + test.skipped
+    return train_set.input_shape, train_set.num_classes, datasets, skipped
+
+
 def _train(args, log):
     import data
     import models
     from towers import devices, trainer
     from towers.errors import TowersError
-    info = data.dataset_info(args.dataset)
-    if args.validation_size is not None and not 0 <= args.validation_size < info.num_train:
-        raise TowersError('--validation-size must be in [0, %d) for %s, got %d'
-                          % (info.num_train, args.dataset, args.validation_size))
+    from_records = args.dataset.startswith('records:')
+    if from_records:
+        if args.input not in (None, 'dataset'):
+            raise TowersError('records:DIR streams from disk through --input dataset; '
+                              '--input %s needs an in-memory dataset' % args.input)
+        input_shape, num_classes, datasets, skipped = _load_records(args)
+        for shard, count, problem in skipped:
+            log('skipped %s (%d records): %s' % (shard, count, problem))
+    else:
+        info = data.dataset_info(args.dataset)
+        input_shape, num_classes = info.input_shape, info.num_classes
+        if args.validation_size is not None and not 0 <= args.validation_size < info.num_train:
+            raise TowersError('--validation-size must be in [0, %d) for %s, got %d'
+                              % (info.num_train, args.dataset, args.validation_size))
     options = {} if args.dropout is None else {'dropout_rate': args.dropout}
-    model_fn = models.build_model(args.model, info.input_shape, info.num_classes, **options)
+    model_fn = models.build_model(args.model, input_shape, num_classes, **options)
     tower_devices = devices.resolve_devices(args.towers, args.devices)
     config = trainer.TrainConfig(
         tower_devices=tower_devices,
@@ -143,17 +182,35 @@ def _train(args, log):
         batch_size=args.batch_size, epochs=args.epochs, steps=args.steps,
         optimizer=args.optimizer, learning_rate=args.lr, momentum=args.momentum,
         logdir=args.logdir, log_every=args.log_every, checkpoint_every=args.checkpoint_every,
-        seed=args.seed, input=args.input)
+        seed=args.seed, input=args.input or ('dataset' if from_records else 'feed'))
     config.validate()  # before any data is read
-    datasets = data.load_dataset(args.dataset, data_dir=args.data_dir,
-                                 validation_size=args.validation_size, seed=args.seed)
+    if not from_records:
+        datasets = data.load_dataset(args.dataset, data_dir=args.data_dir,
+                                     validation_size=args.validation_size, seed=args.seed)
     log('dataset %s: %d train, %d validation, %d test; model %s'
         % (args.dataset, datasets.train.num_examples, datasets.validation.num_examples,
            datasets.test.num_examples, args.model))
-    trainer.train(config, model_fn, datasets, info.input_shape, info.num_classes, log=log)
+    trainer.train(config, model_fn, datasets, input_shape, num_classes, log=log)
 
 
-COMMANDS = {'train': _train, 'devices': _devices, 'bench': _bench, 'models': _models}
+def _convert(args, log):
+    """towers data convert: a dataset -> TFRecord shards and a manifest."""
+    import numpy as np
+    import data
+    from data import records
+    datasets = data.load_dataset(args.dataset, data_dir=args.data_dir, validation_size=0)
+    # DataSet holds images as float32 x/255; rint recovers the bytes exactly.
+    splits = {name: (np.rint(split.images * 255).astype(np.uint8), split.labels)
+              for name, split in (('train', datasets.train), ('test', datasets.test))}
+    manifest = records.write_records(splits, args.out, args.shards, args.dataset,
+                                     data.dataset_info(args.dataset).num_classes)
+    for name, split in manifest['splits'].items():
+        log('%s: %d records in %d shard(s)' % (name, split['records'], len(split['shards'])))
+    log('wrote %s' % os.path.join(args.out, records.MANIFEST))
+
+
+COMMANDS = {'train': _train, 'devices': _devices, 'bench': _bench, 'models': _models,
+            'data': _convert}
 
 
 def _int_list(text, flag):

@@ -317,12 +317,18 @@ def make_input(mode, dataset, sampler, batch_size, num_classes, seed=0):
 
     Args:
       mode: one of INPUT_MODES.
-      dataset: the training DataSet (images [N, H, W, C] float32, labels [N]).
+      dataset: the training DataSet (images [N, H, W, C] float32, labels [N]),
+        or a data.records.RecordSet (dataset mode only).
       sampler: an EpochSampler over it (feed and staging follow its order).
       batch_size: the global batch.
       num_classes: for cleaning (dataset) and synthetic labels.
       seed: shuffle seed of the dataset pipeline.
     """
+    if hasattr(dataset, 'source'):  # records on disk (data.records.RecordSet)
+        if mode != 'dataset':
+            raise TowersError('records stream through --input dataset, not %s' % mode)
+        return DatasetInput(num_classes=num_classes, batch_size=batch_size, seed=seed,
+                            pixel_scale=255.0, source_fn=dataset.source)
     if mode == 'feed':
         return FeedInput(dataset, sampler)
     if mode == 'staging':

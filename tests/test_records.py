@@ -1,0 +1,189 @@
+"""Sharded records: exact round trip, worker shares, corrupt shards, flat memory."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from data import DataError
+from data import records
+from data.pipeline import make_pipeline
+
+tf1 = tf.compat.v1
+
+SHAPE = (6, 5, 3)
+
+
+def _splits(num_train=23, num_test=7, seed=0):
+    rng = np.random.RandomState(seed)
+    make = lambda n: (rng.randint(0, 256, (n,) + SHAPE).astype(np.uint8),  # noqa: E731
+                      rng.randint(0, 10, n))
+    return {'train': make(num_train), 'test': make(num_test)}
+
+
+def _sorted_rows(images, labels):
+    return sorted(zip(map(bytes, images.reshape(len(images), -1)), labels.tolist()))
+
+
+def test_convert_then_read_round_trip_is_exact(tmp_path):
+    splits = _splits()
+    manifest = records.write_records(splits, str(tmp_path), 4, 'tiny', 10)
+    assert [s['records'] for s in manifest['splits']['train']['shards']] == [6, 6, 6, 5]
+    assert manifest['splits']['test']['records'] == 7
+    on_disk = json.loads((tmp_path / 'manifest.json').read_text())
+    assert on_disk == manifest
+    for split, (images, labels) in splits.items():
+        record_set = records.RecordSet(str(tmp_path), split)
+        assert record_set.input_shape == SHAPE and record_set.num_examples == len(labels)
+        read_images, read_labels = records.read_all(record_set, SHAPE)
+        assert read_images.dtype == np.uint8
+        assert _sorted_rows(read_images, read_labels) == _sorted_rows(images, labels)
+
+
+def test_workers_read_disjoint_shares_that_cover_everything(tmp_path):
+    images, labels = _splits(num_train=40)['train']
+    records.write_records({'train': (images, labels)}, str(tmp_path), 5, 'tiny', 10)
+    shares = [records.RecordSet(str(tmp_path), 'train', num_workers=2, worker_index=i)
+              for i in range(2)]
+    assert [len(s.files) for s in shares] == [3, 2]
+    rows = [_sorted_rows(*records.read_all(s, SHAPE)) for s in shares]
+    assert not set(rows[0]) & set(rows[1])
+    assert sorted(rows[0] + rows[1]) == _sorted_rows(images, labels)
+    with pytest.raises(DataError, match=r'worker index 2 is not in \[0, 2\)'):
+        records.RecordSet(str(tmp_path), 'train', num_workers=2, worker_index=2)
+
+
+def test_a_corrupt_shard_is_named_or_skipped_and_counted(tmp_path):
+    records.write_records(_splits(), str(tmp_path), 4, 'tiny', 10)
+    shard = tmp_path / 'train-00002-of-00004.tfrecord'
+    blob = bytearray(shard.read_bytes())
+    blob[40] ^= 0xFF
+    shard.write_bytes(bytes(blob))
+    with pytest.raises(DataError, match='shard .*train-00002-of-00004.tfrecord is corrupt'):
+        records.RecordSet(str(tmp_path), 'train')
+    kept = records.RecordSet(str(tmp_path), 'train', skip_bad_shards=True)
+    assert kept.num_examples == 23 - 6 and len(kept.files) == 3
+    assert [(name, count) for name, count, _ in kept.skipped] == [
+        ('train-00002-of-00004.tfrecord', 6)]
+
+
+def test_a_truncated_shard_is_named(tmp_path):
+    records.write_records(_splits(), str(tmp_path), 2, 'tiny', 10)
+    shard = tmp_path / 'test-00001-of-00002.tfrecord'
+    shard.write_bytes(shard.read_bytes()[:-10])
+    with pytest.raises(DataError, match='test-00001-of-00002.tfrecord is .* bytes, the manifest '
+                                        'says .* \\(truncated or replaced\\)'):
+        records.RecordSet(str(tmp_path), 'test')
+
+
+def test_no_manifest_and_a_second_convert_are_errors(tmp_path):
+    with pytest.raises(DataError, match='has no manifest.json: not a records folder'):
+        records.RecordSet(str(tmp_path), 'train')
+    records.write_records(_splits(), str(tmp_path), 1, 'tiny', 10)
+    with pytest.raises(DataError, match='already holds records'):
+        records.write_records(_splits(), str(tmp_path), 1, 'tiny', 10)
+
+
+def test_records_with_a_wrong_shape_are_cleaned_out(tmp_path):
+    images, labels = _splits(num_train=5)['train']
+    records.write_records({'train': (images, labels)}, str(tmp_path), 1, 'tiny', 10)
+    # Append a record that claims another shape, with a matching byte count.
+    odd = np.zeros((5, 6, 3), np.uint8)  # 90 bytes, like SHAPE, but 5x6
+    shard = tmp_path / 'train-00000-of-00001.tfrecord'
+    with tf.io.TFRecordWriter(str(shard) + '.x') as writer:
+        for serialized in tf1.io.tf_record_iterator(str(shard)):
+            writer.write(serialized)
+        writer.write(records._example(odd, 3))
+    os.replace(str(shard) + '.x', shard)
+    manifest = json.loads((tmp_path / 'manifest.json').read_text())
+    entry = manifest['splits']['train']['shards'][0]
+    entry['bytes'], entry['sha256'] = shard.stat().st_size, records._sha256(str(shard))
+    (tmp_path / 'manifest.json').write_text(json.dumps(manifest))
+    record_set = records.RecordSet(str(tmp_path), 'train')
+    with tf.Graph().as_default() as graph:
+        source, _ = record_set.source(SHAPE)
+        dataset, dropped = make_pipeline(source, SHAPE, 10, 4, epochs=1, shuffle_buffer=0)
+        iterator = tf1.data.make_initializable_iterator(dataset)
+        next_batch = iterator.get_next()
+        init = tf1.local_variables_initializer()
+    seen = 0
+    with tf1.Session(graph=graph) as sess:
+        sess.run([init, iterator.initializer])
+        with pytest.raises(tf.errors.OutOfRangeError):
+            while True:
+                seen += len(sess.run(next_batch)[1])
+        assert sess.run(dropped) == 1
+    assert seen == 5
+
+
+_READER = textwrap.dedent('''
+    import sys
+    import tensorflow as tf
+    from data import records
+    from data.pipeline import make_pipeline
+    tf1 = tf.compat.v1
+    record_set = records.RecordSet(sys.argv[1], 'train', verify=False)
+    with tf.Graph().as_default() as graph:
+        source, _ = record_set.source((32, 32, 3))
+        dataset, _ = make_pipeline(source, (32, 32, 3), 10, 64, epochs=1, shuffle_buffer=256)
+        iterator = tf1.data.make_initializable_iterator(dataset)
+        batch = iterator.get_next()
+        init = tf1.local_variables_initializer()
+    seen = 0
+    with tf1.Session(graph=graph) as sess:
+        sess.run([init, iterator.initializer])
+        try:
+            while True:
+                seen += len(sess.run(batch)[1])
+        except tf.errors.OutOfRangeError:
+            pass
+    # VmHWM, not ru_maxrss: after exec, ru_maxrss still counts the parent's
+    # peak at fork time; VmHWM is this process's own high-water mark.
+    with open('/proc/self/status') as status:
+        peak_kb = next(int(line.split()[1]) for line in status if line.startswith('VmHWM:'))
+    print(seen, peak_kb)
+''')
+
+
+def _peak_rss_reading(folder):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
+    out = subprocess.run([sys.executable, '-c', _READER, folder], capture_output=True,
+                         text=True, env=env, timeout=300, check=True).stdout
+    seen, peak_kb = map(int, out.split())
+    return seen, peak_kb
+
+
+def test_memory_stays_flat_whatever_the_number_of_records(tmp_path):
+    rng = np.random.RandomState(0)
+    peaks = {}
+    for count in (2000, 20000):  # 6 MB and 61 MB of pixels
+        images = rng.randint(0, 256, (count, 32, 32, 3)).astype(np.uint8)
+        folder = str(tmp_path / str(count))
+        records.write_records({'train': (images, rng.randint(0, 10, count))}, folder, 8,
+                              'big', 10)
+        del images
+        seen, peaks[count] = _peak_rss_reading(folder)
+        assert seen == count
+    # Holding the larger set would add 55 MB; streaming adds at most buffers.
+    assert peaks[20000] - peaks[2000] < 20 * 1024, peaks
+
+
+def test_cli_converts_the_sample_and_trains_from_the_records(tmp_path, capsys):
+    from towers.cli import main
+    out_dir = str(tmp_path / 'records')
+    assert main(['data', 'convert', '--shards', '3', '--out', out_dir]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        'train: 4000 records in 3 shard(s)', 'test: 1000 records in 3 shard(s)',
+        'wrote %s' % os.path.join(out_dir, 'manifest.json')]
+    assert main(['train', '--dataset', 'records:' + out_dir, '--model', 'small_convnet',
+                 '--towers', '2', '--steps', '5']) == 0
+    out = capsys.readouterr().out
+    assert 'dataset records:%s: 4000 train, 0 validation, 1000 test' % out_dir in out
+    assert 'training 5 steps on 2 tower(s) /cpu:0,/cpu:1, global batch 100, dataset input' in out
+    assert '(1000 images)' in out.splitlines()[-1]
+    assert main(['train', '--dataset', 'records:' + out_dir, '--input', 'feed']) == 1
+    assert 'records:DIR streams from disk through --input dataset' in capsys.readouterr().err
