@@ -16,7 +16,8 @@ from data.sampler import EpochSampler
 from towers.devices import session_config
 from towers.errors import TowersError
 from towers.graph import build_training_graph, make_optimizer
-from towers.inputs import DatasetInput, FeedInput, StagingInput, SyntheticInput, run_step
+from towers.inputs import (DatasetInput, FeedInput, PythonInput, StagingInput, SyntheticInput,
+                           run_step)
 
 tf1 = tf.compat.v1
 
@@ -213,3 +214,42 @@ def test_ctrl_c_during_staged_training_exits_cleanly(tmp_path):
         process.kill()
     assert process.returncode == 130, err
     assert err.strip().splitlines()[-1] == 'towers: interrupted'
+
+
+class _Batches:
+    """A Python data source: batch i of a DataSet in a fixed order (picklable)."""
+
+    def __init__(self, dataset, batch_size, fail_at=None):
+        self.dataset, self.batch_size, self.fail_at = dataset, batch_size, fail_at
+        self.sampler = EpochSampler(dataset.num_examples, batch_size, shuffle=False)
+
+    def __len__(self):
+        return self.sampler.steps_per_epoch
+
+    def __getitem__(self, index):
+        if index == self.fail_at:
+            raise ValueError('unreadable batch %d' % index)
+        batch = self.sampler.indices(index)
+        return self.dataset.images[batch], self.dataset.labels[batch]
+
+
+def test_a_python_source_with_parallel_workers_trains_exactly_like_feed():
+    train_set = _numbered(30)
+    train_set.images[:, 0, 0, 0] = 0.5
+    reference = _train_variables(FeedInput(train_set, EpochSampler(30, 8, shuffle=False)),
+                                 num_steps=6)  # 4 steps an epoch: crosses into epoch 2
+    python = PythonInput(_Batches(train_set, 8), num_workers=3, workers='thread')
+    assert python.steps_per_epoch == 4
+    for ref, got in zip(reference, _train_variables(python, num_steps=6)):
+        np.testing.assert_array_equal(got, ref)
+
+
+def test_a_python_source_worker_error_stops_training_with_that_error():
+    source = PythonInput(_Batches(_numbered(40), 4, fail_at=3), num_workers=2, workers='thread')
+    done, outcome = _finishes(lambda: _train_variables(source, num_steps=8))
+    assert done, 'a failing worker must not hang the trainer'
+    assert isinstance(outcome.get('error'), TowersError)
+    assert re.fullmatch(r'the data loader failed: PrefetchError: batch 3 of 10 failed in '
+                        r'prefetch worker [01]: ValueError: unreadable batch 3',
+                        str(outcome['error'])), outcome['error']
+    assert not any(t.name.startswith('towers-loader') for t in threading.enumerate())

@@ -10,6 +10,8 @@ copying happens, which is what decides whether the towers wait for data:
   staging    a host FIFOQueue filled by loader thread(s), then one StagingArea
              per tower on the tower's device (tf_cnn_benchmarks' design): step
              k computes on batch k while batch k+1 is copied to the devices.
+  python     batches from a Python data source, loaded by K worker processes
+             or threads (data/prefetch.py), then staged as above.
   synthetic  one random batch per tower, held on the tower's device: no input
              cost at all, the upper bound for benchmarks.
   dataset    an in-graph tf.data pipeline (data/pipeline.py): cleaning,
@@ -25,10 +27,12 @@ and asks it `end_of_data()` when a step raises OutOfRangeError.
 """
 import threading
 
+import numpy as np
 import tensorflow as tf
 from tensorflow.python.ops import data_flow_ops
 
 from data import pipeline
+from data.prefetch import Prefetcher
 
 from towers.errors import TowersError
 from towers.tower import TowerSlice, split_batch
@@ -40,6 +44,8 @@ INPUT_MODES = ('feed', 'staging', 'dataset', 'synthetic')
 
 class InputSource:
     """Base class: the four calls, doing nothing."""
+
+    name = 'custom'  # what the Session loop's log calls this input
 
     def build(self, input_shape, tower_devices):
         raise NotImplementedError
@@ -69,6 +75,8 @@ class FeedInput(InputSource):
       the `images` and `labels` placeholders.)
     """
 
+    name = 'feed'
+
     def __init__(self, dataset=None, sampler=None):
         self.dataset, self.sampler = dataset, sampler
         self.images = self.labels = None
@@ -92,6 +100,8 @@ class SyntheticInput(InputSource):
       batch_size: the global batch.
       num_classes: labels are drawn from [0, num_classes).
     """
+
+    name = 'synthetic'
 
     def __init__(self, batch_size, num_classes):
         self.batch_size, self.num_classes = batch_size, num_classes
@@ -129,6 +139,8 @@ class DatasetInput(InputSource):
       source_fn: optional callable(input_shape) -> (source dataset, init feed)
         replacing the arrays (e.g. TFRecord shards); see data.pipeline.
     """
+
+    name = 'dataset'
 
     def __init__(self, images=None, labels=None, num_classes=10, batch_size=100,
                  pixel_scale=None, epochs=None, shuffle_buffer=10000, seed=0, augment=None,
@@ -184,6 +196,8 @@ class StagingInput(InputSource):
         labels [n] int64) that makes a step's batch instead of dataset/sampler
         (a Python data source); what it raises reaches the trainer.
     """
+
+    name = 'staging'
 
     def __init__(self, dataset=None, sampler=None, capacity=4, num_threads=1, batches=None):
         self.dataset, self.sampler = dataset, sampler
@@ -289,6 +303,56 @@ class StagingInput(InputSource):
         self._threads = []
         if alive:
             raise TowersError('loader thread(s) %s did not stop' % ', '.join(alive))
+
+
+class PythonInput(StagingInput):
+    """Batches from a Python data source, loaded in parallel, then staged.
+
+    For data only Python can produce (tensorpack's DataFlow idea): `source` is
+    any sequence (len + getitem) or iterable with a length whose items are
+    (images [n, H, W, C] float32, labels [n] int) batches; one pass is one
+    epoch. A data.prefetch.Prefetcher runs its K workers; one loader thread
+    moves their batches into the staging queue, in order when ordered=True. A
+    worker's error stops training with that error, never a hang.
+
+    Args:
+      source: the data source; len(source) batches per epoch.
+      num_workers, workers, ordered: see data.prefetch.Prefetcher.
+      capacity: host queue capacity, in batches.
+    """
+
+    name = 'python'
+
+    def __init__(self, source, num_workers=2, workers='thread', ordered=True, capacity=4):
+        super().__init__(capacity=capacity, batches=self._next_batch)
+        self.prefetcher = Prefetcher(source, num_workers=num_workers, workers=workers,
+                                     ordered=ordered)
+        self.steps_per_epoch = len(source)
+        self._batches = None
+
+    def start(self, sess, start_step, num_steps):
+        self._batches = self._from_step(start_step)
+        super().start(sess, start_step, num_steps)
+
+    def _from_step(self, start_step):
+        """Batches from global step start_step on, epoch after epoch."""
+        skip = start_step % self.steps_per_epoch
+        while True:
+            for batch in self.prefetcher:
+                if skip:
+                    skip -= 1  # a resumed run: this epoch's first batches are done
+                    continue
+                yield batch
+
+    def _next_batch(self, step):
+        images, labels = next(self._batches)
+        return np.asarray(images, np.float32), np.asarray(labels, np.int64)
+
+    def stop(self, sess):
+        try:
+            super().stop(sess)
+        finally:
+            self.prefetcher.close()
 
 
 def run_step(sess, source, step, fetches):

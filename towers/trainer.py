@@ -155,7 +155,7 @@ class _Throughput:
         return rate
 
 
-def train(config, model_fn, datasets, input_shape, num_classes=10, log=print):
+def train(config, model_fn, datasets, input_shape, num_classes=10, log=print, source=None):
     """Train model_fn on datasets.train over config.tower_devices; test at the end.
 
     Args:
@@ -166,21 +166,29 @@ def train(config, model_fn, datasets, input_shape, num_classes=10, log=print):
       input_shape: (H, W, C).
       num_classes: labels lie in [0, num_classes).
       log: callable taking one line of text.
+      source: an InputSource to train from instead of config.input over
+        datasets.train (e.g. a towers.inputs.PythonInput); it must have
+        steps_per_epoch.
     Returns:
       dict with steps, test_loss, test_accuracy, images_per_sec (mean over the
       run after warm-up, None if too short), checkpoint (path or None) and
       dropped (records the dataset input's cleaning removed, else 0).
     """
     train_set = datasets.train
-    sampler = EpochSampler(train_set.num_examples, max(config.batch_size, 1), seed=config.seed)
-    num_steps = config.total_steps(sampler.steps_per_epoch)
-    if config.batch_size > train_set.num_examples:
-        raise TowersError('--batch-size %d exceeds the %d training examples; use a smaller batch'
-                          % (config.batch_size, train_set.num_examples))
+    if source is None:
+        if config.batch_size > train_set.num_examples:
+            raise TowersError('--batch-size %d exceeds the %d training examples; use a smaller '
+                              'batch' % (config.batch_size, train_set.num_examples))
+        sampler = EpochSampler(train_set.num_examples, max(config.batch_size, 1),
+                               seed=config.seed)
+        steps_per_epoch = sampler.steps_per_epoch
+        source = make_input(config.input, train_set, sampler, config.batch_size, num_classes,
+                            seed=config.seed)
+    else:
+        steps_per_epoch = source.steps_per_epoch
+    num_steps = config.total_steps(steps_per_epoch)
     if config.logdir:
         _prepare_logdir(config.logdir)
-    source = make_input(config.input, train_set, sampler, config.batch_size, num_classes,
-                        seed=config.seed)
     graph = build_training_graph(
         model_fn, input_shape, config.tower_devices,
         lambda: make_optimizer(config.optimizer, config.learning_rate, config.momentum),
@@ -201,7 +209,7 @@ def train(config, model_fn, datasets, input_shape, num_classes=10, log=print):
         window, overall = _Throughput(config.warmup_steps), _Throughput(config.warmup_steps)
         log('training %d steps on %d tower(s) %s, global batch %d, %s input'
             % (num_steps, len(config.tower_devices), ','.join(config.tower_devices),
-               config.batch_size, config.input))
+               config.batch_size, source.name))
         source.start(sess, step, num_steps)
         try:
             while step < num_steps:
@@ -220,7 +228,7 @@ def train(config, model_fn, datasets, input_shape, num_classes=10, log=print):
                 if step % config.log_every == 0 or step == num_steps:
                     rate = window.take()
                     log('step %d/%d epoch %.2f: loss %.4f accuracy %.4f%s'
-                        % (step, num_steps, sampler.epoch_progress(step), loss, correct / batch,
+                        % (step, num_steps, step / steps_per_epoch, loss, correct / batch,
                            ' | %.1f images/sec' % rate if rate else ''))
                 if (config.logdir and config.checkpoint_every
                         and step % config.checkpoint_every == 0):
