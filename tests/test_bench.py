@@ -6,7 +6,7 @@ import pytest
 
 import data
 import models
-from towers.bench import mean_stderr, measure, run_bench
+from towers.bench import mean_stderr, measure, measure_interleaved, run_bench
 from towers.inputs import INPUT_MODES, SyntheticInput
 from towers.devices import resolve_devices
 from towers.errors import TowersError
@@ -93,3 +93,23 @@ def test_run_bench_refuses_numbers_it_cannot_measure(batch_size, window, warmup)
     with pytest.raises(TowersError, match='bench needs --batch-size >= 1, --window >= 2'):
         run_bench(model_fn, SHAPE, 10, [1], batch_size=batch_size, warmup_steps=warmup,
                   timed_steps=window, log=lambda line: None)
+
+
+def test_configurations_are_timed_in_turns():
+    order = []
+
+    class Recording(SyntheticInput):
+        def __init__(self, label):
+            super().__init__(4, 10)
+            self.label = label
+
+        def step(self, step):
+            order.append(self.label)
+            return super().step(step)
+
+    model_fn = models.build_model('small_convnet', SHAPE, 10)
+    configs = [dict(model_fn=model_fn, input_shape=SHAPE, tower_devices=['/cpu:0'],
+                    param_device='/cpu:0', source=Recording(label)) for label in 'ab']
+    results = measure_interleaved(configs, warmup_steps=1, timed_steps=4, rounds=2)
+    assert order == list('a' 'b' 'aa' 'bb' 'aa' 'bb')
+    assert len(results) == 2 and all(mean > 0 for mean, _ in results)

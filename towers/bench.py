@@ -5,7 +5,8 @@ then every step of a fixed window is timed, from asking the input source for
 the step (a feed's Python gather counts) to the end of the run; the result is
 the mean of the per-step images/sec with its standard error. All rows share
 one model and one *global* batch, and are compared as ratios measured in the
-same process, because absolute numbers on a shared machine drift.
+same process. The input modes of one tower count are timed in turns, block by
+block, because absolute speed on a shared machine drifts over a minute.
 """
 import math
 import time
@@ -30,32 +31,76 @@ def mean_stderr(values):
     return float(values.mean()), float(values.std(ddof=1) / math.sqrt(len(values)))
 
 
+class _Trainer:
+    """One configuration, built and warm, stepped a block at a time."""
+
+    def __init__(self, model_fn, input_shape, tower_devices, source, num_steps, param_device,
+                 optimizer='sgd'):
+        self.graph = build_training_graph(
+            model_fn, input_shape, tower_devices, lambda: make_optimizer(optimizer, 0.01),
+            param_device=param_device, seed=0, source=source)
+        self.source, self.step, self.rates = source, 0, []
+        self.sess = tf1.Session(graph=self.graph.graph,
+                                config=session_config(tower_devices, param_device))
+        self.sess.run(self.graph.init_op)
+        source.start(self.sess, 0, num_steps)
+
+    def run(self, steps, clock, timed=True):
+        fetches = [self.graph.batch, self.graph.train_op]
+        for _ in range(steps):
+            start = clock()
+            images = run_step(self.sess, self.source, self.step, fetches)[0]
+            elapsed = clock() - start
+            self.step += 1
+            if timed:
+                self.rates.append(images / elapsed)
+
+    def close(self):
+        try:
+            self.source.stop(self.sess)
+        finally:
+            self.sess.close()
+
+
+def measure_interleaved(configs, warmup_steps=10, timed_steps=50, rounds=5,
+                        clock=time.perf_counter):
+    """Time several configurations in turns, so drift hits them all alike.
+
+    Every configuration is built and warmed up first; then the timed steps run
+    in `rounds` blocks, one block per configuration in turn.
+
+    Args:
+      configs: list of dicts with the keyword arguments of _Trainer except
+        num_steps (model_fn, input_shape, tower_devices, source, param_device).
+    Returns:
+      one (mean, stderr) of images/sec per configuration.
+    """
+    rounds = max(1, min(rounds, timed_steps))
+    blocks = [timed_steps // rounds + (r < timed_steps % rounds) for r in range(rounds)]
+    trainers = []
+    try:
+        for config in configs:
+            trainers.append(_Trainer(num_steps=warmup_steps + timed_steps, **config))
+            trainers[-1].run(warmup_steps, clock, timed=False)
+        for block in blocks:
+            for trainer in trainers:
+                trainer.run(block, clock)
+        return [mean_stderr(t.rates) for t in trainers]
+    finally:
+        for trainer in trainers:
+            trainer.close()
+
+
 def measure(model_fn, input_shape, tower_devices, batch_size, source, warmup_steps=10,
-            timed_steps=50, param_device='/cpu:0', optimizer='sgd', clock=time.perf_counter):
+            timed_steps=50, param_device='/cpu:0', clock=time.perf_counter):
     """Train from `source` and time each step after warm-up.
 
     Returns:
       (mean, stderr) of images/sec over the timed steps.
     """
-    graph = build_training_graph(
-        model_fn, input_shape, tower_devices, lambda: make_optimizer(optimizer, 0.01),
-        param_device=param_device, seed=0, source=source)
-    rates = []
-    num_steps = warmup_steps + timed_steps
-    with tf1.Session(graph=graph.graph,
-                     config=session_config(tower_devices, param_device)) as sess:
-        sess.run(graph.init_op)
-        source.start(sess, 0, num_steps)
-        try:
-            for step in range(num_steps):
-                start = clock()
-                images = run_step(sess, source, step, [graph.batch, graph.train_op])[0]
-                elapsed = clock() - start
-                if step >= warmup_steps:
-                    rates.append(images / elapsed)
-        finally:
-            source.stop(sess)
-    return mean_stderr(rates)
+    config = dict(model_fn=model_fn, input_shape=input_shape, tower_devices=tower_devices,
+                  source=source, param_device=param_device)
+    return measure_interleaved([config], warmup_steps, timed_steps, rounds=1, clock=clock)[0]
 
 
 def run_bench(model_fn, input_shape, num_classes, tower_counts, batch_size, modes=('synthetic',),
@@ -93,10 +138,12 @@ def run_bench(model_fn, input_shape, num_classes, tower_counts, batch_size, mode
         except TowersError as e:
             log('%d towers: skipped (%s)' % (count, e))
             continue
-        for mode in modes:
-            source = make_input(mode, dataset, sampler, batch_size, num_classes)
-            mean, stderr = measure(model_fn, input_shape, devices, batch_size, source,
-                                   warmup_steps, timed_steps, params)
+        configs = [dict(model_fn=model_fn, input_shape=input_shape, tower_devices=devices,
+                        param_device=params,
+                        source=make_input(mode, dataset, sampler, batch_size, num_classes))
+                   for mode in modes]
+        for mode, (mean, stderr) in zip(modes, measure_interleaved(configs, warmup_steps,
+                                                                   timed_steps)):
             rows.append({'input': mode, 'towers': count, 'devices': ','.join(devices),
                          'mean': mean, 'stderr': stderr})
     if not rows:
