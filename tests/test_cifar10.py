@@ -1,11 +1,8 @@
 """Tests for data/cifar10.py (binary record reader, download + extraction) and data/archive.py."""
-import functools
 import hashlib
-import http.server
 import io
 import os
 import tarfile
-import threading
 
 import numpy as np
 import pytest
@@ -24,26 +21,6 @@ def isolated_folders(tmp_path, monkeypatch):
     monkeypatch.setenv('HOME', str(tmp_path / 'home'))
     monkeypatch.delenv('TOWERS_DATA_DIR', raising=False)
     monkeypatch.setattr(locate, 'SYSTEM_DATA_DIR', str(tmp_path / 'system'))
-
-
-class _QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, *args):
-        pass
-
-
-@pytest.fixture
-def server(tmp_path):
-    """Serves tmp_path/'www' on 127.0.0.1; yields (www folder, base URL)."""
-    root = tmp_path / 'www'
-    root.mkdir()
-    handler = functools.partial(_QuietHandler, directory=str(root))
-    httpd = http.server.ThreadingHTTPServer(('127.0.0.1', 0), handler)
-    thread = threading.Thread(target=httpd.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
-    yield root, f'http://127.0.0.1:{httpd.server_address[1]}'
-    httpd.shutdown()
-    httpd.server_close()
-    thread.join()
 
 
 def _record(label, red, green, blue):

@@ -1,12 +1,9 @@
 """Tests for data/download.py and data/mnist.py against a local HTTP server."""
-import functools
 import gzip
 import hashlib
-import http.server
 import importlib
 import os
 import socket
-import threading
 
 import numpy as np
 import pytest
@@ -22,26 +19,6 @@ download_module = importlib.import_module('data.download')
 
 def _sha(payload):
     return hashlib.sha256(payload).hexdigest()
-
-
-class _QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, *args):
-        pass
-
-
-@pytest.fixture
-def server(tmp_path):
-    """Serves tmp_path/'www' on 127.0.0.1; yields (www folder, base URL)."""
-    root = tmp_path / 'www'
-    root.mkdir()
-    handler = functools.partial(_QuietHandler, directory=str(root))
-    httpd = http.server.ThreadingHTTPServer(('127.0.0.1', 0), handler)
-    thread = threading.Thread(target=httpd.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
-    yield root, f'http://127.0.0.1:{httpd.server_address[1]}'
-    httpd.shutdown()
-    httpd.server_close()
-    thread.join()
 
 
 @pytest.fixture
