@@ -5,7 +5,7 @@ then every step of a fixed window is timed, from asking the input source for
 the step (a feed's Python gather counts) to the end of the run; the result is
 the mean of the per-step images/sec with its standard error. All rows share
 one model and one *global* batch, and are compared as ratios measured in the
-same process. The input modes of one tower count are timed in turns, block by
+same process. All rows are built first and then timed in turns, block by
 block, because absolute speed on a shared machine drifts over a minute.
 """
 import math
@@ -130,7 +130,7 @@ def run_bench(model_fn, input_shape, num_classes, tower_counts, batch_size, mode
         raise TowersError('unknown --input %s; choose from %s'
                           % (','.join(unknown), ','.join(INPUT_MODES)))
     sampler = EpochSampler(dataset.num_examples, batch_size) if dataset is not None else None
-    rows = []
+    rows, configs = [], []
     for count in tower_counts:
         try:
             devices = resolve_devices(num_towers=count)
@@ -138,16 +138,18 @@ def run_bench(model_fn, input_shape, num_classes, tower_counts, batch_size, mode
         except TowersError as e:
             log('%d towers: skipped (%s)' % (count, e))
             continue
-        configs = [dict(model_fn=model_fn, input_shape=input_shape, tower_devices=devices,
-                        param_device=params,
-                        source=make_input(mode, dataset, sampler, batch_size, num_classes))
-                   for mode in modes]
-        for mode, (mean, stderr) in zip(modes, measure_interleaved(configs, warmup_steps,
-                                                                   timed_steps)):
-            rows.append({'input': mode, 'towers': count, 'devices': ','.join(devices),
-                         'mean': mean, 'stderr': stderr})
+        for mode in modes:
+            rows.append({'input': mode, 'towers': count, 'devices': ','.join(devices)})
+            configs.append(dict(
+                model_fn=model_fn, input_shape=input_shape, tower_devices=devices,
+                param_device=params,
+                source=make_input(mode, dataset, sampler, batch_size, num_classes)))
     if not rows:
         raise TowersError('no tower count could run; try --towers 1')
+    # Every row in turns, block by block: the ratios then compare like with like.
+    for row, (mean, stderr) in zip(rows, measure_interleaved(configs, warmup_steps,
+                                                             timed_steps)):
+        row.update(mean=mean, stderr=stderr)
     _add_ratios(rows)
     log('%-10s %-7s %-28s %-20s %-13s %s' % ('input', 'towers', 'devices', 'images/sec',
                                              'vs synthetic', 'vs %d tower(s)' % rows[0]['towers']))
