@@ -50,20 +50,22 @@ def array_source(images, labels, input_shape):
     return dataset, {images_in: images, labels_in: np.asarray(labels, np.int64)}
 
 
-def clean(chunks, num_classes, dropped):
+def clean(chunks, num_classes, counts):
     """Drop records with a wrong shape, an out-of-range label or NaN/Inf pixels.
 
     Args:
       chunks: a source, see the module docstring.
       num_classes: labels must lie in [0, num_classes).
-      dropped: an int64 scalar variable; each dropped record adds one.
+      counts: an int64 [2] variable, (records read, records dropped), added to
+        as chunks are cleaned.
     Returns:
       A dataset of single records (pixels [P], label), bad ones left out.
     """
     def keep(pixels, shape_ok, labels):
         finite = tf.reduce_all(tf.math.is_finite(tf.cast(pixels, tf.float32)), axis=1)
         ok = shape_ok & (labels >= 0) & (labels < num_classes) & finite
-        count = dropped.assign_add(tf.reduce_sum(1 - tf.cast(ok, tf.int64)))
+        count = counts.assign_add(tf.stack([tf.size(ok, out_type=tf.int64),
+                                            tf.reduce_sum(1 - tf.cast(ok, tf.int64))]))
         with tf.control_dependencies([count]):
             return tf.boolean_mask(pixels, ok), tf.boolean_mask(labels, ok)
 
@@ -89,10 +91,13 @@ def augment_color_image(image, seed=None, pad=4):
     """
     height, width, channels = image.shape.as_list()
     image = tf.image.pad_to_bounding_box(image, pad, pad, height + 2 * pad, width + 2 * pad)
-    image = tf1.random_crop(image, [height, width, channels], seed=seed)
-    image = tf.image.random_flip_left_right(image, seed=seed)
-    image = tf.image.random_brightness(image, max_delta=63 / 255, seed=seed)
-    return tf.image.random_contrast(image, lower=0.2, upper=1.8, seed=seed)
+    # One seed per op: ops sharing a seed draw the same numbers, which would
+    # tie the flip, brightness and contrast of every image together.
+    seeds = [None] * 4 if seed is None else [seed + i for i in range(4)]
+    image = tf1.random_crop(image, [height, width, channels], seed=seeds[0])
+    image = tf.image.random_flip_left_right(image, seed=seeds[1])
+    image = tf.image.random_brightness(image, max_delta=63 / 255, seed=seeds[2])
+    return tf.image.random_contrast(image, lower=0.2, upper=1.8, seed=seeds[3])
 
 
 def should_augment(input_shape):
@@ -119,15 +124,18 @@ def make_pipeline(source, input_shape, num_classes, batch_size, pixel_scale=255.
       epochs: how many passes; None repeats forever.
       prefetch: batches prepared ahead of the step that takes them.
     Returns:
-      (dataset of (images [b, H, W, C] float32, labels [b] int64), dropped):
-      dropped is the int64 local variable counting records cleaning removed
+      (dataset of (images [b, H, W, C] float32, labels [b] int64), counts):
+      counts is an int64 [2] local variable, (records read, records dropped)
+      by cleaning. Reading runs ahead of training (prefetch, the shuffle
+      buffer) and every pass reads again, so both count records read, not
+      records trained on.
       (it counts again on every pass).
     """
     if (mean is None) != (std is None):
         raise ValueError('give both mean and std, or neither')
-    dropped = tf1.get_local_variable('records_dropped', shape=[], dtype=tf.int64,
-                                     initializer=tf1.zeros_initializer(), use_resource=True)
-    dataset = clean(source, num_classes, dropped)
+    counts = tf1.get_local_variable('records_read_dropped', shape=[2], dtype=tf.int64,
+                                    initializer=tf1.zeros_initializer(), use_resource=True)
+    dataset = clean(source, num_classes, counts)
     if augment:
         def prepare(pixels, label):
             image = augment_color_image(normalize(pixels, input_shape, pixel_scale), seed=seed)
@@ -148,4 +156,4 @@ def make_pipeline(source, input_shape, num_classes, batch_size, pixel_scale=255.
         return images, labels
 
     dataset = dataset.map(finish, num_parallel_calls=tf.data.AUTOTUNE).repeat(epochs)
-    return dataset.prefetch(prefetch), dropped
+    return dataset.prefetch(prefetch), counts

@@ -16,8 +16,9 @@ from data.sampler import EpochSampler
 from towers.devices import session_config
 from towers.errors import TowersError
 from towers.graph import build_training_graph, make_optimizer
-from towers.inputs import (DatasetInput, FeedInput, PythonInput, StagingInput, SyntheticInput,
-                           run_step)
+from towers.trainer import TrainConfig, train
+from towers.inputs import DatasetInput, FeedInput, SyntheticInput, run_step
+from towers.staging import PythonInput, StagingInput
 
 tf1 = tf.compat.v1
 
@@ -99,7 +100,7 @@ def test_dataset_cleaning_drops_and_counts_bad_records():
             while True:
                 batch = sess.run(slices[0].images)
                 kept.extend(batch[:, 0, 0, 0].astype(int))
-        assert sess.run(source.dropped) == 4
+        assert source.cleaning(sess) == (4, 20)
     assert kept == [i for i in range(20) if i not in (3, 7, 11, 12)]
 
 
@@ -253,3 +254,57 @@ def test_a_python_source_worker_error_stops_training_with_that_error():
                         r'prefetch worker [01]: ValueError: unreadable batch 3',
                         str(outcome['error'])), outcome['error']
     assert not any(t.name.startswith('towers-loader') for t in threading.enumerate())
+
+
+def test_dataset_epochs_are_what_cleaning_kept_and_training_ends_with_them():
+    train_set = _numbered(20)
+    bad = [2, 7, 11, 19]
+    train_set.images[bad, 3, 3, 0] = np.nan
+    source = DatasetInput(train_set.images, train_set.labels, batch_size=4, seed=1, epochs=2)
+    with tf.Graph().as_default() as graph:
+        slices = source.build(SHAPE, ['/cpu:0'])
+        init = tf1.local_variables_initializer()
+    steps = []
+    with tf1.Session(graph=graph) as sess:
+        sess.run(init)
+        source.start(sess, 0, 100)
+        with pytest.raises(tf.errors.OutOfRangeError):
+            while True:
+                steps.append(sess.run(slices[0].images)[:, 0, 0, 0].astype(int))
+        assert source.cleaning(sess) == (8, 40)  # two full passes: 4 dropped each
+    kept = [i for i in range(20) if i not in bad]
+    assert len(steps) == 8  # 16 kept at 4 a step, twice
+    assert sorted(np.concatenate(steps[:4])) == kept and sorted(np.concatenate(steps[4:])) == kept
+
+
+def test_training_on_a_dataset_input_stops_at_the_end_of_its_epochs():
+    rng = np.random.RandomState(0)
+    images = rng.rand(20, *SHAPE).astype(np.float32)
+    images[[2, 7, 11, 19], 0, 0, 0] = np.inf
+    datasets = data.Datasets(data.DataSet(images, rng.randint(0, 10, 20)), None,
+                             data.DataSet(np.zeros((5,) + SHAPE, np.float32), rng.randint(0, 10, 5)))
+    lines = []
+    config = TrainConfig(batch_size=4, epochs=2, input='dataset', optimizer='sgd',
+                         learning_rate=0.01, warmup_steps=0, log_every=100)
+    result = train(config, models.build_model('small_convnet', SHAPE, 10), datasets, SHAPE,
+                   log=lines.append)
+    assert result['steps'] == 8 and result['dropped'] == 8
+    assert 'cleaning dropped 8 of the 40 records read (every pass reads and cleans again)' \
+        in lines
+
+
+def test_augmentations_draw_independently():
+    from data.pipeline import augment_color_image
+    # A left-to-right ramp: the flip shows in the sign of the slope, the
+    # brightness in the mean; no padding so the crop changes nothing.
+    ramp = np.tile(np.linspace(0.3, 0.7, 32, dtype=np.float32)[None, :, None], (32, 1, 3))
+    with tf.Graph().as_default():
+        images = tf.data.Dataset.range(400).map(
+            lambda _: augment_color_image(tf.constant(ramp), seed=5, pad=0)).batch(400)
+        batch = tf1.data.make_one_shot_iterator(images).get_next()
+        with tf1.Session() as sess:
+            out = sess.run(batch)
+    flipped = (out[:, :, 0, :].mean(axis=(1, 2)) > out[:, :, -1, :].mean(axis=(1, 2)))
+    brightness = out.mean(axis=(1, 2, 3))
+    assert 0.3 < flipped.mean() < 0.7
+    assert abs(np.corrcoef(flipped.astype(float), brightness)[0, 1]) < 0.25

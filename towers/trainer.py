@@ -17,7 +17,7 @@ from towers.devices import session_config
 from towers.errors import TowersError
 from data.sampler import EpochSampler
 from towers.graph import build_training_graph, make_optimizer
-from towers.inputs import DatasetInput, make_input, run_step
+from towers.inputs import make_input, run_step
 
 tf1 = tf.compat.v1
 
@@ -172,7 +172,8 @@ def train(config, model_fn, datasets, input_shape, num_classes=10, log=print, so
     Returns:
       dict with steps, test_loss, test_accuracy, images_per_sec (mean over the
       run after warm-up, None if too short), checkpoint (path or None) and
-      dropped (records the dataset input's cleaning removed, else 0).
+      dropped (records the dataset input's cleaning removed from what it read,
+      else 0).
     """
     train_set = datasets.train
     if source is None:
@@ -182,8 +183,11 @@ def train(config, model_fn, datasets, input_shape, num_classes=10, log=print, so
         sampler = EpochSampler(train_set.num_examples, max(config.batch_size, 1),
                                seed=config.seed)
         steps_per_epoch = sampler.steps_per_epoch
+        # A dataset pipeline ends after the epochs asked for: when cleaning drops
+        # records, its epochs are shorter than the sampler's.
+        epochs = None if config.steps is not None else math.ceil(config.epochs)
         source = make_input(config.input, train_set, sampler, config.batch_size, num_classes,
-                            seed=config.seed)
+                            seed=config.seed, epochs=epochs)
     else:
         steps_per_epoch = source.steps_per_epoch
     num_steps = config.total_steps(steps_per_epoch)
@@ -210,8 +214,8 @@ def train(config, model_fn, datasets, input_shape, num_classes=10, log=print, so
         log('training %d steps on %d tower(s) %s, global batch %d, %s input'
             % (num_steps, len(config.tower_devices), ','.join(config.tower_devices),
                config.batch_size, source.name))
-        source.start(sess, step, num_steps)
         try:
+            source.start(sess, step, num_steps)
             while step < num_steps:
                 start = time.perf_counter()
                 values = run_step(sess, source, step,
@@ -234,17 +238,23 @@ def train(config, model_fn, datasets, input_shape, num_classes=10, log=print, so
                         and step % config.checkpoint_every == 0):
                     checkpoint = graph.saver.save(
                         sess, os.path.join(config.logdir, 'model.ckpt'), global_step=step)
-        finally:
-            source.stop(sess)
+        except BaseException:
+            try:
+                source.stop(sess)
+            except Exception:  # noqa: BLE001 - the error in flight is the one to report
+                pass
+            raise
+        source.stop(sess)
         if config.logdir and (checkpoint is None or not checkpoint.endswith('-%d' % step)):
             checkpoint = graph.saver.save(sess, os.path.join(config.logdir, 'model.ckpt'),
                                           global_step=step)
         if checkpoint:
             log('checkpoint: %s' % checkpoint)
-        if isinstance(source, DatasetInput):
-            dropped = int(sess.run(source.dropped))
-            if dropped:
-                log('cleaning dropped %d bad record(s) (counted on every pass)' % dropped)
+        cleaning = source.cleaning(sess)
+        if cleaning and cleaning[0]:
+            dropped = cleaning[0]
+            log('cleaning dropped %d of the %d records read (every pass reads and cleans '
+                'again)' % cleaning)
         test_loss, test_accuracy = evaluate(sess, graph, datasets.test, config.batch_size)
     rate = overall.take()
     if rate:

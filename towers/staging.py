@@ -1,0 +1,213 @@
+"""Staged inputs: batches copied to every tower's device while the towers compute.
+
+tf_cnn_benchmarks' design, on `data_flow_ops`: loader thread(s) fill a host
+FIFOQueue with global batches; the dequeued batch is split per tower and put
+into one StagingArea per tower, on that tower's device. Before the first step
+one batch is staged everywhere (priming); each step then computes on the staged
+batch k while the put of batch k+1 (the host-to-device copy) runs beside it.
+"""
+import threading
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.python.ops import data_flow_ops
+
+from data.prefetch import Prefetcher
+from towers.errors import TowersError
+from towers.inputs import InputSource
+from towers.tower import TowerSlice, split_batch
+
+tf1 = tf.compat.v1
+
+
+class StagingInput(InputSource):
+    """A loader thread fills a host queue; per-tower StagingAreas hide the copies.
+
+    Before the first step one batch is put into every tower's StagingArea
+    (priming); each step then runs the towers on the staged batch k together
+    with the put of batch k+1, so the host-to-device copy overlaps compute.
+
+    Args:
+      dataset: has images [N, H, W, C] float32 and labels [N] int64.
+      sampler: a data.sampler.EpochSampler over it; the loader follows its order.
+      capacity: host queue capacity, in global batches.
+      num_threads: loader threads. With more than one, each step's batch is
+        still drawn exactly once, but batches may reach the queue out of order.
+      batches: optional callable(step) -> (images [n, H, W, C] float32,
+        labels [n] int64) that makes a step's batch instead of dataset/sampler
+        (a Python data source); what it raises reaches the trainer.
+    """
+
+    name = 'staging'
+
+    def __init__(self, dataset=None, sampler=None, capacity=4, num_threads=1, batches=None):
+        self.dataset, self.sampler = dataset, sampler
+        self.capacity, self.num_threads = capacity, num_threads
+        self._make_batch = batches or self._dataset_batch
+        self._threads, self._error, self._stopping = [], None, False
+        self._next_step = self._num_steps = 0
+        self._lock = threading.Lock()
+        self._puts = []
+
+    def _dataset_batch(self, step):
+        batch = self.sampler.indices(step)
+        return self.dataset.images[batch], self.dataset.labels[batch]
+
+    def build(self, input_shape, tower_devices):
+        shape = [None] + list(input_shape)
+        with tf.device('/cpu:0'), tf1.name_scope('staging'):
+            # Shapes stay unset: a queue's shapes must be fully defined, and a
+            # short last batch of an epoch has another batch size.
+            self._queue = data_flow_ops.FIFOQueue(
+                self.capacity, [tf.float32, tf.int64], name='host_queue')
+            self._images = tf1.placeholder(tf.float32, shape, name='images')
+            self._labels = tf1.placeholder(tf.int64, [None], name='labels')
+            self._enqueue = self._queue.enqueue([self._images, self._labels])
+            self._close = self._queue.close(cancel_pending_enqueues=True)
+            images, labels = self._queue.dequeue()
+            images.set_shape(shape)
+            labels.set_shape([None])
+            pieces = split_batch(images, labels, len(tower_devices))
+        slices = []
+        for i, (device, piece) in enumerate(zip(tower_devices, pieces)):
+            with tf.device(device), tf1.name_scope('staging_%d' % i):
+                area = data_flow_ops.StagingArea(
+                    [tf.float32, tf.int64, tf.int32, tf.int32],
+                    shapes=[shape, [None], [], []], capacity=2)
+                self._puts.append(area.put(list(piece)))
+                slices.append(TowerSlice(*area.get()))
+        return slices
+
+    def start(self, sess, start_step, num_steps):
+        if start_step and self.num_threads > 1:
+            raise TowersError('cannot resume at step %d with %d loader threads: their batches '
+                              'reach the queue out of order; resume with one'
+                              % (start_step, self.num_threads))
+        self._next_step, self._num_steps = start_step, num_steps
+        self._threads = [threading.Thread(target=self._load, args=(sess,), daemon=True,
+                                          name='towers-loader-%d' % i)
+                         for i in range(self.num_threads)]
+        for thread in self._threads:
+            thread.start()
+        if start_step < num_steps:
+            self._run_or_fail(sess, self._puts)  # prime: batch 0 waits on every device
+
+    def _claim_step(self):
+        with self._lock:
+            if self._stopping or self._error is not None or self._next_step >= self._num_steps:
+                return None
+            step, self._next_step = self._next_step, self._next_step + 1
+            return step
+
+    def _load(self, sess):
+        try:
+            while True:
+                step = self._claim_step()
+                if step is None:
+                    return
+                images, labels = self._make_batch(step)
+                sess.run(self._enqueue, {self._images: images, self._labels: labels})
+        except (tf.errors.CancelledError, tf.errors.OutOfRangeError):
+            pass  # the queue was closed by stop(): nothing more is wanted
+        except RuntimeError:
+            if not self._stopping:  # else the session closed under a stopping loader
+                raise
+        except Exception as e:  # the loader's error must reach the trainer
+            with self._lock:
+                self._error = e
+            # Closing wakes a step blocked on an empty queue with OutOfRange.
+            try:
+                sess.run(self._close)
+            except tf.errors.OpError:
+                pass  # the session is closing anyway
+
+    def _run_or_fail(self, sess, fetches):
+        try:
+            sess.run(fetches)
+        except tf.errors.OutOfRangeError:
+            self.end_of_data()
+            raise
+
+    def step(self, step):
+        # The put of the next batch rides along with this step's compute.
+        return (self._puts if step + 1 < self._num_steps else []), None
+
+    def end_of_data(self):
+        if self._error is not None:
+            raise TowersError('the data loader failed: %s: %s'
+                              % (type(self._error).__name__, self._error)) from self._error
+        super().end_of_data()
+
+    def stop(self, sess):
+        with self._lock:
+            self._stopping = True
+        try:
+            sess.run(self._close)  # cancels an enqueue blocked on a full queue
+        except tf.errors.OpError:
+            pass  # the session is already closing
+        for thread in self._threads:
+            thread.join(timeout=30)
+        alive = [t.name for t in self._threads if t.is_alive()]
+        self._threads = []
+        if alive:
+            raise TowersError('loader thread(s) %s did not stop' % ', '.join(alive))
+
+
+class PythonInput(StagingInput):
+    """Batches from a Python data source, loaded in parallel, then staged.
+
+    For data only Python can produce (tensorpack's DataFlow idea): `source` is
+    any sequence (len + getitem) or iterable with a length whose items are
+    (images [n, H, W, C] float32, labels [n] int) batches; one pass is one
+    epoch. A data.prefetch.Prefetcher runs its K workers; one loader thread
+    moves their batches into the staging queue, in order when ordered=True. A
+    worker's error stops training with that error, never a hang.
+
+    Args:
+      source: the data source; len(source) batches per epoch.
+      num_workers, workers, ordered: see data.prefetch.Prefetcher.
+      capacity: host queue capacity, in batches.
+    """
+
+    name = 'python'
+
+    def __init__(self, source, num_workers=2, workers='thread', ordered=True, capacity=4):
+        super().__init__(capacity=capacity, batches=self._next_batch)
+        self.prefetcher = Prefetcher(source, num_workers=num_workers, workers=workers,
+                                     ordered=ordered)
+        self.ordered = ordered
+        self.steps_per_epoch = len(source)
+        self._batches = None
+
+    def start(self, sess, start_step, num_steps):
+        if start_step % self.steps_per_epoch and not self.ordered:
+            raise TowersError('cannot resume mid-epoch (step %d) from an unordered Python '
+                              'source: which batches were trained is unknown; use ordered=True'
+                              % start_step)
+        self._batches = self._from_step(start_step)
+        super().start(sess, start_step, num_steps)
+
+    def _from_step(self, start_step):
+        """Batches from global step start_step on, epoch after epoch."""
+        skip = start_step % self.steps_per_epoch
+        while True:
+            for batch in self.prefetcher:
+                if skip:
+                    skip -= 1  # a resumed run: this epoch's first batches are done
+                    continue
+                yield batch
+
+    def _next_batch(self, step):
+        images, labels = next(self._batches)
+        return np.asarray(images, np.float32), np.asarray(labels, np.int64)
+
+    def stop(self, sess):
+        # Close the workers first: it wakes a loader waiting on a slow batch, so
+        # stopping never waits for one to finish.
+        self._stopping = True
+        try:
+            self.prefetcher.close()
+        finally:
+            super().stop(sess)
+
+
