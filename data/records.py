@@ -16,7 +16,6 @@ Each Example holds 'image/raw' (the uint8 pixels, row-major HWC bytes),
 
 This module imports TensorFlow; `import data` does not import it.
 """
-import hashlib
 import json
 import math
 import os
@@ -25,6 +24,7 @@ import numpy as np
 import tensorflow as tf
 
 from data.atomic import atomic_output
+from data.download import sha256_of_file
 from data.errors import DataError
 from data.pipeline import CHUNK
 
@@ -41,14 +41,6 @@ def _example(image, label):
         'label': tf.train.Feature(int64_list=tf.train.Int64List(value=[int(label)])),
     }
     return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
-
-
-def _sha256(path):
-    digest = hashlib.sha256()
-    with open(path, 'rb') as f:
-        for block in iter(lambda: f.read(1 << 20), b''):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _write_shard(path, images, labels):
@@ -98,7 +90,7 @@ def write_records(splits, out_dir, num_shards, name, num_classes):
             path = os.path.join(out_dir, file_name)
             _write_shard(path, images[part], np.asarray(labels)[part])
             shards.append({'file': file_name, 'records': int(len(part)),
-                           'bytes': os.path.getsize(path), 'sha256': _sha256(path)})
+                           'bytes': os.path.getsize(path), 'sha256': sha256_of_file(path)})
         manifest['splits'][split] = {'input_shape': list(images.shape[1:]),
                                      'records': int(len(images)), 'shards': shards}
     with atomic_output(os.path.join(out_dir, MANIFEST)) as out:
@@ -202,7 +194,7 @@ def _check_shard(path, shard, verify):
     if size != shard['bytes']:
         return 'shard %s is %d bytes, the manifest says %d (truncated or replaced)' % (
             path, size, shard['bytes'])
-    if verify and _sha256(path) != shard['sha256']:
+    if verify and sha256_of_file(path) != shard['sha256']:
         return 'shard %s is corrupt: its SHA-256 differs from the manifest' % path
     return None
 

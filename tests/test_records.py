@@ -11,6 +11,7 @@ import tensorflow as tf
 
 from data import DataError
 from data import records
+from data.download import sha256_of_file
 from data.pipeline import make_pipeline
 
 tf1 = tf.compat.v1
@@ -101,7 +102,7 @@ def test_records_with_a_wrong_shape_are_cleaned_out(tmp_path):
     os.replace(str(shard) + '.x', shard)
     manifest = json.loads((tmp_path / 'manifest.json').read_text())
     entry = manifest['splits']['train']['shards'][0]
-    entry['bytes'], entry['sha256'] = shard.stat().st_size, records._sha256(str(shard))
+    entry['bytes'], entry['sha256'] = shard.stat().st_size, sha256_of_file(str(shard))
     (tmp_path / 'manifest.json').write_text(json.dumps(manifest))
     record_set = records.RecordSet(str(tmp_path), 'train')
     with tf.Graph().as_default() as graph:
