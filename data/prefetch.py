@@ -14,13 +14,13 @@ Numpy + stdlib only: importing this module never imports TensorFlow.
 import multiprocessing
 import pickle
 import queue
-import signal
 import threading
 import time
 import traceback
 import warnings
 
 from data.errors import DataError
+from data.prefetch_worker import IDLE, STARTING, signal_name, work
 
 # Workers are started with 'spawn': each is a fresh interpreter that inherits nothing from the
 # consumer. 'fork' copies a process that may hold TensorFlow's thread pools and locks mid-state,
@@ -34,7 +34,6 @@ START_METHOD = 'spawn'
 
 _POLL_S = 0.1    # how often a waiting consumer checks that every worker is still alive
 _GRACE_S = 1.0   # how long close() lets workers stop by themselves before terminating them
-_STARTING, _IDLE = -2, -1   # a worker's state entry: one of these, or the batch it is loading
 
 
 class PrefetchError(DataError):
@@ -203,17 +202,17 @@ class Prefetcher:
         if self._in_process:
             context = multiprocessing.get_context(START_METHOD)
             self._tasks, self._results = context.Queue(), context.Queue()
-            self._state = context.Array('q', [0] + [_STARTING] * k, lock=False)
+            self._state = context.Array('q', [0] + [STARTING] * k, lock=False)
             self._stop = context.Event()
             make, kind = context.Process, 'process'
         else:
             self._tasks, self._results = queue.Queue(), queue.Queue()
-            self._state = [0] + [_STARTING] * k
+            self._state = [0] + [STARTING] * k
             self._stop = threading.Event()
             make, kind = threading.Thread, 'thread'
         args = (self._source, self._tasks, self._results, self._state, self._stop,
                 self._in_process)
-        workers = [make(target=_work, args=(i,) + args, daemon=True, name=f'prefetch-{kind}-{i}')
+        workers = [make(target=work, args=(i,) + args, daemon=True, name=f'prefetch-{kind}-{i}')
                    for i in range(k)]
         try:
             for worker in workers:
@@ -272,17 +271,17 @@ class Prefetcher:
             if worker.is_alive():
                 continue
             index = self._state[k + 1]
-            doing = {_STARTING: 'while starting', _IDLE: 'between batches'}.get(
+            doing = {STARTING: 'while starting', IDLE: 'between batches'}.get(
                 index, f'while loading batch {index}')
             if not self._in_process:
                 self._fail(PrefetchError(f'prefetch worker thread {k} ended {doing} without '
                                          'reporting why', index if index >= 0 else None, k))
             code = worker.exitcode
             if code is not None and code < 0:
-                how = f'was killed by signal {_signal_name(-code)} (exit code {code})'
+                how = f'was killed by signal {signal_name(-code)} (exit code {code})'
             else:
                 how = f'died with exit code {code}'
-            if index == _STARTING:
+            if index == STARTING:
                 why = ('see its traceback on stderr; with start method spawn each worker '
                        're-imports the main module, so code that starts a Prefetcher must sit '
                        "under if __name__ == '__main__':")
@@ -318,69 +317,3 @@ class Prefetcher:
     def _fail(self, error):
         self.close()
         raise error
-
-
-def _work(worker, source, tasks, results, state, stop, in_process):
-    """A worker's loop: takes (pass_id, index) tasks, puts (pass_id, index, worker, ok, payload).
-
-    payload is the batch (pickled by the worker for processes, so a batch that cannot be
-    pickled is reported instead of being dropped by the queue's feeder thread) or, when
-    ok is False, (exception type, message, traceback text).
-    """
-    if in_process:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C is the consumer's; it closes us
-        results.cancel_join_thread()   # at exit, drop results nobody will read instead of blocking
-        parent = multiprocessing.parent_process()
-        try:
-            source = pickle.loads(source)
-        except BaseException as exc:
-            results.put((None, None, worker, False, _describe(exc)))
-            return
-    state[worker + 1] = _IDLE
-    sequence = hasattr(type(source), '__getitem__')
-    iterator = iterator_pass = None
-    while not stop.is_set():
-        try:
-            task = tasks.get(timeout=1.0)
-        except queue.Empty:
-            if in_process and not parent.is_alive():
-                return   # the consumer was killed: do not linger as an orphan
-            continue
-        if task is None:
-            return
-        pass_id, index = task
-        if pass_id != state[0]:
-            continue     # left over from an abandoned pass
-        state[worker + 1] = index
-        try:
-            if sequence:
-                batch = source[index]
-            else:
-                if iterator_pass != pass_id:
-                    iterator, iterator_pass = iter(source), pass_id
-                batch = next(iterator)
-            if in_process:
-                batch = pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL)
-            message = (pass_id, index, worker, True, batch)
-        except BaseException as exc:   # SystemExit and friends too: the consumer must hear of it
-            message = (pass_id, index, worker, False, _describe(exc))
-        results.put(message)
-        state[worker + 1] = _IDLE
-
-
-def _describe(exc):
-    kind = type(exc)
-    name = kind.__qualname__ if kind.__module__ == 'builtins' else (
-        f'{kind.__module__}.{kind.__qualname__}')
-    try:
-        message = ' '.join(str(exc).split())
-    except Exception:
-        message = '<unprintable message>'
-    return name, message, traceback.format_exc()
-
-
-def _signal_name(number):
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return str(number)
