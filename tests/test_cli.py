@@ -28,10 +28,11 @@ def _towers(*args, timeout=60, cwd=None):
 
 def test_train_end_to_end_on_the_embedded_sample(tmp_path):
     logdir = tmp_path / 'run'
-    process, seconds = _towers('train', '--towers', '2', '--epochs', '6', '--batch-size', '50',
-                               '--logdir', str(logdir), timeout=180, cwd=str(tmp_path))
+    process, _ = _towers('train', '--towers', '2', '--epochs', '6', '--batch-size', '50',
+                         '--logdir', str(logdir), timeout=180, cwd=str(tmp_path))
     assert process.returncode == 0, process.stderr
-    assert seconds < 60, 'took %.1f s' % seconds
+    # How fast is for `towers bench`, not for a timed test on a shared machine
+    # (this run takes ~25 s here); the timeout above only catches a hang.
     assert 'Traceback' not in process.stderr and 'error' not in process.stderr
     out = process.stdout
     assert 'training 480 steps on 2 tower(s) /cpu:0,/cpu:1, global batch 50' in out
