@@ -308,3 +308,31 @@ def test_augmentations_draw_independently():
     brightness = out.mean(axis=(1, 2, 3))
     assert 0.3 < flipped.mean() < 0.7
     assert abs(np.corrcoef(flipped.astype(float), brightness)[0, 1]) < 0.25
+
+
+def test_dataset_normalises_per_channel_and_checks_the_channel_count():
+    images = np.random.RandomState(2).randint(0, 256, (6,) + SHAPE).astype(np.uint8)
+    source = DatasetInput(images, np.arange(6) % 10, batch_size=6, shuffle_buffer=0,
+                          mean=[0.25], std=[0.5])
+    with tf.Graph().as_default() as graph:
+        slices = source.build(SHAPE, ['/cpu:0'])
+        init = tf1.local_variables_initializer()
+    with tf1.Session(graph=graph) as sess:
+        sess.run(init)
+        source.start(sess, 0, 1)
+        got = sess.run(slices[0].images)
+    np.testing.assert_allclose(got, (images / np.float32(255) - 0.25) / 0.5, rtol=1e-6)
+    with tf.Graph().as_default(), pytest.raises(TowersError, match='one value per channel'):
+        DatasetInput(images, np.arange(6), mean=[0.1, 0.2, 0.3], std=[1, 1, 1]).build(
+            SHAPE, ['/cpu:0'])
+
+
+@pytest.mark.parametrize('argv,message', [
+    (['--mean', '0.5', '--std', '0.2'], '--mean/--std normalise in the tf.data pipeline'),
+    (['--input', 'dataset', '--mean', '0.5'], '--mean and --std go together'),
+    (['--input', 'dataset', '--mean', 'x', '--std', '1'], '--mean wants comma-separated numbers'),
+    (['--input', 'dataset', '--mean', '0.5', '--std', '0'], '--std values must be positive')])
+def test_normalisation_flags_are_checked(argv, message, capsys):
+    from towers.cli import main
+    assert main(['train', '--steps', '1'] + argv) == 1
+    assert message in capsys.readouterr().err

@@ -55,6 +55,15 @@ def build_parser():
                             'staging (host queue + per-tower StagingArea), dataset (in-graph '
                             'tf.data), synthetic (random, benchmarks only); default: feed, '
                             'or dataset for records:DIR')
+    train.add_argument('--mean', default=None,
+                       help='with --input dataset: per-channel means subtracted after /255, '
+                            'e.g. 0.4914,0.4822,0.4465 (needs --std)')
+    train.add_argument('--std', default=None,
+                       help='with --input dataset: per-channel standard deviations to divide by')
+    train.add_argument('--num-workers', type=int, default=1,
+                       help='with records:DIR: how many workers share the shards (default: 1)')
+    train.add_argument('--worker-index', type=int, default=0,
+                       help='with records:DIR: which share of the shards this run reads')
     train.add_argument('--skip-bad-shards', action='store_true',
                        help='with records:DIR, skip (and count) shards that fail their '
                             'checksum instead of stopping')
@@ -144,7 +153,9 @@ def _load_records(args):
     import data
     from data import records
     folder = args.dataset.split(':', 1)[1]
-    train_set = records.RecordSet(folder, 'train', skip_bad_shards=args.skip_bad_shards)
+    train_set = records.RecordSet(folder, 'train', num_workers=args.num_workers,
+                                  worker_index=args.worker_index,
+                                  skip_bad_shards=args.skip_bad_shards)
     test = records.RecordSet(folder, 'test', skip_bad_shards=args.skip_bad_shards)
     images, labels = records.read_all(test, test.input_shape)
     empty = data.DataSet(images[:0], labels[:0], num_classes=train_set.num_classes)
@@ -182,7 +193,8 @@ def _train(args, log):
         batch_size=args.batch_size, epochs=args.epochs, steps=args.steps,
         optimizer=args.optimizer, learning_rate=args.lr, momentum=args.momentum,
         logdir=args.logdir, log_every=args.log_every, checkpoint_every=args.checkpoint_every,
-        seed=args.seed, input=args.input or ('dataset' if from_records else 'feed'))
+        seed=args.seed, input=args.input or ('dataset' if from_records else 'feed'),
+        mean=_float_list(args.mean, '--mean'), std=_float_list(args.std, '--std'))
     config.validate()  # before any data is read
     if not from_records:
         datasets = data.load_dataset(args.dataset, data_dir=args.data_dir,
@@ -211,6 +223,17 @@ def _convert(args, log):
 
 COMMANDS = {'train': _train, 'devices': _devices, 'bench': _bench, 'models': _models,
             'data': _convert}
+
+
+def _float_list(text, flag):
+    if text is None:
+        return None
+    try:
+        return [float(v) for v in text.split(',')]
+    except ValueError:
+        from towers.errors import TowersError
+        raise TowersError('%s wants comma-separated numbers like 0.5,0.5,0.5, got %r'
+                          % (flag, text)) from None
 
 
 def _int_list(text, flag):

@@ -158,6 +158,10 @@ class DatasetInput(InputSource):
 
     def build(self, input_shape, tower_devices):
         options = dict(self.options)
+        for name in ('mean', 'std'):
+            if options[name] is not None and len(options[name]) != input_shape[-1]:
+                raise TowersError('--%s needs one value per channel (%d), got %s'
+                                  % (name, input_shape[-1], options[name]))
         if options['augment'] is None:
             options['augment'] = pipeline.should_augment(input_shape)
         with tf.device('/cpu:0'), tf1.name_scope('pipeline'):
@@ -209,7 +213,8 @@ def run_step(sess, source, step, fetches):
         raise TowersError('corrupt input data at step %d: %s' % (step, e.message)) from None
 
 
-def make_input(mode, dataset, sampler, batch_size, num_classes, seed=0, epochs=None):
+def make_input(mode, dataset, sampler, batch_size, num_classes, seed=0, epochs=None, mean=None,
+               std=None):
     """The InputSource for an --input mode over an in-memory DataSet.
 
     Args:
@@ -221,20 +226,22 @@ def make_input(mode, dataset, sampler, batch_size, num_classes, seed=0, epochs=N
       num_classes: for cleaning (dataset) and synthetic labels.
       seed: shuffle seed of the dataset pipeline.
       epochs: passes the dataset pipeline makes before it ends (None: forever).
+      mean, std: per-channel normalisation of the dataset pipeline, or None.
     """
     from towers.staging import StagingInput  # staging.py builds on this module
     if hasattr(dataset, 'source'):  # records on disk (data.records.RecordSet)
         if mode != 'dataset':
             raise TowersError('records stream through --input dataset, not %s' % mode)
         return DatasetInput(num_classes=num_classes, batch_size=batch_size, seed=seed,
-                            pixel_scale=255.0, source_fn=dataset.source, epochs=epochs)
+                            pixel_scale=255.0, source_fn=dataset.source, epochs=epochs,
+                            mean=mean, std=std)
     if mode == 'feed':
         return FeedInput(dataset, sampler)
     if mode == 'staging':
         return StagingInput(dataset, sampler)
     if mode == 'dataset':
         return DatasetInput(dataset.images, dataset.labels, num_classes, batch_size, seed=seed,
-                            epochs=epochs)
+                            epochs=epochs, mean=mean, std=std)
     if mode == 'synthetic':
         return SyntheticInput(batch_size, num_classes)
     raise TowersError('unknown --input %r; choose one of: %s' % (mode, ', '.join(INPUT_MODES)))

@@ -44,6 +44,8 @@ class TrainConfig:
     warmup_steps: int = 10
     seed: int = 0
     input: str = 'feed'
+    mean: list = None  # per-channel, --input dataset only
+    std: list = None
 
     def validate(self):
         """Raise TowersError for numbers no run can use."""
@@ -56,7 +58,12 @@ class TrainConfig:
             (self.checkpoint_every >= 0, '--checkpoint-every must be 0 (off) or more, got %s'
              % self.checkpoint_every),
             (self.warmup_steps >= 0, 'warmup_steps must be 0 or more, got %s'
-             % self.warmup_steps)]
+             % self.warmup_steps),
+            ((self.mean is None) == (self.std is None), '--mean and --std go together'),
+            (self.mean is None or self.input == 'dataset',
+             '--mean/--std normalise in the tf.data pipeline: use them with --input dataset'),
+            (self.std is None or all(s > 0 for s in self.std),
+             '--std values must be positive, got %s' % self.std)]
         for ok, message in checks:
             if not ok:
                 raise TowersError(message)
@@ -187,7 +194,7 @@ def train(config, model_fn, datasets, input_shape, num_classes=10, log=print, so
         # records, its epochs are shorter than the sampler's.
         epochs = None if config.steps is not None else math.ceil(config.epochs)
         source = make_input(config.input, train_set, sampler, config.batch_size, num_classes,
-                            seed=config.seed, epochs=epochs)
+                            seed=config.seed, epochs=epochs, mean=config.mean, std=config.std)
     else:
         steps_per_epoch = source.steps_per_epoch
     num_steps = config.total_steps(steps_per_epoch)
