@@ -103,6 +103,22 @@ def build_parser():
 
     commands.add_parser('models', help='list the models and datasets')
 
+    evaluate = commands.add_parser('eval', help="test a trained run's checkpoint")
+    evaluate.add_argument('--logdir', required=True, help='the folder `towers train` wrote')
+    evaluate.add_argument('--checkpoint', default=None,
+                          help='a checkpoint prefix (default: the newest in --logdir)')
+    evaluate.add_argument('--data-dir', default=None, help='where the dataset is (default: as '
+                                                           'trained)')
+    evaluate.add_argument('--batch-size', type=int, default=100,
+                          help='global evaluation batch (default: 100)')
+    _device_flags(evaluate)
+
+    export = commands.add_parser('export', help='write a SavedModel of one tower')
+    export.add_argument('--logdir', required=True, help='the folder `towers train` wrote')
+    export.add_argument('--checkpoint', default=None,
+                        help='a checkpoint prefix (default: the newest in --logdir)')
+    export.add_argument('--out', required=True, help='the SavedModel folder to create')
+
     data_command = commands.add_parser('data', help='dataset tools')
     data_actions = data_command.add_subparsers(dest='action', metavar='ACTION')
     data_actions.required = True
@@ -202,7 +218,57 @@ def _train(args, log):
     log('dataset %s: %d train, %d validation, %d test; model %s'
         % (args.dataset, datasets.train.num_examples, datasets.validation.num_examples,
            datasets.test.num_examples, args.model))
-    trainer.train(config, model_fn, datasets, input_shape, num_classes, log=log)
+    trainer.train(config, model_fn, datasets, input_shape, num_classes, log=log,
+                  run_info={'model': args.model, 'model_options': options,
+                            'dataset': args.dataset, 'data_dir': args.data_dir})
+
+
+def _saved_run(args):
+    """(run.json, model_fn, checkpoint) of --logdir, for eval and export."""
+    import models
+    from towers import export
+    run = export.read_run(args.logdir)
+    model_fn = models.build_model(run['model'], run['input_shape'], run['num_classes'],
+                                  **run.get('model_options', {}))
+    return run, model_fn, export.find_checkpoint(args.logdir, args.checkpoint)
+
+
+def _eval(args, log):
+    """towers eval: a checkpoint's loss and accuracy over the whole test set."""
+    import tensorflow as tf
+    import data
+    from towers import devices, export, graph, trainer
+    if args.batch_size < 1:
+        from towers.errors import TowersError
+        raise TowersError('--batch-size must be at least 1, got %d' % args.batch_size)
+    run, model_fn, checkpoint = _saved_run(args)
+    if run['dataset'].startswith('records:'):
+        from data import records
+        test = records.RecordSet(run['dataset'].split(':', 1)[1], 'test')
+        test_set = data.DataSet(*records.read_all(test, test.input_shape),
+                                num_classes=run['num_classes'])
+    else:
+        test_set = data.load_dataset(run['dataset'], data_dir=args.data_dir or run['data_dir'],
+                                     validation_size=0).test
+    tower_devices = devices.resolve_devices(args.towers, args.devices)
+    param_device = devices.resolve_param_device(args.param_device, tower_devices)
+    built = graph.build_eval_graph(model_fn, run['input_shape'], tower_devices, param_device)
+    with tf.compat.v1.Session(graph=built.graph,
+                              config=devices.session_config(tower_devices, param_device)) as sess:
+        export.check_checkpoint(checkpoint, built.graph.get_collection('variables'))
+        built.saver.restore(sess, checkpoint)
+        loss, accuracy = trainer.evaluate(sess, built, test_set, args.batch_size)
+    log('checkpoint: %s' % checkpoint)
+    log('test: loss %.4f accuracy %.4f (%d images)' % (loss, accuracy, len(test_set.labels)))
+
+
+def _export(args, log):
+    """towers export: a SavedModel of one tower that plain TensorFlow can serve."""
+    from towers import export
+    run, model_fn, checkpoint = _saved_run(args)
+    export.export_saved_model(model_fn, run['input_shape'], checkpoint, args.out)
+    log('exported %s as a SavedModel (signature %r: images -> probabilities, classes) to %s'
+        % (checkpoint, export.SIGNATURE, args.out))
 
 
 def _convert(args, log):
@@ -222,7 +288,7 @@ def _convert(args, log):
 
 
 COMMANDS = {'train': _train, 'devices': _devices, 'bench': _bench, 'models': _models,
-            'data': _convert}
+            'data': _convert, 'eval': _eval, 'export': _export}
 
 
 def _float_list(text, flag):
@@ -283,6 +349,9 @@ def main(argv=None):
     import data
     import models
     from towers.errors import TowersError
+    if not args.debug:
+        # TensorFlow's Python deprecation notices are for us, not for users.
+        tensorflow.get_logger().setLevel('ERROR')
 
     def log(line):
         print(line, flush=True)

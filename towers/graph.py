@@ -86,20 +86,52 @@ def build_training_graph(model_fn, input_shape, tower_devices, optimizer_fn,
         towers = build_towers_from_slices(model_fn, slices, tower_devices, param_device,
                                           optimizer=opt, training=True)
         train_op, _ = build_train_op(towers, opt, global_step)
-        eval_images = tf1.placeholder(tf.float32, [None] + list(input_shape), name='eval_images')
-        eval_labels = tf1.placeholder(tf.int64, [None], name='eval_labels')
-        with tf1.name_scope('eval'):
-            eval_towers = build_towers(model_fn, eval_images, eval_labels, tower_devices,
-                                       param_device, training=False, reuse=True)
+        evaluation = _eval_towers(model_fn, input_shape, tower_devices, param_device, reuse=True)
         with tf.device('/cpu:0'):
             loss = weighted_loss(towers)
             correct = tf.add_n([t.correct for t in towers], name='correct')
             batch = tf.add_n([t.count for t in towers], name='batch')
-            eval_loss = weighted_loss(eval_towers)
-            eval_correct = tf.add_n([t.correct for t in eval_towers], name='eval_correct')
         init_op = tf.group(tf1.global_variables_initializer(),
                            tf1.local_variables_initializer(), name='init')
         saver = tf1.train.Saver(max_to_keep=5)
     graph.finalize()
     return TrainGraph(graph, source, towers, train_op, loss, correct, batch, global_step,
-                      eval_images, eval_labels, eval_loss, eval_correct, init_op, saver)
+                      *evaluation, init_op, saver)
+
+
+def _eval_towers(model_fn, input_shape, tower_devices, param_device, reuse):
+    """Inference-mode towers on their own placeholders.
+
+    Returns:
+      (images, labels, loss, correct): placeholders [None, H, W, C] float32 and
+      [None] int64, the weighted mean loss and the correct count.
+    """
+    images = tf1.placeholder(tf.float32, [None] + list(input_shape), name='eval_images')
+    labels = tf1.placeholder(tf.int64, [None], name='eval_labels')
+    with tf1.name_scope('eval'):
+        towers = build_towers(model_fn, images, labels, tower_devices, param_device,
+                              training=False, reuse=reuse)
+    with tf.device('/cpu:0'):
+        loss = weighted_loss(towers)
+        correct = tf.add_n([t.correct for t in towers], name='eval_correct')
+    return images, labels, loss, correct
+
+
+EvalGraph = collections.namedtuple(
+    'EvalGraph', ['graph', 'eval_images', 'eval_labels', 'eval_loss', 'eval_correct', 'saver'])
+EvalGraph.__doc__ = """An inference-only graph over the towers, for `evaluate` after training.
+
+  The fields mean what they mean in TrainGraph; saver restores the model's
+  variables from a training checkpoint (optimizer slots are not needed).
+"""
+
+
+def build_eval_graph(model_fn, input_shape, tower_devices, param_device='/cpu:0'):
+    """A fresh tf.Graph with only the inference-mode towers."""
+    graph = tf.Graph()
+    with graph.as_default():
+        evaluation = _eval_towers(model_fn, input_shape, tower_devices, param_device,
+                                  reuse=False)
+        saver = tf1.train.Saver(tf1.global_variables())
+    graph.finalize()
+    return EvalGraph(graph, *evaluation, saver)

@@ -15,6 +15,7 @@ import tensorflow as tf
 
 from towers.devices import session_config
 from towers.errors import TowersError
+from towers.export import check_checkpoint, write_run
 from data.sampler import EpochSampler
 from towers.graph import build_training_graph, make_optimizer
 from towers.inputs import make_input, run_step
@@ -105,26 +106,8 @@ def evaluate(sess, graph, dataset, batch_size):
 
 
 def restore(sess, graph, checkpoint):
-    """Restore a checkpoint into graph, or say plainly why it does not fit.
-
-    Raises:
-      TowersError: the checkpoint lacks some of the graph's variables or holds
-        them with other shapes (another model, optimizer or input shape).
-    """
-    saved = dict(tf1.train.list_variables(checkpoint))
-    missing, reshaped = [], []
-    for var in graph.graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES):
-        name, shape = var.op.name, var.shape.as_list()
-        if name not in saved:
-            missing.append(name)
-        elif saved[name] != shape:
-            reshaped.append('%s %s here, %s there' % (name, shape, saved[name]))
-    if missing or reshaped:
-        problems = (['missing: ' + ', '.join(missing[:6]) + (' ...' if len(missing) > 6 else '')]
-                    if missing else []) + (['other shapes: ' + '; '.join(reshaped[:4])]
-                                           if reshaped else [])
-        raise TowersError('checkpoint %s does not match this model (%s); use another --logdir '
-                          'or the flags it was trained with' % (checkpoint, ' | '.join(problems)))
+    """Restore a checkpoint into graph, or say plainly why it does not fit."""
+    check_checkpoint(checkpoint, graph.graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES))
     graph.saver.restore(sess, checkpoint)
 
 
@@ -162,7 +145,8 @@ class _Throughput:
         return rate
 
 
-def train(config, model_fn, datasets, input_shape, num_classes=10, log=print, source=None):
+def train(config, model_fn, datasets, input_shape, num_classes=10, log=print, source=None,
+          run_info=None):
     """Train model_fn on datasets.train over config.tower_devices; test at the end.
 
     Args:
@@ -176,6 +160,8 @@ def train(config, model_fn, datasets, input_shape, num_classes=10, log=print, so
       source: an InputSource to train from instead of config.input over
         datasets.train (e.g. a towers.inputs.PythonInput); it must have
         steps_per_epoch.
+      run_info: dict written to logdir/run.json (what `towers eval` and
+        `towers export` need to rebuild the model: its name, options, dataset).
     Returns:
       dict with steps, test_loss, test_accuracy, images_per_sec (mean over the
       run after warm-up, None if too short), checkpoint (path or None) and
@@ -200,6 +186,9 @@ def train(config, model_fn, datasets, input_shape, num_classes=10, log=print, so
     num_steps = config.total_steps(steps_per_epoch)
     if config.logdir:
         _prepare_logdir(config.logdir)
+        if run_info is not None:
+            write_run(config.logdir, input_shape=list(input_shape), num_classes=num_classes,
+                      **run_info)
     graph = build_training_graph(
         model_fn, input_shape, config.tower_devices,
         lambda: make_optimizer(config.optimizer, config.learning_rate, config.momentum),

@@ -1,0 +1,91 @@
+"""towers eval and towers export: a finished run, tested again and served by plain TF."""
+import contextlib
+import io
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import data
+from towers.cli import main
+
+
+@pytest.fixture(scope='module')
+def run(tmp_path_factory):
+    """A short 2-tower run with a logdir; returns (logdir, its final test line)."""
+    logdir = str(tmp_path_factory.mktemp('run') / 'logdir')
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(['train', '--model', 'small_convnet', '--towers', '2', '--steps', '40',
+                     '--logdir', logdir]) == 0
+    return logdir, out.getvalue().splitlines()[-1]
+
+
+def test_train_records_what_made_the_run(run):
+    logdir, _ = run
+    with open(os.path.join(logdir, 'run.json')) as f:
+        info = json.load(f)
+    assert info == {'model': 'small_convnet', 'model_options': {}, 'dataset': 'mnist_sample',
+                    'data_dir': None, 'input_shape': [28, 28, 1], 'num_classes': 10}
+
+
+@pytest.mark.parametrize('towers', ['1', '3'])
+def test_eval_reproduces_the_runs_test_line_on_any_number_of_towers(run, towers, capsys):
+    logdir, test_line = run
+    assert test_line.startswith('test: loss ')
+    assert main(['eval', '--logdir', logdir, '--towers', towers]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out == ['checkpoint: %s' % os.path.join(logdir, 'model.ckpt-40'), test_line]
+
+
+_SERVE = textwrap.dedent('''
+    import sys
+    # Plain TensorFlow only: importing this project's packages must fail here.
+    class Block:
+        def find_spec(self, name, path=None, target=None):
+            if name.split('.')[0] in ('towers', 'models', 'data'):
+                raise ImportError('%s is not installed here' % name)
+    sys.meta_path.insert(0, Block())
+    import numpy as np
+    import tensorflow as tf
+    model = tf.saved_model.load(sys.argv[1])
+    serve = model.signatures['serving_default']
+    images, labels = np.load(sys.argv[2]), np.load(sys.argv[3])
+    out = serve(images=tf.constant(images))
+    probabilities, classes = out['probabilities'].numpy(), out['classes'].numpy()
+    assert np.allclose(probabilities.sum(axis=1), 1, atol=1e-5)
+    assert (classes == probabilities.argmax(axis=1)).all()
+    print('%.4f' % (classes == labels).mean())
+''')
+
+
+def test_export_serves_the_same_accuracy_without_this_package(run, tmp_path, capsys):
+    logdir, test_line = run
+    out_dir = str(tmp_path / 'saved')
+    assert main(['export', '--logdir', logdir, '--out', out_dir]) == 0
+    assert 'serving_default' in capsys.readouterr().out
+    test = data.load_dataset('mnist_sample').test
+    np.save(tmp_path / 'images.npy', test.images)
+    np.save(tmp_path / 'labels.npy', test.labels)
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
+    served = subprocess.run(
+        [sys.executable, '-c', _SERVE, out_dir, str(tmp_path / 'images.npy'),
+         str(tmp_path / 'labels.npy')], capture_output=True, text=True, env=env,
+        cwd=str(tmp_path), timeout=120)
+    assert served.returncode == 0, served.stderr
+    accuracy = test_line.split('accuracy ')[1].split()[0]
+    assert served.stdout.strip() == accuracy
+    # A second export may not overwrite the first.
+    assert main(['export', '--logdir', logdir, '--out', out_dir]) == 1
+    assert 'already exists; export into a new folder' in capsys.readouterr().err
+
+
+def test_eval_and_export_need_a_trained_logdir(tmp_path, capsys):
+    assert main(['eval', '--logdir', str(tmp_path)]) == 1
+    assert 'has no run.json' in capsys.readouterr().err
+    assert main(['export', '--logdir', str(tmp_path), '--out', str(tmp_path / 'x')]) == 1
+    assert 'has no run.json' in capsys.readouterr().err
