@@ -1,6 +1,7 @@
 """The `towers` command: the end-to-end run, `devices`, one-line errors, --debug, --help."""
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -148,3 +149,40 @@ def test_console_script_help():
     process = subprocess.run([script, '--help'], env=ENV, capture_output=True, text=True,
                              timeout=30)
     assert process.returncode == 0 and 'usage: towers' in process.stdout
+
+
+def _train_until_step_then(sig, logdir, cwd):
+    """Start a long training run, send `sig` once step 5 is logged; (process, out, err)."""
+    process = subprocess.Popen(
+        [sys.executable, '-m', 'towers', 'train', '--model', 'small_convnet', '--towers', '2',
+         '--steps', '100000', '--log-every', '5', '--logdir', logdir],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, cwd=cwd)
+    lines = []
+    try:
+        for line in process.stdout:
+            lines.append(line.rstrip('\n'))
+            if line.startswith('step 5/'):
+                break
+        process.send_signal(sig)
+        out, err = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    return process, lines + out.splitlines(), err
+
+
+@pytest.mark.parametrize('sig,name,code', [(signal.SIGTERM, 'SIGTERM', 0),
+                                           (signal.SIGINT, 'SIGINT', 130)])
+def test_a_signal_finishes_the_step_saves_and_exits_cleanly(tmp_path, sig, name, code):
+    logdir = str(tmp_path / 'run')
+    process, out, err = _train_until_step_then(sig, logdir, str(tmp_path))
+    assert process.returncode == code, err
+    stop = [line for line in out if line.startswith(name + ': stopping after step ')]
+    assert len(stop) == 1, out
+    step = int(stop[0].rsplit(' ', 1)[1])
+    assert step >= 5
+    assert 'checkpoint: %s' % os.path.join(logdir, 'model.ckpt-%d' % step) in out
+    assert tf.train.load_variable(logdir, 'global_step') == step
+    assert not any(line.startswith('test:') for line in out)
+    assert 'Traceback' not in err
+    if code:
+        assert err.strip().splitlines()[-1] == 'towers: interrupted'

@@ -7,6 +7,7 @@ traceback instead.
 """
 import argparse
 import os
+import signal
 import sys
 
 from data import DEFAULT_DATASET  # data/ is numpy-only: --help stays instant
@@ -218,9 +219,41 @@ def _train(args, log):
     log('dataset %s: %d train, %d validation, %d test; model %s'
         % (args.dataset, datasets.train.num_examples, datasets.validation.num_examples,
            datasets.test.num_examples, args.model))
-    trainer.train(config, model_fn, datasets, input_shape, num_classes, log=log,
-                  run_info={'model': args.model, 'model_options': options,
-                            'dataset': args.dataset, 'data_dir': args.data_dir})
+    with _StopOnSignal() as stop:
+        result = trainer.train(config, model_fn, datasets, input_shape, num_classes, log=log,
+                               run_info={'model': args.model, 'model_options': options,
+                                         'dataset': args.dataset, 'data_dir': args.data_dir},
+                               stop_requested=stop.requested)
+    if result['stopped'] == 'SIGINT':
+        raise KeyboardInterrupt  # saved and stopped; exit as an interrupted command does
+
+
+class _StopOnSignal:
+    """SIGINT and SIGTERM ask training to stop after the current step and save.
+
+    A second SIGINT interrupts at once. SIGTERM (a scheduler's polite stop)
+    then ends the command with status 0; SIGINT with 130, as Ctrl-C does.
+    """
+
+    def __init__(self):
+        self.signal_name, self._previous = None, {}
+
+    def requested(self):
+        return self.signal_name
+
+    def _handle(self, signum, frame):
+        if self.signal_name == 'SIGINT' and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.signal_name = signal.Signals(signum).name
+
+    def __enter__(self):
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc):
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
 
 
 def _saved_run(args):

@@ -146,7 +146,7 @@ class _Throughput:
 
 
 def train(config, model_fn, datasets, input_shape, num_classes=10, log=print, source=None,
-          run_info=None):
+          run_info=None, stop_requested=None):
     """Train model_fn on datasets.train over config.tower_devices; test at the end.
 
     Args:
@@ -162,11 +162,14 @@ def train(config, model_fn, datasets, input_shape, num_classes=10, log=print, so
         steps_per_epoch.
       run_info: dict written to logdir/run.json (what `towers eval` and
         `towers export` need to rebuild the model: its name, options, dataset).
+      stop_requested: callable() -> None, or why to stop (e.g. 'SIGTERM'),
+        asked after every step; a stop saves a checkpoint and skips the test.
     Returns:
       dict with steps, test_loss, test_accuracy, images_per_sec (mean over the
       run after warm-up, None if too short), checkpoint (path or None) and
       dropped (records the dataset input's cleaning removed from what it read,
-      else 0).
+      else 0) and stopped (None, or what stop_requested said; then the test
+      numbers are None).
     """
     train_set = datasets.train
     if source is None:
@@ -194,7 +197,7 @@ def train(config, model_fn, datasets, input_shape, num_classes=10, log=print, so
         lambda: make_optimizer(config.optimizer, config.learning_rate, config.momentum),
         param_device=config.param_device, seed=config.seed, source=source)
     sess_config = session_config(config.tower_devices, config.param_device)
-    checkpoint, dropped = None, 0
+    checkpoint, dropped, stopped = None, 0, None
     with tf1.Session(graph=graph.graph, config=sess_config) as sess:
         latest = tf1.train.latest_checkpoint(config.logdir) if config.logdir else None
         sess.run(graph.init_op)  # also the local variables a checkpoint does not hold
@@ -230,6 +233,10 @@ def train(config, model_fn, datasets, input_shape, num_classes=10, log=print, so
                     log('step %d/%d epoch %.2f: loss %.4f accuracy %.4f%s'
                         % (step, num_steps, step / steps_per_epoch, loss, correct / batch,
                            ' | %.1f images/sec' % rate if rate else ''))
+                stopped = stop_requested() if stop_requested else None
+                if stopped:
+                    log('%s: stopping after step %d' % (stopped, step))
+                    break
                 if (config.logdir and config.checkpoint_every
                         and step % config.checkpoint_every == 0):
                     checkpoint = graph.saver.save(
@@ -251,11 +258,15 @@ def train(config, model_fn, datasets, input_shape, num_classes=10, log=print, so
             dropped = cleaning[0]
             log('cleaning dropped %d of the %d records read (every pass reads and cleans '
                 'again)' % cleaning)
-        test_loss, test_accuracy = evaluate(sess, graph, datasets.test, config.batch_size)
+        test_loss = test_accuracy = None
+        if not stopped:
+            test_loss, test_accuracy = evaluate(sess, graph, datasets.test, config.batch_size)
     rate = overall.take()
     if rate:
         log('trained to step %d: %.1f images/sec after warm-up' % (step, rate))
-    log('test: loss %.4f accuracy %.4f (%d images)'
-        % (test_loss, test_accuracy, len(datasets.test.labels)))
+    if not stopped:
+        log('test: loss %.4f accuracy %.4f (%d images)'
+            % (test_loss, test_accuracy, len(datasets.test.labels)))
     return {'steps': step, 'test_loss': test_loss, 'test_accuracy': test_accuracy,
-            'images_per_sec': rate, 'checkpoint': checkpoint, 'dropped': dropped}
+            'images_per_sec': rate, 'checkpoint': checkpoint, 'dropped': dropped,
+            'stopped': stopped}
