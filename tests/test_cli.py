@@ -186,3 +186,33 @@ def test_a_signal_finishes_the_step_saves_and_exits_cleanly(tmp_path, sig, name,
     assert 'Traceback' not in err
     if code:
         assert err.strip().splitlines()[-1] == 'towers: interrupted'
+
+
+@pytest.mark.parametrize('delay', [0.05, 0.4, 0.9])
+def test_kill_9_at_any_moment_leaves_the_last_checkpoint_loadable(tmp_path, delay):
+    # A checkpoint every step: a SIGKILL that lands mid-save is likely.
+    logdir = str(tmp_path / 'run')
+    process = subprocess.Popen(
+        [sys.executable, '-m', 'towers', 'train', '--model', 'small_convnet', '--steps', '100000',
+         '--log-every', '1', '--checkpoint-every', '1', '--logdir', logdir],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=ENV,
+        cwd=str(tmp_path))
+    try:
+        for line in process.stdout:
+            if line.startswith('step 3/'):
+                break
+        time.sleep(delay)
+        process.send_signal(signal.SIGKILL)
+        process.wait(timeout=30)
+    finally:
+        process.kill()
+    latest = tf1.train.latest_checkpoint(logdir)
+    assert latest is not None
+    saved_step = tf.train.load_variable(latest, 'global_step')
+    assert latest.endswith('-%d' % saved_step) and saved_step >= 3
+    # Every variable the model needs reads back, and training resumes from there.
+    for name, _ in tf1.train.list_variables(latest):
+        tf.train.load_variable(latest, name)
+    assert main(['train', '--model', 'small_convnet', '--steps', str(saved_step + 2),
+                 '--logdir', logdir]) == 0
+    assert tf.train.load_variable(logdir, 'global_step') == saved_step + 2
