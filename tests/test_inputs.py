@@ -81,6 +81,25 @@ def test_dataset_delivers_each_example_exactly_once_per_epoch():
     assert list(first) != list(second), 'each epoch is reshuffled'
 
 
+def _drain(source):
+    """Read a finite dataset source to its end on one tower.
+
+    Returns:
+      (the example ids of each batch, source.cleaning() at the end).
+    """
+    with tf.Graph().as_default() as graph:
+        slices = source.build(SHAPE, ['/cpu:0'])
+        init = tf1.local_variables_initializer()
+    batches = []
+    with tf1.Session(graph=graph) as sess:
+        sess.run(init)
+        source.start(sess, 0, 100)
+        with pytest.raises(tf.errors.OutOfRangeError):
+            while True:
+                batches.append(sess.run(slices[0].images)[:, 0, 0, 0].astype(int))
+        return batches, source.cleaning(sess)
+
+
 def test_dataset_cleaning_drops_and_counts_bad_records():
     train_set = _numbered(20)
     images, labels = train_set.images.copy(), train_set.labels.copy()
@@ -89,18 +108,9 @@ def test_dataset_cleaning_drops_and_counts_bad_records():
     labels[11], labels[12] = -1, 10
     source = DatasetInput(images, labels, num_classes=10, batch_size=4, epochs=1,
                           shuffle_buffer=0)
-    with tf.Graph().as_default() as graph:
-        slices = source.build(SHAPE, ['/cpu:0'])
-        init = tf1.local_variables_initializer()
-    kept = []
-    with tf1.Session(graph=graph) as sess:
-        sess.run(init)
-        source.start(sess, 0, 100)
-        with pytest.raises(tf.errors.OutOfRangeError):
-            while True:
-                batch = sess.run(slices[0].images)
-                kept.extend(batch[:, 0, 0, 0].astype(int))
-        assert source.cleaning(sess) == (4, 20)
+    batches, cleaning = _drain(source)
+    kept = list(np.concatenate(batches))
+    assert cleaning == (4, 20)
     assert kept == [i for i in range(20) if i not in (3, 7, 11, 12)]
 
 
@@ -261,17 +271,8 @@ def test_dataset_epochs_are_what_cleaning_kept_and_training_ends_with_them():
     bad = [2, 7, 11, 19]
     train_set.images[bad, 3, 3, 0] = np.nan
     source = DatasetInput(train_set.images, train_set.labels, batch_size=4, seed=1, epochs=2)
-    with tf.Graph().as_default() as graph:
-        slices = source.build(SHAPE, ['/cpu:0'])
-        init = tf1.local_variables_initializer()
-    steps = []
-    with tf1.Session(graph=graph) as sess:
-        sess.run(init)
-        source.start(sess, 0, 100)
-        with pytest.raises(tf.errors.OutOfRangeError):
-            while True:
-                steps.append(sess.run(slices[0].images)[:, 0, 0, 0].astype(int))
-        assert source.cleaning(sess) == (8, 40)  # two full passes: 4 dropped each
+    steps, cleaning = _drain(source)
+    assert cleaning == (8, 40)  # two full passes: 4 dropped each
     kept = [i for i in range(20) if i not in bad]
     assert len(steps) == 8  # 16 kept at 4 a step, twice
     assert sorted(np.concatenate(steps[:4])) == kept and sorted(np.concatenate(steps[4:])) == kept
