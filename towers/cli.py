@@ -1,13 +1,13 @@
-"""The `towers` command: train, devices, bench, models.
+"""The `towers` command line: its flags, and the one-line errors.
 
-TensorFlow is imported inside main(), after its C++ log level is set, so that
-`towers --help` is instant and a run prints our lines rather than TF's banner.
-Errors a user can fix become one line and exit status 1; --debug shows the
-traceback instead.
+train, eval, export, devices, bench, models, data convert; what each does is
+in commands.py. TensorFlow is imported inside main(), after its C++ log level
+is set, so that `towers --help` is instant and a run prints our lines rather
+than TF's banner. Errors a user can fix become one line and exit status 1;
+--debug shows the traceback instead.
 """
 import argparse
 import os
-import signal
 import sys
 
 from data import DEFAULT_DATASET  # data/ is numpy-only: --help stays instant
@@ -132,220 +132,6 @@ def build_parser():
     return parser
 
 
-def _models(args, log):
-    import data
-    import models
-    log('models: %s' % ', '.join(models.model_names()))
-    log('datasets: %s' % ', '.join(sorted(data.DATASETS)))
-
-
-def _devices(args, log):
-    from towers import devices
-    tower_devices = devices.resolve_devices(args.towers, args.devices)
-    param_device = devices.resolve_param_device(args.param_device, tower_devices)
-    for line in devices.describe_devices(tower_devices, param_device):
-        log(line)
-
-
-def _bench(args, log):
-    import data
-    import models
-    from towers import bench
-    info = data.dataset_info(args.dataset)
-    counts = _int_list(args.towers, '--towers')
-    model_fn = models.build_model(args.model, info.input_shape, info.num_classes)
-    modes = [m.strip() for m in args.input.split(',') if m.strip()]
-    train_set = None
-    if set(modes) - {'synthetic'}:
-        train_set = data.load_dataset(args.dataset).train
-    log('bench: model %s on %s images, global batch %d, %d warm-up + %d timed steps per row'
-        % (args.model, 'x'.join(map(str, info.input_shape)), args.batch_size, args.warmup,
-           args.window))
-    bench.run_bench(model_fn, info.input_shape, info.num_classes, counts, args.batch_size,
-                    modes, train_set, args.warmup, args.window, args.param_device, log=log)
-
-
-def _load_records(args):
-    """--dataset records:DIR: the train split stays on disk, the test split is read in."""
-    import data
-    from data import records
-    folder = args.dataset.split(':', 1)[1]
-    train_set = records.RecordSet(folder, 'train', num_workers=args.num_workers,
-                                  worker_index=args.worker_index,
-                                  skip_bad_shards=args.skip_bad_shards)
-    test = records.RecordSet(folder, 'test', skip_bad_shards=args.skip_bad_shards)
-    images, labels = records.read_all(test, test.input_shape)
-    empty = data.DataSet(images[:0], labels[:0], num_classes=train_set.num_classes)
-    datasets = data.Datasets(train_set, empty,
-                             data.DataSet(images, labels, num_classes=train_set.num_classes))
-    skipped = train_set.skipped + test.skipped
-    return train_set.input_shape, train_set.num_classes, datasets, skipped
-
-
-def _train(args, log):
-    import data
-    import models
-    from towers import devices, trainer
-    from towers.errors import TowersError
-    from_records = args.dataset.startswith('records:')
-    if from_records:
-        if args.input not in (None, 'dataset'):
-            raise TowersError('records:DIR streams from disk through --input dataset; '
-                              '--input %s needs an in-memory dataset' % args.input)
-        input_shape, num_classes, datasets, skipped = _load_records(args)
-        for shard, count, problem in skipped:
-            log('skipped %s (%d records): %s' % (shard, count, problem))
-    else:
-        info = data.dataset_info(args.dataset)
-        input_shape, num_classes = info.input_shape, info.num_classes
-        if args.validation_size is not None and not 0 <= args.validation_size < info.num_train:
-            raise TowersError('--validation-size must be in [0, %d) for %s, got %d'
-                              % (info.num_train, args.dataset, args.validation_size))
-    options = {} if args.dropout is None else {'dropout_rate': args.dropout}
-    model_fn = models.build_model(args.model, input_shape, num_classes, **options)
-    tower_devices = devices.resolve_devices(args.towers, args.devices)
-    config = trainer.TrainConfig(
-        tower_devices=tower_devices,
-        param_device=devices.resolve_param_device(args.param_device, tower_devices),
-        batch_size=args.batch_size, epochs=args.epochs, steps=args.steps,
-        optimizer=args.optimizer, learning_rate=args.lr, momentum=args.momentum,
-        logdir=args.logdir, log_every=args.log_every, checkpoint_every=args.checkpoint_every,
-        seed=args.seed, input=args.input or ('dataset' if from_records else 'feed'),
-        mean=_float_list(args.mean, '--mean'), std=_float_list(args.std, '--std'))
-    config.validate()  # before any data is read
-    if not from_records:
-        datasets = data.load_dataset(args.dataset, data_dir=args.data_dir,
-                                     validation_size=args.validation_size, seed=args.seed)
-    log('dataset %s: %d train, %d validation, %d test; model %s'
-        % (args.dataset, datasets.train.num_examples, datasets.validation.num_examples,
-           datasets.test.num_examples, args.model))
-    with _StopOnSignal() as stop:
-        result = trainer.train(config, model_fn, datasets, input_shape, num_classes, log=log,
-                               run_info={'model': args.model, 'model_options': options,
-                                         'dataset': args.dataset, 'data_dir': args.data_dir},
-                               stop_requested=stop.requested)
-    if result['stopped'] == 'SIGINT':
-        raise KeyboardInterrupt  # saved and stopped; exit as an interrupted command does
-
-
-class _StopOnSignal:
-    """SIGINT and SIGTERM ask training to stop after the current step and save.
-
-    A second SIGINT interrupts at once. SIGTERM (a scheduler's polite stop)
-    then ends the command with status 0; SIGINT with 130, as Ctrl-C does.
-    """
-
-    def __init__(self):
-        self.signal_name, self._previous = None, {}
-
-    def requested(self):
-        return self.signal_name
-
-    def _handle(self, signum, frame):
-        if self.signal_name == 'SIGINT' and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        self.signal_name = signal.Signals(signum).name
-
-    def __enter__(self):
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            self._previous[signum] = signal.signal(signum, self._handle)
-        return self
-
-    def __exit__(self, *exc):
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
-
-
-def _saved_run(args):
-    """(run.json, model_fn, checkpoint) of --logdir, for eval and export."""
-    import models
-    from towers import export
-    run = export.read_run(args.logdir)
-    model_fn = models.build_model(run['model'], run['input_shape'], run['num_classes'],
-                                  **run.get('model_options', {}))
-    return run, model_fn, export.find_checkpoint(args.logdir, args.checkpoint)
-
-
-def _eval(args, log):
-    """towers eval: a checkpoint's loss and accuracy over the whole test set."""
-    import tensorflow as tf
-    import data
-    from towers import devices, export, graph, trainer
-    if args.batch_size < 1:
-        from towers.errors import TowersError
-        raise TowersError('--batch-size must be at least 1, got %d' % args.batch_size)
-    run, model_fn, checkpoint = _saved_run(args)
-    if run['dataset'].startswith('records:'):
-        from data import records
-        test = records.RecordSet(run['dataset'].split(':', 1)[1], 'test')
-        test_set = data.DataSet(*records.read_all(test, test.input_shape),
-                                num_classes=run['num_classes'])
-    else:
-        test_set = data.load_dataset(run['dataset'], data_dir=args.data_dir or run['data_dir'],
-                                     validation_size=0).test
-    tower_devices = devices.resolve_devices(args.towers, args.devices)
-    param_device = devices.resolve_param_device(args.param_device, tower_devices)
-    built = graph.build_eval_graph(model_fn, run['input_shape'], tower_devices, param_device)
-    with tf.compat.v1.Session(graph=built.graph,
-                              config=devices.session_config(tower_devices, param_device)) as sess:
-        export.check_checkpoint(checkpoint, built.graph.get_collection('variables'))
-        built.saver.restore(sess, checkpoint)
-        loss, accuracy = trainer.evaluate(sess, built, test_set, args.batch_size)
-    log('checkpoint: %s' % checkpoint)
-    log('test: loss %.4f accuracy %.4f (%d images)' % (loss, accuracy, len(test_set.labels)))
-
-
-def _export(args, log):
-    """towers export: a SavedModel of one tower that plain TensorFlow can serve."""
-    from towers import export
-    run, model_fn, checkpoint = _saved_run(args)
-    export.export_saved_model(model_fn, run['input_shape'], checkpoint, args.out)
-    log('exported %s as a SavedModel (signature %r: images -> probabilities, classes) to %s'
-        % (checkpoint, export.SIGNATURE, args.out))
-
-
-def _convert(args, log):
-    """towers data convert: a dataset -> TFRecord shards and a manifest."""
-    import numpy as np
-    import data
-    from data import records
-    datasets = data.load_dataset(args.dataset, data_dir=args.data_dir, validation_size=0)
-    # DataSet holds images as float32 x/255; rint recovers the bytes exactly.
-    splits = {name: (np.rint(split.images * 255).astype(np.uint8), split.labels)
-              for name, split in (('train', datasets.train), ('test', datasets.test))}
-    manifest = records.write_records(splits, args.out, args.shards, args.dataset,
-                                     data.dataset_info(args.dataset).num_classes)
-    for name, split in manifest['splits'].items():
-        log('%s: %d records in %d shard(s)' % (name, split['records'], len(split['shards'])))
-    log('wrote %s' % os.path.join(args.out, records.MANIFEST))
-
-
-COMMANDS = {'train': _train, 'devices': _devices, 'bench': _bench, 'models': _models,
-            'data': _convert, 'eval': _eval, 'export': _export}
-
-
-def _float_list(text, flag):
-    if text is None:
-        return None
-    try:
-        return [float(v) for v in text.split(',')]
-    except ValueError:
-        from towers.errors import TowersError
-        raise TowersError('%s wants comma-separated numbers like 0.5,0.5,0.5, got %r'
-                          % (flag, text)) from None
-
-
-def _int_list(text, flag):
-    try:
-        values = [int(v) for v in text.split(',') if v.strip()]
-    except ValueError:
-        values = []
-    if not values or min(values) < 1:
-        from towers.errors import TowersError
-        raise TowersError('%s wants positive integers like 1,2,4, got %r' % (flag, text))
-    return values
-
-
 def _import_tensorflow_quietly():
     """Import TensorFlow with its import-time C++ log lines dropped.
 
@@ -390,6 +176,7 @@ def main(argv=None):
         print(line, flush=True)
 
     try:
+        from towers.commands import COMMANDS
         COMMANDS[args.command](args, log)
     except (TowersError, data.DataError, models.ModelError) as e:
         if args.debug:
