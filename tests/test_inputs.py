@@ -337,3 +337,14 @@ def test_normalisation_flags_are_checked(argv, message, capsys):
     from towers.cli import main
     assert main(['train', '--steps', '1'] + argv) == 1
     assert message in capsys.readouterr().err
+
+
+def test_a_loader_raising_a_runtime_error_still_reaches_the_trainer():
+    def batches(step):
+        raise NotImplementedError('no batches here')
+
+    done, outcome = _finishes(lambda: _train_variables(StagingInput(batches=batches),
+                                                       num_steps=3))
+    assert done, 'a RuntimeError in the loader must not hang the trainer'
+    assert str(outcome.get('error')) == ('the data loader failed: NotImplementedError: '
+                                         'no batches here')

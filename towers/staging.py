@@ -90,7 +90,10 @@ class StagingInput(InputSource):
         for thread in self._threads:
             thread.start()
         if start_step < num_steps:
-            self._run_or_fail(sess, self._puts)  # prime: batch 0 waits on every device
+            try:
+                sess.run(self._puts)  # prime: batch 0 waits on every device
+            except tf.errors.OutOfRangeError:
+                self.end_of_data()  # raises: the loader's error, or too little data
 
     def _claim_step(self):
         with self._lock:
@@ -109,10 +112,9 @@ class StagingInput(InputSource):
                 sess.run(self._enqueue, {self._images: images, self._labels: labels})
         except (tf.errors.CancelledError, tf.errors.OutOfRangeError):
             pass  # the queue was closed by stop(): nothing more is wanted
-        except RuntimeError:
-            if not self._stopping:  # else the session closed under a stopping loader
-                raise
         except Exception as e:  # the loader's error must reach the trainer
+            if self._stopping:
+                return  # e.g. the session closed under a stopping loader
             with self._lock:
                 self._error = e
             # Closing wakes a step blocked on an empty queue with OutOfRange.
@@ -120,13 +122,6 @@ class StagingInput(InputSource):
                 sess.run(self._close)
             except tf.errors.OpError:
                 pass  # the session is closing anyway
-
-    def _run_or_fail(self, sess, fetches):
-        try:
-            sess.run(fetches)
-        except tf.errors.OutOfRangeError:
-            self.end_of_data()
-            raise
 
     def step(self, step):
         # The put of the next batch rides along with this step's compute.
