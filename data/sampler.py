@@ -47,7 +47,3 @@ class EpochSampler:
         epoch, position = divmod(step, self.steps_per_epoch)
         start = position * self.batch_size
         return self.epoch_order(epoch)[start:start + self.batch_size]
-
-    def epoch_progress(self, step):
-        """Epochs completed after `step` steps, as a float (2.5 = mid third epoch)."""
-        return step / self.steps_per_epoch

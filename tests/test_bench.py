@@ -37,7 +37,7 @@ def _tiny_dataset(num=40):
 
 def test_measure_times_a_real_window():
     model_fn = models.build_model('small_convnet', SHAPE, 10)
-    mean, stderr = measure(model_fn, SHAPE, ['/cpu:0', '/cpu:1'], 8,
+    mean, stderr = measure(model_fn, SHAPE, ['/cpu:0', '/cpu:1'],
                            SyntheticInput(8, 10), warmup_steps=2, timed_steps=3)
     assert math.isfinite(mean) and mean > 0
     assert math.isfinite(stderr) and stderr >= 0
@@ -56,7 +56,7 @@ def test_measure_leaves_the_warm_up_out():
         return now[0]
 
     model_fn = models.build_model('small_convnet', SHAPE, 10)
-    mean, stderr = measure(model_fn, SHAPE, ['/cpu:0'], 8, SyntheticInput(8, 10),
+    mean, stderr = measure(model_fn, SHAPE, ['/cpu:0'], SyntheticInput(8, 10),
                            warmup_steps=2, timed_steps=3, clock=clock)
     assert (mean, stderr) == (16.0, 0.0)  # 8 images / 0.5 s, warm-up not counted
 

@@ -91,8 +91,8 @@ def measure_interleaved(configs, warmup_steps=10, timed_steps=50, rounds=5,
             trainer.close()
 
 
-def measure(model_fn, input_shape, tower_devices, batch_size, source, warmup_steps=10,
-            timed_steps=50, param_device='/cpu:0', clock=time.perf_counter):
+def measure(model_fn, input_shape, tower_devices, source, warmup_steps=10, timed_steps=50,
+            param_device='/cpu:0', clock=time.perf_counter):
     """Train from `source` and time each step after warm-up.
 
     Returns:

@@ -49,13 +49,22 @@ def _load_records(args):
     train_set = records.RecordSet(folder, 'train', num_workers=args.num_workers,
                                   worker_index=args.worker_index,
                                   skip_bad_shards=args.skip_bad_shards)
-    test = records.RecordSet(folder, 'test', skip_bad_shards=args.skip_bad_shards)
-    images, labels = records.read_all(test, test.input_shape)
-    empty = data.DataSet(images[:0], labels[:0], num_classes=train_set.num_classes)
-    datasets = data.Datasets(train_set, empty,
-                             data.DataSet(images, labels, num_classes=train_set.num_classes))
-    skipped = train_set.skipped + test.skipped
+    test_set, test_skipped = _records_test_set(folder, train_set.num_classes,
+                                               args.skip_bad_shards)
+    empty = data.DataSet(test_set.images[:0], test_set.labels[:0],
+                         num_classes=train_set.num_classes)
+    datasets = data.Datasets(train_set, empty, test_set)
+    skipped = train_set.skipped + test_skipped
     return train_set.input_shape, train_set.num_classes, datasets, skipped
+
+
+def _records_test_set(folder, num_classes, skip_bad_shards=False):
+    """The test split of a records folder, in memory: (DataSet, skipped shards)."""
+    import data
+    from data import records
+    test = records.RecordSet(folder, 'test', skip_bad_shards=skip_bad_shards)
+    images, labels = records.read_all(test, test.input_shape)
+    return data.DataSet(images, labels, num_classes=num_classes), test.skipped
 
 
 def _train(args, log):
@@ -146,16 +155,13 @@ def _eval(args, log):
     """towers eval: a checkpoint's loss and accuracy over the whole test set."""
     import tensorflow as tf
     import data
-    from towers import devices, export, graph, trainer
+    from towers import devices, graph, trainer
     if args.batch_size < 1:
         from towers.errors import TowersError
         raise TowersError('--batch-size must be at least 1, got %d' % args.batch_size)
     run, model_fn, checkpoint = _saved_run(args)
     if run['dataset'].startswith('records:'):
-        from data import records
-        test = records.RecordSet(run['dataset'].split(':', 1)[1], 'test')
-        test_set = data.DataSet(*records.read_all(test, test.input_shape),
-                                num_classes=run['num_classes'])
+        test_set, _ = _records_test_set(run['dataset'].split(':', 1)[1], run['num_classes'])
     else:
         test_set = data.load_dataset(run['dataset'], data_dir=args.data_dir or run['data_dir'],
                                      validation_size=0).test
@@ -164,8 +170,7 @@ def _eval(args, log):
     built = graph.build_eval_graph(model_fn, run['input_shape'], tower_devices, param_device)
     with tf.compat.v1.Session(graph=built.graph,
                               config=devices.session_config(tower_devices, param_device)) as sess:
-        export.check_checkpoint(checkpoint, built.graph.get_collection('variables'))
-        built.saver.restore(sess, checkpoint)
+        trainer.restore(sess, built, checkpoint)
         loss, accuracy = trainer.evaluate(sess, built, test_set, args.batch_size)
     log('checkpoint: %s' % checkpoint)
     log('test: loss %.4f accuracy %.4f (%d images)' % (loss, accuracy, len(test_set.labels)))

@@ -12,6 +12,7 @@ import tempfile
 
 import tensorflow as tf
 
+from data.atomic import atomic_output
 from towers.errors import TowersError
 
 tf1 = tf.compat.v1
@@ -22,10 +23,8 @@ SIGNATURE = 'serving_default'
 
 def write_run(logdir, **info):
     """Record how a run was made (model, dataset, ...) in logdir/run.json, atomically."""
-    fd, temp = tempfile.mkstemp(dir=logdir, prefix='.run.', suffix='.json')
-    with os.fdopen(fd, 'w') as f:
-        json.dump(info, f, indent=1, sort_keys=True)
-    os.replace(temp, os.path.join(logdir, RUN_FILE))
+    with atomic_output(os.path.join(logdir, RUN_FILE), suffix='.json') as out:
+        out.write(json.dumps(info, indent=1, sort_keys=True).encode())
 
 
 def read_run(logdir):

@@ -171,13 +171,13 @@ def train(config, model_fn, datasets, input_shape, num_classes=10, log=print, so
       else 0) and stopped (None, or what stop_requested said; then the test
       numbers are None).
     """
+    config.validate()
     train_set = datasets.train
     if source is None:
         if config.batch_size > train_set.num_examples:
             raise TowersError('--batch-size %d exceeds the %d training examples; use a smaller '
                               'batch' % (config.batch_size, train_set.num_examples))
-        sampler = EpochSampler(train_set.num_examples, max(config.batch_size, 1),
-                               seed=config.seed)
+        sampler = EpochSampler(train_set.num_examples, config.batch_size, seed=config.seed)
         steps_per_epoch = sampler.steps_per_epoch
         # A dataset pipeline ends after the epochs asked for: when cleaning drops
         # records, its epochs are shorter than the sampler's.
