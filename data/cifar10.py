@@ -11,7 +11,7 @@ import os
 import numpy as np
 
 from data.archive import extract_folder
-from data.dataset import DataSet, Datasets
+from data.dataset import split_datasets
 from data.download import download as download_file
 from data.errors import DataError, DatasetNotFoundError, DownloadError
 from data.locate import describe_search
@@ -189,17 +189,9 @@ def read_data_sets(data_dir, one_hot=False, validation_size=5000, seed=None, dow
                                  searched=searched)
     train_images, train_labels = read_batches(
         [os.path.join(batches_dir, name) for name in TRAIN_FILES])
-    test_images, test_labels = read_batches(
-        [os.path.join(batches_dir, name) for name in TEST_FILES])
-    if not 0 <= validation_size <= len(train_images):
-        raise ValueError(f'validation_size must be in [0, {len(train_images)}], '
-                         f'got {validation_size}')
-
-    def make(images, labels):
-        return DataSet(images, labels, one_hot=one_hot, num_classes=NUM_CLASSES, seed=seed)
-    return Datasets(train=make(train_images[validation_size:], train_labels[validation_size:]),
-                    validation=make(train_images[:validation_size], train_labels[:validation_size]),
-                    test=make(test_images, test_labels))
+    test = read_batches([os.path.join(batches_dir, name) for name in TEST_FILES])
+    return split_datasets((train_images, train_labels), test, validation_size,
+                          one_hot=one_hot, num_classes=NUM_CLASSES, seed=seed)
 
 
 def _missing_batches(batches_dir):

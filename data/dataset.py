@@ -156,15 +156,26 @@ def read_data_sets(train_dir, one_hot=False, validation_size=5000, seed=None, do
                                download=download, files=files)
     train_images, train_labels = _read_pair(paths.train_images, paths.train_labels)
     test_images, test_labels = _read_pair(paths.test_images, paths.test_labels)
+    return split_datasets((train_images, train_labels), (test_images, test_labels),
+                          validation_size, one_hot=one_hot, seed=seed)
+
+
+def split_datasets(train, test, validation_size, one_hot=False, num_classes=10, seed=None):
+    """Datasets from (images, labels) arrays, the first validation_size of train held out.
+
+    Raises:
+        ValueError: validation_size is outside [0, number of training examples].
+    """
+    train_images, train_labels = train
     if not 0 <= validation_size <= len(train_images):
         raise ValueError(f'validation_size must be in [0, {len(train_images)}], '
                          f'got {validation_size}')
 
     def make(images, labels):
-        return DataSet(images, labels, one_hot=one_hot, seed=seed)
+        return DataSet(images, labels, one_hot=one_hot, num_classes=num_classes, seed=seed)
     return Datasets(train=make(train_images[validation_size:], train_labels[validation_size:]),
                     validation=make(train_images[:validation_size], train_labels[:validation_size]),
-                    test=make(test_images, test_labels))
+                    test=make(*test))
 
 
 def _read_pair(images_path, labels_path):
