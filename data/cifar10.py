@@ -12,7 +12,7 @@ import numpy as np
 
 from data.archive import extract_folder
 from data.dataset import split_datasets
-from data.download import download as download_file
+from data.download import download as download_file, mirror_urls, missing_reason
 from data.errors import DataError, DatasetNotFoundError, DownloadError
 from data.locate import describe_search
 from data.mnist import FileSpec
@@ -146,16 +146,12 @@ def ensure_cifar10(data_dir, download=True, mirrors=MIRRORS, archive=ARCHIVE, se
             f'that {archive.name} is extracted again')
     failure = None
     if download and not os.path.isfile(archive_path):
-        urls = [base.rstrip('/') + '/' + archive.name for base in mirrors]
         try:
-            download_file(urls, archive_path, archive.sha256)
+            download_file(mirror_urls(mirrors, archive.name), archive_path, archive.sha256)
         except DownloadError as err:
             failure = err
     if not os.path.isfile(archive_path):
-        if failure is None:
-            how = 'downloading is disabled'
-        else:
-            how = 'download failed: ' + '; '.join(f'{url}: {why}' for url, why in failure.reasons)
+        how = missing_reason(failure)
         where = f'; {describe_search(searched)}' if searched else ''
         raise DatasetNotFoundError(
             f'CIFAR-10 missing from {data_dir}: neither {BATCH_DIR}/ nor {archive.name} is there '

@@ -104,3 +104,16 @@ def _stream(url, out, timeout):
 
 def _one_line(reason):
     return ' '.join(str(reason).split())
+
+
+def mirror_urls(mirrors, name):
+    """The URLs of file `name` on each mirror base URL, in order."""
+    return [base.rstrip('/') + '/' + name for base in mirrors]
+
+
+def missing_reason(failure):
+    """Why a file is still missing, for an error message: the mirrors' reasons, or
+    that downloading was off (failure None)."""
+    if failure is None:
+        return 'downloading is disabled'
+    return 'download failed: ' + '; '.join(f'{url}: {why}' for url, why in failure.reasons)

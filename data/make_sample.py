@@ -20,6 +20,7 @@ import numpy as np
 
 from data import mnist, sample
 from data.errors import ChecksumError, DataError
+from data.download import sha256_of_file
 from data.idx import write_idx
 
 CSV_SHA256 = '846f6cad587fea3877f6e0fe0a1968dfc68867ce170d3bc9fc2dccdbed17961d'
@@ -97,8 +98,7 @@ def main(argv=None):
         print(f'make_sample: error: {err}', file=sys.stderr)
         return 1
     for path in paths:
-        with open(path, 'rb') as f:
-            print(hashlib.sha256(f.read()).hexdigest(), path)
+        print(sha256_of_file(path), path)
     return 0
 
 

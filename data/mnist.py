@@ -8,7 +8,7 @@ data/fashion_mnist.py.
 import collections
 import os
 
-from data.download import download as download_file
+from data.download import download as download_file, mirror_urls, missing_reason
 from data.errors import DatasetNotFoundError, DownloadError
 from data.locate import describe_search
 
@@ -101,9 +101,9 @@ def ensure_idx(data_dir, source, download=True, searched=()):
         for spec in source.files:
             if _find(data_dir, spec.name) is not None:
                 continue
-            urls = [base.rstrip('/') + '/' + spec.name for base in source.mirrors]
             try:
-                download_file(urls, os.path.join(data_dir, spec.name), spec.sha256)
+                download_file(mirror_urls(source.mirrors, spec.name),
+                              os.path.join(data_dir, spec.name), spec.sha256)
             except DownloadError as err:
                 # Offline machines fail every file the same way; stop at the first.
                 failure = err
@@ -111,10 +111,7 @@ def ensure_idx(data_dir, source, download=True, searched=()):
     found = [_find(data_dir, spec.name) for spec in source.files]
     missing = [spec.name for spec, path in zip(source.files, found) if path is None]
     if missing:
-        if failure is None:
-            how = 'downloading is disabled'
-        else:
-            how = 'download failed: ' + '; '.join(f'{url}: {why}' for url, why in failure.reasons)
+        how = missing_reason(failure)
         where = f'; {describe_search(searched)}' if searched else ''
         unpacked = [name[:-len('.gz')] for name in missing if name.endswith('.gz')]
         either = (f', each gzipped as named or uncompressed without .gz (e.g. {unpacked[0]})'
