@@ -32,7 +32,8 @@ def _model_flags(parser):
                         help='model name (default: %s); see `towers models`' % DEFAULT_MODEL)
     parser.add_argument('--dataset', default=DEFAULT_DATASET,
                         help='dataset name (default: %s, 5,000 real MNIST digits shipped '
-                             'with towers); mnist = the full 60k/10k set' % DEFAULT_DATASET)
+                             'with towers), mnist, fashion_mnist, cifar10, or records:DIR '
+                             '(shards from `towers data convert`)' % DEFAULT_DATASET)
 
 
 def build_parser():
@@ -45,8 +46,10 @@ def build_parser():
     train = commands.add_parser('train', help='train a model over the towers, then test it')
     _model_flags(train)
     train.add_argument('--data-dir', default=None,
-                       help='folder with the dataset files (mnist: default $TOWERS_DATA_DIR/mnist '
-                            'or ~/.cache/towers/mnist; missing files are downloaded)')
+                       help='folder with the dataset files; default: the first of '
+                            '$TOWERS_DATA_DIR/NAME, ~/.cache/towers/NAME, '
+                            '/usr/share/datasets/NAME that has them (missing files are '
+                            'downloaded)')
     train.add_argument('--validation-size', type=int, default=None,
                        help='training examples held out as validation (default: per dataset)')
     _device_flags(train)
@@ -89,7 +92,8 @@ def build_parser():
     devices = commands.add_parser('devices', help='print the devices a run would use')
     _device_flags(devices)
 
-    bench = commands.add_parser('bench', help='images/sec for 1, 2, 4 towers on one global batch')
+    bench = commands.add_parser('bench', help='images/sec per tower count and input mode, on '
+                                              'one global batch')
     _model_flags(bench)
     bench.add_argument('--towers', default='1,2,4',
                        help='comma-separated tower counts (default: 1,2,4)')
