@@ -30,7 +30,8 @@ def test_train_records_what_made_the_run(run):
     with open(os.path.join(logdir, 'run.json')) as f:
         info = json.load(f)
     assert info == {'model': 'small_convnet', 'model_options': {}, 'dataset': 'mnist_sample',
-                    'data_dir': None, 'input_shape': [28, 28, 1], 'num_classes': 10}
+                    'data_dir': None, 'input_shape': [28, 28, 1], 'num_classes': 10,
+                    'ema': False}
 
 
 @pytest.mark.parametrize('towers', ['1', '3'])

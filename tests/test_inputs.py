@@ -15,8 +15,9 @@ import models
 from data.sampler import EpochSampler
 from towers.devices import session_config
 from towers.errors import TowersError
-from towers.graph import build_training_graph, make_optimizer
-from towers.trainer import TrainConfig, train
+from towers.config import TrainConfig, train
+from towers.graph import build_training_graph
+from towers.model import ClassifierModel
 from towers.inputs import DatasetInput, FeedInput, SyntheticInput, run_step
 from towers.staging import PythonInput, StagingInput
 
@@ -116,8 +117,8 @@ def test_dataset_cleaning_drops_and_counts_bad_records():
 
 def _train_variables(source, num_steps=3, devices=DEVICES):
     model_fn = models.build_model('small_convnet', SHAPE, 10)
-    graph = build_training_graph(model_fn, SHAPE, devices, lambda: make_optimizer('sgd', 0.1),
-                                 seed=7, source=source)
+    graph = build_training_graph(ClassifierModel(model_fn, SHAPE, 10, optimizer='sgd'), devices,
+                                 seed=7, source=source, learning_rate=0.1)
     with tf1.Session(graph=graph.graph, config=session_config(devices)) as sess:
         sess.run(graph.init_op)
         source.start(sess, 0, num_steps)

@@ -6,7 +6,7 @@ import tensorflow as tf
 import models
 from towers.devices import session_config
 from towers.gradients import build_train_op
-from towers.graph import make_optimizer
+from towers.model import make_optimizer
 from towers.tower import build_towers, split_sizes
 
 tf1 = tf.compat.v1

@@ -10,8 +10,10 @@ import data
 import models
 from towers.devices import session_config
 from towers.errors import TowersError
-from towers.graph import build_training_graph, make_optimizer
-from towers.trainer import TrainConfig, evaluate, train
+from towers.config import TrainConfig, train
+from towers.graph import build_training_graph
+from towers.model import ClassifierModel
+from towers.trainer import evaluate, total_steps
 
 tf1 = tf.compat.v1
 
@@ -61,6 +63,19 @@ def _model():
     return models.build_model('small_convnet', SHAPE, 10)
 
 
+def _classifier():
+    return ClassifierModel(_model(), SHAPE, 10, optimizer='sgd')
+
+
+def _logits(checkpoint, images):
+    """small_convnet's logits for images with the checkpoint's weights, in a graph of its own."""
+    with tf.Graph().as_default() as graph:
+        logits = _model()(tf.constant(images), False)
+        with tf1.Session(graph=graph) as sess:
+            tf1.train.Saver(tf1.global_variables()).restore(sess, checkpoint)
+            return sess.run(logits)
+
+
 def _config(**overrides):
     options = dict(batch_size=10, optimizer='sgd', learning_rate=0.05, log_every=1000,
                    warmup_steps=0)
@@ -87,8 +102,8 @@ def _checkpoint_steps(logdir):
     (0.07, 1100, 77)])  # float ceil(0.07 * 1100) would say 78
 def test_total_steps_is_epochs_times_steps_per_epoch_rounded_up(epochs, steps_per_epoch,
                                                                 expected):
-    assert TrainConfig(epochs=epochs).total_steps(steps_per_epoch) == expected
-    assert TrainConfig(epochs=epochs, steps=3).total_steps(steps_per_epoch) == 3
+    assert total_steps(epochs, None, steps_per_epoch) == expected
+    assert total_steps(epochs, 3, steps_per_epoch) == 3
 
 
 def test_two_epochs_feed_every_example_exactly_once_each():
@@ -166,12 +181,13 @@ def _reference_loss_and_accuracy(logits, labels):
 def test_evaluate_counts_every_example_of_a_test_set_that_is_not_a_multiple_of_the_batch(
         tmp_path):
     images = np.random.RandomState(5).rand(NUM_TEST, *SHAPE).astype(np.float32)
-    optimizer = lambda: make_optimizer('sgd', 0.1)  # noqa: E731
-    one = build_training_graph(_model(), SHAPE, ['/cpu:0'], optimizer, seed=3)
+    one = build_training_graph(_classifier(), ['/cpu:0'], seed=3)
     with tf1.Session(graph=one.graph, config=session_config(['/cpu:0'])) as sess:
         sess.run(one.init_op)
-        # small_convnet has no dropout: the training tower's logits are the eval logits.
-        logits = sess.run(one.towers[0].logits, {one.source.images: images})
+        checkpoint = one.saver.save(sess, str(tmp_path / 'weights'))
+    logits = _logits(checkpoint, images)
+    with tf1.Session(graph=one.graph, config=session_config(['/cpu:0'])) as sess:
+        one.saver.restore(sess, checkpoint)
         predicted = np.argmax(logits, axis=1)
         # Every other label is wrong on purpose: accuracy is exactly 19/37.
         labels = np.where(np.arange(NUM_TEST) % 2 == 0, predicted, (predicted + 1) % 10)
@@ -179,31 +195,30 @@ def test_evaluate_counts_every_example_of_a_test_set_that_is_not_a_multiple_of_t
         losses, accuracy = _reference_loss_and_accuracy(logits, labels)
         assert accuracy == 19 / 37
         # The one-shot run over all 37 agrees with numpy.
-        loss, correct = sess.run([one.eval_loss, one.eval_correct],
-                                 {one.eval_images: images, one.eval_labels: labels})
-        assert loss == pytest.approx(losses.mean(), rel=1e-5) and correct == 19
+        loss, accuracy = sess.run([one.eval_loss, one.eval_metrics['accuracy']],
+                                  {one.eval_images: images, one.eval_labels: labels})
+        assert loss == pytest.approx(losses.mean(), rel=1e-5) and accuracy == 19 / 37
         one_tower = evaluate(sess, one, test_set, 10)
-        checkpoint = one.saver.save(sess, str(tmp_path / 'weights'))
     # Averaging the four batch means (10, 10, 10, 7) would be off: the test can tell.
     batch_means = np.mean([losses[i:i + 10].mean() for i in range(0, NUM_TEST, 10)])
     assert abs(batch_means - losses.mean()) > 1e-4 * losses.mean()
-    assert one_tower[0] == pytest.approx(losses.mean(), rel=1e-5)
-    assert one_tower[1] == 19 / 37
+    assert one_tower['loss'] == pytest.approx(losses.mean(), rel=1e-5)
+    assert one_tower['accuracy'] == 19 / 37
 
     # Three towers, same weights: the last batch of 7 splits 3/2/2; batch 1 leaves
     # two towers empty on every run.
     devices = ['/cpu:0', '/cpu:1', '/cpu:2']
-    three = build_training_graph(_model(), SHAPE, devices, optimizer, seed=3)
+    three = build_training_graph(_classifier(), devices, seed=3)
     with tf1.Session(graph=three.graph, config=session_config(devices)) as sess:
         three.saver.restore(sess, checkpoint)
         for batch_size in (10, 1, 37):
-            loss, accuracy = evaluate(sess, three, test_set, batch_size)
-            assert loss == pytest.approx(losses.mean(), rel=1e-5), batch_size
-            assert accuracy == 19 / 37, batch_size
+            values = evaluate(sess, three, test_set, batch_size)
+            assert values['loss'] == pytest.approx(losses.mean(), rel=1e-5), batch_size
+            assert values['accuracy'] == 19 / 37, batch_size
 
 
 def test_evaluate_refuses_an_empty_set():
-    graph = build_training_graph(_model(), SHAPE, ['/cpu:0'], lambda: make_optimizer('sgd', 0.1))
+    graph = build_training_graph(_classifier(), ['/cpu:0'])
     empty = data.DataSet(np.zeros([0, 28, 28, 1], np.float32), np.zeros([0], np.int64))
     with tf1.Session(graph=graph.graph, config=session_config(['/cpu:0'])) as sess:
         sess.run(graph.init_op)
@@ -249,7 +264,8 @@ def test_a_diverging_loss_stops_training_at_the_step_where_it_happens(tmp_path):
         train(_config(steps=20, learning_rate=1e30, log_every=1, checkpoint_every=1,
                       logdir=str(tmp_path)),
               _model(), sets, SHAPE, log=lines.append)
-    match = re.match(r'loss is (nan|inf) at step (\d+); lower --lr$', str(error.value))
+    match = re.match(r'loss is (nan|inf) at step (\d+); lower --lr \((.*), saved before it, '
+                     r'is intact\)$', str(error.value))
     assert match, str(error.value)
     bad_step = int(match.group(2))
     # The first step's loss comes from the initial weights, so it is finite.

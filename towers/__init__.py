@@ -9,7 +9,18 @@ The public API, in the order the classic recipe uses it:
     build_train_op                     average_gradients -> one apply_gradients
     make_optimizer                     sgd / momentum / adam by name
     build_training_graph, TrainGraph   all of the above in a fresh tf.Graph
-    train, TrainConfig, evaluate       the Session loop
+
+The Trainer, built from those:
+
+    ModelDesc, ClassifierModel         what a model gives the Trainer
+    Trainer, default_callbacks         the one Session loop, callbacks around it
+    Callback, Checkpoint, Evaluate,    callbacks: checkpoints, evaluation and the
+    NaNGuard, Progress, TensorBoard,   best checkpoint, the NaN guard, progress,
+    StatsFile                          events, stats.jsonl
+    LearningRate                       learning-rate schedules in epochs
+    WeightDecay, ClipGlobalNorm,       what happens to the averaged gradients
+    ScaleGradient, FreezeVariables
+    train, TrainConfig, evaluate       a CLI run in one call; exact evaluation
     TowersError                        what bad input raises
 
 Names are imported on first use, so `import towers` (and `towers --help`) does
@@ -26,10 +37,26 @@ _API = {
     'average_gradients': 'towers.gradients',
     'build_train_op': 'towers.gradients',
     'build_training_graph': 'towers.graph',
-    'make_optimizer': 'towers.graph',
+    'make_optimizer': 'towers.model',
     'TrainGraph': 'towers.graph',
-    'train': 'towers.trainer',
-    'TrainConfig': 'towers.trainer',
+    'ModelDesc': 'towers.model',
+    'ClassifierModel': 'towers.model',
+    'Trainer': 'towers.trainer',
+    'default_callbacks': 'towers.trainer',
+    'Callback': 'towers.callbacks',
+    'Checkpoint': 'towers.callbacks',
+    'Evaluate': 'towers.callbacks',
+    'NaNGuard': 'towers.callbacks',
+    'Progress': 'towers.monitors',
+    'TensorBoard': 'towers.monitors',
+    'StatsFile': 'towers.monitors',
+    'LearningRate': 'towers.schedules',
+    'WeightDecay': 'towers.gradients',
+    'ClipGlobalNorm': 'towers.gradients',
+    'ScaleGradient': 'towers.gradients',
+    'FreezeVariables': 'towers.gradients',
+    'train': 'towers.config',
+    'TrainConfig': 'towers.config',
     'evaluate': 'towers.trainer',
     'TowersError': 'towers.errors',
 }

@@ -17,8 +17,9 @@ import tensorflow as tf
 from data.sampler import EpochSampler
 from towers.devices import resolve_devices, resolve_param_device, session_config
 from towers.errors import TowersError
-from towers.graph import build_training_graph, make_optimizer
+from towers.graph import build_training_graph
 from towers.inputs import INPUT_MODES, make_input, run_step
+from towers.model import ClassifierModel
 
 tf1 = tf.compat.v1
 
@@ -36,9 +37,9 @@ class _Trainer:
 
     def __init__(self, model_fn, input_shape, tower_devices, source, num_steps, param_device,
                  optimizer='sgd'):
-        self.graph = build_training_graph(
-            model_fn, input_shape, tower_devices, lambda: make_optimizer(optimizer, 0.01),
-            param_device=param_device, seed=0, source=source)
+        model = ClassifierModel(model_fn, input_shape, num_classes=None, optimizer=optimizer)
+        self.graph = build_training_graph(model, tower_devices, param_device, seed=0,
+                                          source=source, learning_rate=0.01)
         self.source, self.step, self.rates = source, 0, []
         self.sess = tf1.Session(graph=self.graph.graph,
                                 config=session_config(tower_devices, param_device))

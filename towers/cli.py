@@ -78,15 +78,46 @@ def build_parser():
     train.add_argument('--optimizer', default='adam', choices=['sgd', 'momentum', 'adam'],
                        help='(default: adam)')
     train.add_argument('--lr', type=float, default=1e-3, help='learning rate (default: 0.001)')
+    train.add_argument('--lr-schedule', default='constant',
+                       help='constant; piecewise:EPOCH=LR,... (e.g. piecewise:80=0.01,120=0.001); '
+                            'exponential:FACTOR,EPOCHS (x FACTOR every EPOCHS epochs, e.g. '
+                            'exponential:0.1,350 as the CIFAR-10 tutorial) (default: constant)')
+    train.add_argument('--warmup-epochs', type=float, default=0.0,
+                       help='ramp the learning rate up linearly over these epochs (default: 0)')
     train.add_argument('--momentum', type=float, default=0.9,
                        help='momentum for --optimizer momentum (default: 0.9)')
+    train.add_argument('--weight-decay', type=float, default=0.0,
+                       help='L2 weight decay on the weights (not biases), added once to the '
+                            'averaged gradients (default: 0)')
+    train.add_argument('--clip-norm', type=float, default=None,
+                       help='clip the averaged gradients to this global norm')
+    train.add_argument('--freeze', default=None, metavar='REGEX',
+                       help='do not train the variables whose names match, e.g. "^conv1/"')
+    train.add_argument('--ema', type=float, default=None, metavar='DECAY',
+                       help='keep a moving average of the weights (e.g. 0.999) and evaluate and '
+                            'export it, as the CIFAR-10 tutorial does')
     train.add_argument('--dropout', type=float, default=None,
                        help="dropout rate for models that have dropout (mnist_convnet: 0.5)")
     train.add_argument('--logdir', default=None,
                        help='checkpoint folder; a checkpoint already there is resumed')
     train.add_argument('--log-every', type=int, default=50, help='steps per log line (default: 50)')
     train.add_argument('--checkpoint-every', type=int, default=500,
-                       help='steps per checkpoint with --logdir (default: 500)')
+                       help='steps per checkpoint with --logdir, besides each epoch end and the '
+                            'end (default: 500; 0: only those)')
+    train.add_argument('--keep-checkpoints', type=int, default=5,
+                       help='newest checkpoints to keep (default: 5)')
+    train.add_argument('--eval-every', type=int, default=1,
+                       help='epochs between evaluations on the validation set (the test set '
+                            'when there is none) (default: 1; 0: only the final test)')
+    train.add_argument('--best-metric', default='accuracy',
+                       help='with --logdir, keep the best checkpoint by this metric in '
+                            'LOGDIR/best (default: accuracy; "loss" keeps the lowest)')
+    train.add_argument('--no-tensorboard', action='store_true',
+                       help='write no TensorBoard events in --logdir')
+    train.add_argument('--histograms', action='store_true',
+                       help='also write weight histograms to TensorBoard')
+    train.add_argument('--quiet', action='store_true',
+                       help='no progress bar: plain log lines, as when not on a terminal')
     train.add_argument('--seed', type=int, default=0, help='random seed (default: 0)')
 
     devices = commands.add_parser('devices', help='print the devices a run would use')
@@ -112,6 +143,8 @@ def build_parser():
     evaluate.add_argument('--logdir', required=True, help='the folder `towers train` wrote')
     evaluate.add_argument('--checkpoint', default=None,
                           help='a checkpoint prefix (default: the newest in --logdir)')
+    evaluate.add_argument('--best', action='store_true',
+                          help='use the best checkpoint (LOGDIR/best) instead of the newest')
     evaluate.add_argument('--data-dir', default=None, help='where the dataset is (default: as '
                                                            'trained)')
     evaluate.add_argument('--batch-size', type=int, default=100,
@@ -122,6 +155,8 @@ def build_parser():
     export.add_argument('--logdir', required=True, help='the folder `towers train` wrote')
     export.add_argument('--checkpoint', default=None,
                         help='a checkpoint prefix (default: the newest in --logdir)')
+    export.add_argument('--best', action='store_true',
+                        help='export the best checkpoint (LOGDIR/best) instead of the newest')
     export.add_argument('--out', required=True, help='the SavedModel folder to create')
 
     data_command = commands.add_parser('data', help='dataset tools')

@@ -70,7 +70,7 @@ def _records_test_set(folder, num_classes, skip_bad_shards=False):
 def _train(args, log):
     import data
     import models
-    from towers import devices, trainer
+    from towers import config as run_config, devices
     from towers.errors import TowersError
     from_records = args.dataset.startswith('records:')
     if from_records:
@@ -89,12 +89,17 @@ def _train(args, log):
     options = {} if args.dropout is None else {'dropout_rate': args.dropout}
     model_fn = models.build_model(args.model, input_shape, num_classes, **options)
     tower_devices = devices.resolve_devices(args.towers, args.devices)
-    config = trainer.TrainConfig(
+    config = run_config.TrainConfig(
         tower_devices=tower_devices,
         param_device=devices.resolve_param_device(args.param_device, tower_devices),
         batch_size=args.batch_size, epochs=args.epochs, steps=args.steps,
-        optimizer=args.optimizer, learning_rate=args.lr, momentum=args.momentum,
-        logdir=args.logdir, log_every=args.log_every, checkpoint_every=args.checkpoint_every,
+        optimizer=args.optimizer, learning_rate=args.lr, lr_schedule=args.lr_schedule,
+        warmup_epochs=args.warmup_epochs, momentum=args.momentum,
+        weight_decay=args.weight_decay, clip_norm=args.clip_norm, freeze=args.freeze,
+        ema=args.ema, logdir=args.logdir, log_every=args.log_every,
+        checkpoint_every=args.checkpoint_every, keep_checkpoints=args.keep_checkpoints,
+        eval_every=args.eval_every, best_metric=args.best_metric,
+        tensorboard=not args.no_tensorboard, histograms=args.histograms, quiet=args.quiet,
         seed=args.seed, input=args.input or ('dataset' if from_records else 'feed'),
         mean=_float_list(args.mean, '--mean'), std=_float_list(args.std, '--std'))
     config.validate()  # before any data is read
@@ -105,7 +110,7 @@ def _train(args, log):
         % (args.dataset, datasets.train.num_examples, datasets.validation.num_examples,
            datasets.test.num_examples, args.model))
     with _StopOnSignal() as stop:
-        result = trainer.train(config, model_fn, datasets, input_shape, num_classes, log=log,
+        result = run_config.train(config, model_fn, datasets, input_shape, num_classes, log=log,
                                run_info={'model': args.model, 'model_options': options,
                                          'dataset': args.dataset, 'data_dir': args.data_dir},
                                stop_requested=stop.requested)
@@ -145,9 +150,18 @@ def _saved_run(args):
     """(run.json, model_fn, checkpoint) of --logdir, for eval and export."""
     import models
     from towers import export
+    from towers.errors import TowersError
     run = export.read_run(args.logdir)
     model_fn = models.build_model(run['model'], run['input_shape'], run['num_classes'],
                                   **run.get('model_options', {}))
+    if args.best and args.checkpoint:
+        raise TowersError('give --best or --checkpoint, not both')
+    if args.best:
+        folder = os.path.join(args.logdir, 'best')
+        if not os.path.isdir(folder):
+            raise TowersError('%s has no best checkpoint: it is kept when training evaluates '
+                              'on validation or test data with --logdir' % args.logdir)
+        return run, model_fn, export.find_checkpoint(folder)
     return run, model_fn, export.find_checkpoint(args.logdir, args.checkpoint)
 
 
@@ -156,6 +170,8 @@ def _eval(args, log):
     import tensorflow as tf
     import data
     from towers import devices, graph, trainer
+    from towers.callbacks import format_metrics
+    from towers.model import ClassifierModel
     if args.batch_size < 1:
         from towers.errors import TowersError
         raise TowersError('--batch-size must be at least 1, got %d' % args.batch_size)
@@ -167,20 +183,23 @@ def _eval(args, log):
                                      validation_size=0).test
     tower_devices = devices.resolve_devices(args.towers, args.devices)
     param_device = devices.resolve_param_device(args.param_device, tower_devices)
-    built = graph.build_eval_graph(model_fn, run['input_shape'], tower_devices, param_device)
+    model = ClassifierModel(model_fn, run['input_shape'], run['num_classes'])
+    ema = run.get('ema', False)
+    built = graph.build_eval_graph(model, tower_devices, param_device, ema=ema)
     with tf.compat.v1.Session(graph=built.graph,
                               config=devices.session_config(tower_devices, param_device)) as sess:
-        trainer.restore(sess, built, checkpoint)
-        loss, accuracy = trainer.evaluate(sess, built, test_set, args.batch_size)
-    log('checkpoint: %s' % checkpoint)
-    log('test: loss %.4f accuracy %.4f (%d images)' % (loss, accuracy, len(test_set.labels)))
+        trainer.restore(sess, built, checkpoint, ema=ema)
+        values = trainer.evaluate(sess, built, test_set, args.batch_size)
+    log('checkpoint: %s%s' % (checkpoint, ' (moving averages of the weights)' if ema else ''))
+    log('test: %s (%d images)' % (format_metrics(values), len(test_set.labels)))
 
 
 def _export(args, log):
     """towers export: a SavedModel of one tower that plain TensorFlow can serve."""
     from towers import export
     run, model_fn, checkpoint = _saved_run(args)
-    export.export_saved_model(model_fn, run['input_shape'], checkpoint, args.out)
+    export.export_saved_model(model_fn, run['input_shape'], checkpoint, args.out,
+                              ema=run.get('ema', False))
     log('exported %s as a SavedModel (signature %r: images -> probabilities, classes) to %s'
         % (checkpoint, export.SIGNATURE, args.out))
 

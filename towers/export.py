@@ -14,6 +14,7 @@ import tensorflow as tf
 
 from data.atomic import atomic_output
 from towers.errors import TowersError
+from towers.graph import restore_map
 
 tf1 = tf.compat.v1
 
@@ -57,15 +58,18 @@ def check_checkpoint(checkpoint, variables):
 
     Args:
       checkpoint: a checkpoint prefix.
-      variables: the graph's variables that will be restored.
+      variables: the graph's variables that will be restored, or a dict
+        checkpoint name -> variable (a Saver's var_list).
     Raises:
       TowersError: names the missing variables and those with other shapes
         (another model, optimizer or input shape).
     """
     saved = dict(tf1.train.list_variables(checkpoint))
+    if not isinstance(variables, dict):
+        variables = {v.op.name: v for v in variables}
     missing, reshaped = [], []
-    for var in variables:
-        name, shape = var.op.name, var.shape.as_list()
+    for name, var in variables.items():
+        shape = var.shape.as_list()
         if name not in saved:
             missing.append(name)
         elif saved[name] != shape:
@@ -78,7 +82,7 @@ def check_checkpoint(checkpoint, variables):
                           'or the flags it was trained with' % (checkpoint, ' | '.join(problems)))
 
 
-def export_saved_model(model_fn, input_shape, checkpoint, export_dir):
+def export_saved_model(model_fn, input_shape, checkpoint, export_dir, ema=False):
     """Write a one-tower inference SavedModel from a training checkpoint.
 
     Signature 'serving_default': images [batch, H, W, C] float32 in [0, 1]
@@ -90,6 +94,8 @@ def export_saved_model(model_fn, input_shape, checkpoint, export_dir):
       input_shape: (H, W, C).
       checkpoint: a checkpoint prefix.
       export_dir: must not exist yet.
+      ema: export the moving averages of the weights (a run trained with
+        --ema) instead of the weights themselves.
     """
     if os.path.exists(export_dir):
         raise TowersError('%s already exists; export into a new folder' % export_dir)
@@ -103,8 +109,9 @@ def export_saved_model(model_fn, input_shape, checkpoint, export_dir):
             probabilities = tf.nn.softmax(logits, name='probabilities')
             classes = tf.argmax(logits, axis=1, name='classes')
             # Only the model's variables: optimizer slots and the step stay behind.
-            saver = tf1.train.Saver(tf1.global_variables())
-            check_checkpoint(checkpoint, tf1.global_variables())
+            variables = restore_map(ema)
+            check_checkpoint(checkpoint, variables)
+            saver = tf1.train.Saver(variables)
             with tf1.Session(graph=graph) as sess:
                 saver.restore(sess, checkpoint)
                 builder = tf1.saved_model.Builder(os.path.join(staging, 'model'))

@@ -1,8 +1,11 @@
 """The whole training graph in a fresh tf.Graph, wired as the classic recipe.
 
-input source (inputs.py) -> towers (tower.py) -> build_train_op (gradients.py:
-the average and the one apply_gradients) -> evaluation towers sharing the
-variables. Nothing here adds math of its own.
+input source (inputs.py) -> towers (tower.py, one per device, each running the
+ModelDesc's build_graph) -> build_train_op (gradients.py: the average, weight
+decay and gradient processors, the one apply_gradients) -> evaluation towers
+sharing the variables. The learning rate follows its schedule (schedules.py);
+an optional moving average of the weights is updated after each apply and read
+by the evaluation towers. Nothing here adds math of its own.
 """
 import collections
 
@@ -11,127 +14,189 @@ import tensorflow as tf
 from towers.errors import TowersError
 from towers.gradients import build_train_op
 from towers.inputs import FeedInput
-from towers.tower import build_towers, build_towers_from_slices
+from towers.schedules import LearningRate
+from towers.tower import build_towers_from_slices, split_batch
 
 tf1 = tf.compat.v1
 
-OPTIMIZERS = ('sgd', 'momentum', 'adam')
-
 TrainGraph = collections.namedtuple(
-    'TrainGraph', ['graph', 'source', 'towers', 'train_op', 'loss', 'correct', 'batch',
-                   'global_step', 'eval_images', 'eval_labels', 'eval_loss', 'eval_correct',
-                   'init_op', 'saver'])
+    'TrainGraph', ['graph', 'source', 'towers', 'train_op', 'loss', 'metrics', 'batch',
+                   'global_step', 'learning_rate', 'finite', 'ema', 'eval_images',
+                   'eval_labels', 'eval_loss', 'eval_metrics', 'init_op', 'saver'])
 TrainGraph.__doc__ = """Handles on a built training graph.
 
   graph: the tf.Graph holding everything.
   source: the InputSource the training towers read (towers/inputs.py).
   towers: the training Towers.
   train_op: runs one synchronous step over all towers.
-  loss: scalar float32, the global batch's mean loss (towers weighted by share).
-  correct: scalar int32, correct predictions over the global batch.
+  loss: scalar float32, the global batch's mean cost (towers weighted by
+    share), plus the weight-decay term when there is one.
+  metrics: dict name -> scalar float32, the global batch's mean of each
+    metric build_graph returned (e.g. 'accuracy').
   batch: scalar int32, the size of that global batch.
   global_step: the int64 step counter.
+  learning_rate: scalar float32, the rate this step uses.
+  finite: scalar bool, whether the loss and every applied gradient are finite.
+  ema: the tf.train.ExponentialMovingAverage of the weights, or None.
   eval_images, eval_labels: placeholders [None, H, W, C] float32 and [None]
     int64 feeding the inference-mode (training=False) towers, which share the
-    variables; eval_loss and eval_correct are what they compute.
+    variables (their moving averages, with ema); eval_loss and eval_metrics
+    are what they compute.
   init_op, saver: global and local variable initializer; a Saver of all
     global variables.
 """
 
 
-def make_optimizer(name, learning_rate, momentum=0.9):
-    """A tf.compat.v1 optimizer by name: 'sgd', 'momentum' or 'adam'."""
-    if learning_rate <= 0:
-        raise TowersError('--lr must be positive, got %g' % learning_rate)
-    if name == 'sgd':
-        return tf1.train.GradientDescentOptimizer(learning_rate)
-    if name == 'momentum':
-        return tf1.train.MomentumOptimizer(learning_rate, momentum)
-    if name == 'adam':
-        return tf1.train.AdamOptimizer(learning_rate)
-    raise TowersError('unknown optimizer %r; choose one of: %s' % (name, ', '.join(OPTIMIZERS)))
-
-
-def weighted_loss(towers):
+def weighted_loss(towers, name='loss'):
     """The global batch's mean loss: each tower's mean weighted by its share."""
-    return tf.add_n([t.weight * t.loss for t in towers], name='loss')
+    return tf.add_n([t.weight * t.loss for t in towers], name=name)
 
 
-def build_training_graph(model_fn, input_shape, tower_devices, optimizer_fn,
-                         param_device='/cpu:0', seed=None, source=None):
+def weighted_metrics(towers):
+    """Each metric's global mean (float64), weighted by the towers' shares as the loss is.
+
+    In float64 so that an exact ratio such as accuracy stays exact to print:
+    912 right of 1,000 reads 0.912, not 0.9119999825954437.
+    """
+    counts = [tf.cast(t.count, tf.float64) for t in towers]
+    total = tf.maximum(tf.add_n(counts), 1.0)
+    return {name: tf.math.divide(
+        tf.add_n([n * tf.cast(t.metrics[name], tf.float64) for n, t in zip(counts, towers)]),
+        total, name=name) for name in sorted(towers[0].metrics)}
+
+
+def build_training_graph(model, tower_devices, param_device='/cpu:0', seed=None, source=None,
+                         learning_rate=1e-3, steps_per_epoch=1, ema_decay=None, finalize=True):
     """Build a fresh tf.Graph with training and evaluation towers.
 
     Args:
-      model_fn: callable(images, training) -> logits.
-      input_shape: (H, W, C) of one example.
+      model: a towers.model.ModelDesc (ClassifierModel wraps a model_fn).
       tower_devices: one device string per tower.
-      optimizer_fn: callable() -> tf.compat.v1 optimizer, called inside the
-        graph (optimizers create their slots in the default graph).
       param_device: where the variables live.
       seed: graph-level random seed (initializers, dropout), or None.
       source: the InputSource of the training batches; default a FeedInput
         (placeholders fed by the Session loop).
+      learning_rate: a float, or a towers.schedules.LearningRate.
+      steps_per_epoch: what an epoch is, for a schedule counted in epochs.
+      ema_decay: keep an exponential moving average of the trainable
+        variables with this decay (the CIFAR-10 tutorial's 0.9999), or None.
+      finalize: finalize the graph; the Trainer says False, adds its
+        callbacks' ops, then finalizes it itself.
     Returns:
       A TrainGraph.
     """
     source = source or FeedInput()
+    schedule = learning_rate if isinstance(learning_rate, LearningRate) else \
+        LearningRate(learning_rate)
+    if ema_decay is not None and not 0 < ema_decay < 1:
+        raise TowersError('--ema must lie between 0 and 1 (e.g. 0.999), got %g' % ema_decay)
     graph = tf.Graph()
     with graph.as_default():
         if seed is not None:
             tf1.set_random_seed(seed)
-        slices = source.build(input_shape, tower_devices)
+        slices = source.build(model.input_shape, tower_devices)
         with tf.device(param_device):
             global_step = tf1.train.get_or_create_global_step()
-        opt = optimizer_fn()
-        towers = build_towers_from_slices(model_fn, slices, tower_devices, param_device,
+            rate = schedule.build(global_step, steps_per_epoch)
+        opt = model.optimizer(rate)
+        towers = build_towers_from_slices(model.tower_loss, slices, tower_devices, param_device,
                                           optimizer=opt, training=True)
-        train_op, _ = build_train_op(towers, opt, global_step)
-        evaluation = _eval_towers(model_fn, input_shape, tower_devices, param_device, reuse=True)
+        decay = model.weight_decay()
+        train_op, applied = build_train_op(towers, opt, global_step, decay,
+                                           model.gradient_processors())
+        ema = None
+        if ema_decay is not None:
+            # As the tutorial: the average follows each apply, and num_updates
+            # lets it move fast early on.
+            ema = tf1.train.ExponentialMovingAverage(ema_decay, num_updates=global_step)
+            with tf.control_dependencies([train_op]):
+                train_op = tf.group(ema.apply(tf1.trainable_variables()), name='train_op_ema')
+        evaluation = _eval_towers(model, tower_devices, param_device, reuse=True, ema=ema)
         with tf.device('/cpu:0'):
             loss = weighted_loss(towers)
-            correct = tf.add_n([t.correct for t in towers], name='correct')
+            if decay is not None:
+                loss = tf.add(loss, decay.loss(tf1.trainable_variables()), name='total_loss')
+            metrics = weighted_metrics(towers)
             batch = tf.add_n([t.count for t in towers], name='batch')
+            finite = _all_finite([loss] + [g for g, _ in applied if g is not None])
         init_op = tf.group(tf1.global_variables_initializer(),
                            tf1.local_variables_initializer(), name='init')
         saver = tf1.train.Saver(max_to_keep=5)
-    graph.finalize()
-    return TrainGraph(graph, source, towers, train_op, loss, correct, batch, global_step,
-                      *evaluation, init_op, saver)
+    if finalize:
+        graph.finalize()
+    return TrainGraph(graph, source, towers, train_op, loss, metrics, batch, global_step, rate,
+                      finite, ema, *evaluation, init_op, saver)
 
 
-def _eval_towers(model_fn, input_shape, tower_devices, param_device, reuse):
+def _all_finite(tensors):
+    """Scalar bool: no NaN or Inf in any of the tensors (IndexedSlices by their values)."""
+    with tf1.name_scope('all_finite'):
+        checks = []
+        for t in tensors:
+            values = t.values if isinstance(t, tf.IndexedSlices) else t
+            with tf.device(values.device):
+                checks.append(tf.reduce_all(tf.math.is_finite(values)))
+        return tf.reduce_all(tf.stack(checks))
+
+
+def _averaged(ema):
+    """A custom getter that hands out each variable's moving average where there is one."""
+    def getter(get_variable, name, *args, **kwargs):
+        var = get_variable(name, *args, **kwargs)
+        average = ema.average(var)
+        return var if average is None else average
+    return getter
+
+
+def _eval_towers(model, tower_devices, param_device, reuse, ema=None):
     """Inference-mode towers on their own placeholders.
 
     Returns:
-      (images, labels, loss, correct): placeholders [None, H, W, C] float32 and
-      [None] int64, the weighted mean loss and the correct count.
+      (images, labels, loss, metrics): placeholders [None, H, W, C] float32 and
+      [None] int64, the weighted mean loss and metrics.
     """
-    images = tf1.placeholder(tf.float32, [None] + list(input_shape), name='eval_images')
+    images = tf1.placeholder(tf.float32, [None] + list(model.input_shape), name='eval_images')
     labels = tf1.placeholder(tf.int64, [None], name='eval_labels')
-    with tf1.name_scope('eval'):
-        towers = build_towers(model_fn, images, labels, tower_devices, param_device,
-                              training=False, reuse=reuse)
+    getter = _averaged(ema) if ema is not None else None
+    with tf1.name_scope('eval'), \
+            tf1.variable_scope(tf1.get_variable_scope(), custom_getter=getter,
+                               auxiliary_name_scope=False):
+        with tf.device('/cpu:0'):
+            slices = split_batch(images, labels, len(tower_devices))
+        towers = build_towers_from_slices(model.tower_loss, slices, tower_devices, param_device,
+                                          training=False, reuse=reuse)
     with tf.device('/cpu:0'):
-        loss = weighted_loss(towers)
-        correct = tf.add_n([t.correct for t in towers], name='eval_correct')
-    return images, labels, loss, correct
+        loss = weighted_loss(towers, name='eval_loss')
+        metrics = weighted_metrics(towers)
+    return images, labels, loss, metrics
 
 
 EvalGraph = collections.namedtuple(
-    'EvalGraph', ['graph', 'eval_images', 'eval_labels', 'eval_loss', 'eval_correct', 'saver'])
+    'EvalGraph', ['graph', 'eval_images', 'eval_labels', 'eval_loss', 'eval_metrics', 'saver'])
 EvalGraph.__doc__ = """An inference-only graph over the towers, for `evaluate` after training.
 
   The fields mean what they mean in TrainGraph; saver restores the model's
-  variables from a training checkpoint (optimizer slots are not needed).
+  variables from a training checkpoint (optimizer slots are not needed), or
+  their moving averages into them when built with ema.
 """
 
 
-def build_eval_graph(model_fn, input_shape, tower_devices, param_device='/cpu:0'):
+def build_eval_graph(model, tower_devices, param_device='/cpu:0', ema=False):
     """A fresh tf.Graph with only the inference-mode towers."""
     graph = tf.Graph()
     with graph.as_default():
-        evaluation = _eval_towers(model_fn, input_shape, tower_devices, param_device,
-                                  reuse=False)
-        saver = tf1.train.Saver(tf1.global_variables())
+        evaluation = _eval_towers(model, tower_devices, param_device, reuse=False)
+        saver = tf1.train.Saver(restore_map(ema))
     graph.finalize()
     return EvalGraph(graph, *evaluation, saver)
+
+
+def restore_map(ema):
+    """Checkpoint name -> variable for the default graph's variables.
+
+    With ema, each trainable variable is read from its moving average's name
+    in the checkpoint (how the tutorial's cifar10_eval restores).
+    """
+    if ema:
+        return tf1.train.ExponentialMovingAverage(0.0).variables_to_restore()
+    return {v.op.name: v for v in tf1.global_variables()}

@@ -8,6 +8,7 @@ number of towers. The variables sit on a parameter device (the tutorial's
 `/cpu:0` by default); each tower's compute, and its gradients, on its own device.
 """
 import collections
+import functools
 
 import tensorflow as tf
 
@@ -27,17 +28,18 @@ TowerSlice.__doc__ = """One tower's share of a global batch.
 """
 
 Tower = collections.namedtuple(
-    'Tower', ['device', 'scope', 'images', 'labels', 'logits', 'loss', 'correct', 'count',
-              'weight', 'grads_and_vars'])
+    'Tower', ['device', 'scope', 'images', 'labels', 'loss', 'metrics', 'count', 'weight',
+              'grads_and_vars'])
 Tower.__doc__ = """The tensors of one tower.
 
   device: the tower's device string.
   scope: its name scope, e.g. 'tower_0/'.
   images, labels: its slice, [m_i, H, W, C] float32 and [m_i] int64, where
     m_i = max(n_i, 1) (see split_batch).
-  logits: [m_i, num_classes] float32.
-  loss: scalar float32, mean cross-entropy over the slice (0 for an empty one).
-  correct: scalar int32, how many of the slice are classified right.
+  loss: scalar float32, the mean loss over the slice (cross-entropy for
+    build_towers; a ModelDesc's cost in the Trainer).
+  metrics: dict name -> scalar float, each a mean over the slice (e.g.
+    'accuracy'); towers combine them weighted by their share, as the loss.
   count: scalar int32, n_i.
   weight: scalar float32, n_i / global batch: the tower's share.
   grads_and_vars: num_vars x (grad, var), or None when built without optimizer.
@@ -96,7 +98,7 @@ def split_batch(images, labels, num_towers):
 
 
 def tower_loss(model_fn, images, labels, count, training):
-    """Build the model on one slice: its mean loss, correct count and size.
+    """Build the model on one slice: its mean loss and accuracy.
 
     Args:
       model_fn: callable(images, training) -> logits [m, num_classes] float32.
@@ -106,8 +108,9 @@ def tower_loss(model_fn, images, labels, count, training):
         stand-ins for an empty slice, see split_batch).
       training: Python bool (dropout, batch-norm mode).
     Returns:
-      (logits, loss, correct): [m, K] float32; scalar float32, the mean over the
-      real examples (0 for none, never NaN); scalar int32.
+      (loss, metrics): scalar float32, the mean cross-entropy over the real
+      examples (0 for none, never NaN); {'accuracy': scalar float64}, the
+      fraction of the real examples classified right (0 for none).
     """
     logits = model_fn(images, training)
     real = tf.range(tf.shape(labels)[0]) < count
@@ -117,8 +120,10 @@ def tower_loss(model_fn, images, labels, count, training):
                           name='loss')
     predictions = tf.argmax(logits, axis=1, output_type=labels.dtype)
     hits = tf.logical_and(real, tf.equal(predictions, labels))
-    correct = tf.reduce_sum(tf.cast(hits, tf.int32), name='correct')
-    return logits, loss, correct
+    # float64: over a whole test set, count * accuracy gives back the exact count.
+    accuracy = tf.math.divide(tf.reduce_sum(tf.cast(hits, tf.float64)),
+                              tf.cast(tf.maximum(count, 1), tf.float64), name='accuracy')
+    return loss, {'accuracy': accuracy}
 
 
 def build_towers(model_fn, images, labels, tower_devices, param_device='/cpu:0',
@@ -144,15 +149,18 @@ def build_towers(model_fn, images, labels, tower_devices, param_device='/cpu:0',
         # Slicing on the host, as the classic tutorial dequeues there; each
         # slice is then copied once to its tower's device.
         slices = split_batch(images, labels, len(tower_devices))
-    return build_towers_from_slices(model_fn, slices, tower_devices, param_device, optimizer,
-                                    training, reuse)
+    return build_towers_from_slices(functools.partial(tower_loss, model_fn), slices,
+                                    tower_devices, param_device, optimizer, training, reuse)
 
 
-def build_towers_from_slices(model_fn, slices, tower_devices, param_device='/cpu:0',
+def build_towers_from_slices(loss_fn, slices, tower_devices, param_device='/cpu:0',
                              optimizer=None, training=True, reuse=False):
     """build_towers for input already cut per tower (e.g. staged on each device).
 
     Args:
+      loss_fn: callable(images, labels, count, training) -> (loss, metrics),
+        run once per tower: tower_loss over a model_fn, or a ModelDesc's
+        tower_loss (towers/model.py).
       slices: one TowerSlice per tower device.
       The other arguments are those of build_towers.
     Returns:
@@ -166,8 +174,7 @@ def build_towers_from_slices(model_fn, slices, tower_devices, param_device='/cpu
                                 auxiliary_name_scope=False), \
                 tf1.device(variables_on(param_device, device)), \
                 tf1.name_scope('tower_%d' % i) as scope:
-            logits, loss, correct = tower_loss(model_fn, piece.images, piece.labels, piece.count,
-                                               training)
+            loss, metrics = loss_fn(piece.images, piece.labels, piece.count, training)
             weight = tf.math.divide(tf.cast(piece.count, tf.float32),
                                     tf.cast(tf.maximum(piece.batch, 1), tf.float32),
                                     name='weight')
@@ -175,7 +182,7 @@ def build_towers_from_slices(model_fn, slices, tower_devices, param_device='/cpu
             if optimizer is not None:
                 grads_and_vars = optimizer.compute_gradients(
                     loss, colocate_gradients_with_ops=True)
-        towers.append(Tower(device, scope, piece.images, piece.labels, logits, loss, correct,
+        towers.append(Tower(device, scope, piece.images, piece.labels, loss, metrics,
                             piece.count, weight, grads_and_vars))
     return towers
 

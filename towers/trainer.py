@@ -1,117 +1,77 @@
-"""The Session loop: feed batches, run the train op, log, checkpoint, evaluate.
+"""The Trainer: the one Session loop, with callbacks around each step.
 
-The loop is the classic one: `sess.run(train_op, feed_dict=...)` per step, a
-log line every few steps, a Saver checkpoint every K steps and at the end, and
-one pass over the test set when training is done.
+Built from the teaching layer: build_training_graph (towers/graph.py) makes the
+towers, average_gradients and the one apply_gradients; the loop below runs
+`sess.run(train_op)` through the InputSource's run_step, and everything else
+that happens around a step (checkpoints, evaluation, TensorBoard, the progress
+bar, the stats file, the NaN guard) is a Callback (towers/callbacks.py). The
+CLI's `towers train` is `train(TrainConfig, ...)`, which makes a
+ClassifierModel and the default callbacks and runs this same loop.
 """
-import dataclasses
 import fractions
 import math
 import os
 import time
 
-import numpy as np
 import tensorflow as tf
 
-from towers.devices import session_config
+from data.sampler import EpochSampler
+from towers import callbacks as cb
+from towers import monitors
+from towers.devices import resolve_devices, resolve_param_device, session_config
 from towers.errors import TowersError
 from towers.export import check_checkpoint, write_run
-from data.sampler import EpochSampler
-from towers.graph import build_training_graph, make_optimizer
-from towers.inputs import make_input, run_step
+from towers.graph import build_training_graph, restore_map
+from towers.inputs import InputSource, make_input, run_step
+from towers.schedules import LearningRate
 
 tf1 = tf.compat.v1
 
 
-@dataclasses.dataclass
-class TrainConfig:
-    """What to train and how; the CLI's flags map one to one onto these fields.
-
-    steps, when given, sets the length; otherwise epochs does, an epoch being
-    ceil(N / batch_size) steps with a short last batch. batch_size is the
-    *global* batch, sliced over the towers.
-    """
-    tower_devices: list = dataclasses.field(default_factory=lambda: ['/cpu:0'])
-    param_device: str = '/cpu:0'
-    batch_size: int = 100
-    epochs: float = 10.0
-    steps: int = None
-    optimizer: str = 'adam'
-    learning_rate: float = 1e-3
-    momentum: float = 0.9
-    logdir: str = None
-    log_every: int = 50
-    checkpoint_every: int = 500
-    warmup_steps: int = 10
-    seed: int = 0
-    input: str = 'feed'
-    mean: list = None  # per-channel, --input dataset only
-    std: list = None
-
-    def validate(self):
-        """Raise TowersError for numbers no run can use."""
-        checks = [
-            (self.batch_size >= 1, '--batch-size must be at least 1, got %s' % self.batch_size),
-            (self.steps is None or self.steps >= 1, '--steps must be at least 1, got %s'
-             % self.steps),
-            (self.epochs > 0, '--epochs must be positive, got %s' % self.epochs),
-            (self.log_every >= 1, '--log-every must be at least 1, got %s' % self.log_every),
-            (self.checkpoint_every >= 0, '--checkpoint-every must be 0 (off) or more, got %s'
-             % self.checkpoint_every),
-            (self.warmup_steps >= 0, 'warmup_steps must be 0 or more, got %s'
-             % self.warmup_steps),
-            ((self.mean is None) == (self.std is None), '--mean and --std go together'),
-            (self.mean is None or self.input == 'dataset',
-             '--mean/--std normalise in the tf.data pipeline: use them with --input dataset'),
-            (self.std is None or all(s > 0 for s in self.std),
-             '--std values must be positive, got %s' % self.std)]
-        for ok, message in checks:
-            if not ok:
-                raise TowersError(message)
-
-    def total_steps(self, steps_per_epoch):
-        """Steps of the whole run; a fractional epoch count is rounded up to a step."""
-        self.validate()
-        if self.steps is not None:
-            return self.steps
-        # Fraction: 0.07 epochs of 1,100 steps is 77 steps, not 78 as float ceil says.
-        return max(1, math.ceil(fractions.Fraction(repr(float(self.epochs))) * steps_per_epoch))
-
-
 def evaluate(sess, graph, dataset, batch_size):
-    """Mean loss and accuracy over a whole DataSet, last partial batch included.
+    """Mean loss and metrics over a whole DataSet, last partial batch included.
 
     Args:
       sess: a Session on graph.graph with the variables initialised.
-      graph: the TrainGraph (its inference-mode towers are used).
+      graph: a TrainGraph or EvalGraph (its inference-mode towers are used).
       dataset: anything with `images` [N, H, W, C] and `labels` [N] arrays.
       batch_size: global batch per run, spread over the towers.
     Returns:
-      (loss, accuracy) as Python floats.
+      {'loss': float, metric name: float, ...}, each the mean over all N.
     """
     total = len(dataset.labels)
     if total == 0:
         raise TowersError('cannot evaluate on an empty dataset')
-    loss_sum, correct = 0.0, 0
+    fetches = dict(graph.eval_metrics, loss=graph.eval_loss)
+    sums = dict.fromkeys(fetches, 0.0)
     for start in range(0, total, batch_size):
         images = dataset.images[start:start + batch_size]
         labels = dataset.labels[start:start + batch_size]
-        loss, right = sess.run([graph.eval_loss, graph.eval_correct],
-                               {graph.eval_images: images, graph.eval_labels: labels})
+        values = sess.run(fetches, {graph.eval_images: images, graph.eval_labels: labels})
         # Batch means are re-weighted by batch size so the short last batch
         # counts exactly as much as its examples.
-        loss_sum += float(loss) * len(labels)
-        correct += int(right)
-    return loss_sum / total, correct / total
+        for name, value in values.items():
+            sums[name] += float(value) * len(labels)
+    return {name: value / total for name, value in sums.items()}
 
 
-def restore(sess, graph, checkpoint):
+def restore(sess, graph, checkpoint, ema=False):
     """Restore a checkpoint into graph, or say plainly why it does not fit."""
-    check_checkpoint(checkpoint, graph.graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES))
+    with graph.graph.as_default():
+        check_checkpoint(checkpoint, restore_map(ema) if ema else
+                         graph.graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES))
     graph.saver.restore(sess, checkpoint)
 
 
-def _prepare_logdir(logdir):
+def total_steps(max_epoch, max_steps, steps_per_epoch):
+    """Steps of a whole run; a fractional epoch count is rounded up to a step."""
+    if max_steps is not None:
+        return max_steps
+    # Fraction: 0.07 epochs of 1,100 steps is 77 steps, not 78 as float ceil says.
+    return max(1, math.ceil(fractions.Fraction(repr(float(max_epoch))) * steps_per_epoch))
+
+
+def prepare_logdir(logdir):
     try:
         os.makedirs(logdir, exist_ok=True)
     except OSError as e:
@@ -120,153 +80,251 @@ def _prepare_logdir(logdir):
         raise TowersError('--logdir %s is not writable; choose another folder' % logdir)
 
 
-class _Throughput:
-    """images/sec over the steps since the last report.
-
-    The first warmup_steps of this process are left out (graph optimisation and
-    memory allocation happen there), also when a run resumes mid-way.
-    """
-
-    def __init__(self, warmup_steps):
-        self.warmup_left = warmup_steps
-        self.images = 0
-        self.seconds = 0.0
-
-    def add(self, images, seconds):
-        if self.warmup_left > 0:
-            self.warmup_left -= 1
-        else:
-            self.images += images
-            self.seconds += seconds
-
-    def take(self):
-        rate = self.images / self.seconds if self.seconds else None
-        self.images, self.seconds = 0, 0.0
-        return rate
-
-
-def train(config, model_fn, datasets, input_shape, num_classes=10, log=print, source=None,
-          run_info=None, stop_requested=None):
-    """Train model_fn on datasets.train over config.tower_devices; test at the end.
+class Trainer:
+    """tensorpack's interface on the tower core: a ModelDesc, data, callbacks.
 
     Args:
-      config: a TrainConfig.
-      model_fn: callable(images, training) -> logits [batch, num_classes].
-      datasets: a data.Datasets; train and test need images [N, H, W, C]
-        float32 and labels [N] int64.
-      input_shape: (H, W, C).
-      num_classes: labels lie in [0, num_classes).
+      model: a towers.model.ModelDesc.
+      data: a data.Datasets; train feeds the towers (through `input`),
+        validation and test are what Evaluate and the final test line read.
+      towers: a tower count (virtual CPUs, or that many GPUs) or device names.
+      callbacks: Callbacks; None means default_callbacks(logdir).
+      steps_per_epoch: steps that make an epoch; None means one pass over
+        data.train (ceil(N / batch_size), the last batch short).
+      max_epoch: epochs to train (may be fractional); max_steps overrides it.
+      batch_size: the global batch, sliced over the towers.
+      input: an --input mode ('feed', 'staging', 'dataset', 'synthetic') or
+        an InputSource (e.g. towers.staging.PythonInput; it must have
+        steps_per_epoch unless that is given).
+      param_device: where the variables live; None is the tutorial's /cpu:0.
+      learning_rate: a float or a towers.schedules.LearningRate.
+      ema_decay: evaluate (and export) a moving average of the weights, or None.
+      logdir: where checkpoints, run.json, events and stats go; a logdir that
+        holds a checkpoint is resumed.
+      seed: graph seed and data order; the order is saved with each checkpoint.
+      mean, std: per-channel normalisation of the dataset input.
       log: callable taking one line of text.
-      source: an InputSource to train from instead of config.input over
-        datasets.train (e.g. a towers.inputs.PythonInput); it must have
-        steps_per_epoch.
-      run_info: dict written to logdir/run.json (what `towers eval` and
-        `towers export` need to rebuild the model: its name, options, dataset).
       stop_requested: callable() -> None, or why to stop (e.g. 'SIGTERM'),
-        asked after every step; a stop saves a checkpoint and skips the test.
-    Returns:
-      dict with steps, test_loss, test_accuracy, images_per_sec (mean over the
-      run after warm-up, None if too short), checkpoint (path or None) and
-      dropped (records the dataset input's cleaning removed from what it read,
-      else 0) and stopped (None, or what stop_requested said; then the test
-      numbers are None).
+        asked after every step; a stop saves a checkpoint and skips evaluation.
+      run_info: dict written to logdir/run.json (what `towers eval` and
+        `towers export` need to rebuild the model).
+      warmup_steps: steps left out of images/sec.
     """
-    config.validate()
-    train_set = datasets.train
-    if source is None:
-        if config.batch_size > train_set.num_examples:
+
+    def __init__(self, model, data, towers=None, callbacks=None, steps_per_epoch=None,
+                 max_epoch=10, max_steps=None, batch_size=100, input='feed', param_device=None,
+                 learning_rate=1e-3, ema_decay=None, logdir=None, seed=0, mean=None, std=None,
+                 log=print, stop_requested=None, run_info=None, warmup_steps=10):
+        self.model, self.data = model, data
+        self.tower_devices = (list(towers) if isinstance(towers, (list, tuple))
+                              else resolve_devices(towers))
+        self.param_device = resolve_param_device(param_device, self.tower_devices)
+        if batch_size < 1:
+            raise TowersError('--batch-size must be at least 1, got %s' % batch_size)
+        if max_steps is not None and max_steps < 1:
+            raise TowersError('--steps must be at least 1, got %s' % max_steps)
+        if max_steps is None and not max_epoch > 0:
+            raise TowersError('--epochs must be positive, got %s' % max_epoch)
+        if steps_per_epoch is not None and steps_per_epoch < 1:
+            raise TowersError('steps_per_epoch must be at least 1, got %s' % steps_per_epoch)
+        self.batch_size, self.seed, self.logdir = batch_size, seed, logdir
+        self.learning_rate = learning_rate if isinstance(learning_rate, LearningRate) \
+            else LearningRate(learning_rate)
+        self.ema_decay, self.log, self.stop_requested = ema_decay, log, stop_requested
+        self.run_info, self.warmup_steps = run_info, warmup_steps
+        self.callbacks = sorted(default_callbacks(logdir) if callbacks is None else callbacks,
+                                key=lambda c: c.order)
+        self.source, self.sampler = self._make_source(input, steps_per_epoch, max_epoch,
+                                                      max_steps, mean, std)
+        self.steps_per_epoch = steps_per_epoch or (
+            self.sampler.steps_per_epoch if self.sampler else self.source.steps_per_epoch)
+        self.num_steps = total_steps(max_epoch, max_steps, self.steps_per_epoch)
+        # Set while train() runs; what callbacks read.
+        self.graph = self.sess = None
+        self.step, self.stopped, self.epoch_stats = 0, None, {}
+        self._evaluated = {}
+
+    @property
+    def epoch(self):
+        """Epochs done so far, fractional mid-epoch."""
+        return self.step / self.steps_per_epoch
+
+    def _make_source(self, input, steps_per_epoch, max_epoch, max_steps, mean, std):
+        if isinstance(input, InputSource):
+            if steps_per_epoch is None and not hasattr(input, 'steps_per_epoch'):
+                raise TowersError('give steps_per_epoch for an input source without one')
+            return input, None
+        train_set = self.data.train
+        if self.batch_size > train_set.num_examples:
             raise TowersError('--batch-size %d exceeds the %d training examples; use a smaller '
-                              'batch' % (config.batch_size, train_set.num_examples))
-        sampler = EpochSampler(train_set.num_examples, config.batch_size, seed=config.seed)
-        steps_per_epoch = sampler.steps_per_epoch
+                              'batch' % (self.batch_size, train_set.num_examples))
+        sampler = EpochSampler(train_set.num_examples, self.batch_size, seed=self.seed)
         # A dataset pipeline ends after the epochs asked for: when cleaning drops
         # records, its epochs are shorter than the sampler's.
-        epochs = None if config.steps is not None else math.ceil(config.epochs)
-        source = make_input(config.input, train_set, sampler, config.batch_size, num_classes,
-                            seed=config.seed, epochs=epochs, mean=config.mean, std=config.std)
-    else:
-        steps_per_epoch = source.steps_per_epoch
-    num_steps = config.total_steps(steps_per_epoch)
-    if config.logdir:
-        _prepare_logdir(config.logdir)
-        if run_info is not None:
-            write_run(config.logdir, input_shape=list(input_shape), num_classes=num_classes,
-                      **run_info)
-    graph = build_training_graph(
-        model_fn, input_shape, config.tower_devices,
-        lambda: make_optimizer(config.optimizer, config.learning_rate, config.momentum),
-        param_device=config.param_device, seed=config.seed, source=source)
-    sess_config = session_config(config.tower_devices, config.param_device)
-    checkpoint, dropped, stopped = None, 0, None
-    with tf1.Session(graph=graph.graph, config=sess_config) as sess:
-        latest = tf1.train.latest_checkpoint(config.logdir) if config.logdir else None
-        sess.run(graph.init_op)  # also the local variables a checkpoint does not hold
-        if latest:
-            restore(sess, graph, latest)
-            # A fresh Saver knows none of the earlier checkpoints: without this it
-            # would drop them from the state file and never delete them (max_to_keep).
-            graph.saver.recover_last_checkpoints(
-                tf1.train.get_checkpoint_state(config.logdir).all_model_checkpoint_paths)
-            log('resumed from %s' % latest)
-        step = int(sess.run(graph.global_step))
-        window, overall = _Throughput(config.warmup_steps), _Throughput(config.warmup_steps)
-        log('training %d steps on %d tower(s) %s, global batch %d, %s input'
-            % (num_steps, len(config.tower_devices), ','.join(config.tower_devices),
-               config.batch_size, source.name))
+        epochs = None if (max_steps or steps_per_epoch) else math.ceil(max_epoch)
+        num_classes = getattr(self.model, 'num_classes', None) or train_set.num_classes
+        return make_input(input, train_set, sampler, self.batch_size, num_classes,
+                          seed=self.seed, epochs=epochs, mean=mean, std=std), sampler
+
+    def evaluate(self, split):
+        """{'loss': ..., metrics...} over data.<split> at this step (computed once per step)."""
+        key = (split, self.step)
+        if key not in self._evaluated:
+            self._evaluated[key] = evaluate(self.sess, self.graph, getattr(self.data, split),
+                                            self.batch_size)
+        return self._evaluated[key]
+
+    def _build(self):
+        graph = build_training_graph(
+            self.model, self.tower_devices, self.param_device, seed=self.seed,
+            source=self.source, learning_rate=self.learning_rate,
+            steps_per_epoch=self.steps_per_epoch, ema_decay=self.ema_decay, finalize=False)
+        with graph.graph.as_default():
+            with tf.device(self.param_device), tf1.variable_scope('data_order'):
+                # The data order's inputs, saved with every checkpoint so that a
+                # resume which would see other batches is refused.
+                order = [tf1.get_variable(name, initializer=tf.constant(value, tf.int64),
+                                          trainable=False)
+                         for name, value in self._data_order().items()]
+            self.graph = graph
+            for callback in self.callbacks:
+                callback.setup_graph(self)
+            init_op = tf.group(tf1.global_variables_initializer(),
+                               tf1.local_variables_initializer(), name='init_all')
+            saver = tf1.train.Saver(max_to_keep=None)
+        graph.graph.finalize()
+        self.graph = graph._replace(init_op=init_op, saver=saver)
+        return order
+
+    def _data_order(self):
+        examples = self.sampler.num_examples if self.sampler else -1
+        return {'seed': self.seed, 'batch_size': self.batch_size, 'num_examples': examples}
+
+    def _resume(self, order):
+        latest = tf1.train.latest_checkpoint(self.logdir) if self.logdir else None
+        if not latest:
+            return
+        restore(self.sess, self.graph, latest)
+        saved = dict(zip(self._data_order(), self.sess.run(order)))
+        if saved != self._data_order():
+            raise TowersError(
+                'the checkpoint in %s was trained with data order %s, this run asks for %s: '
+                'resuming would train on other batches; use the same --seed and --batch-size '
+                '(and dataset), or a new --logdir' % (self.logdir, _pairs(saved),
+                                                       _pairs(self._data_order())))
+        self.log('resumed from %s' % latest)
+
+    def train(self):
+        """Run the loop to num_steps (or a stop); returns a dict (see `train`)."""
+        if self.logdir:
+            prepare_logdir(self.logdir)
+            if self.run_info is not None:
+                write_run(self.logdir, input_shape=list(self.model.input_shape),
+                          num_classes=getattr(self.model, 'num_classes', None),
+                          ema=self.ema_decay is not None, **self.run_info)
+        order = self._build()
+        overall = cb.Throughput(self.warmup_steps)
+        config = session_config(self.tower_devices, self.param_device)
+        fetches = dict(self.graph.metrics, train_op=self.graph.train_op, loss=self.graph.loss,
+                       batch=self.graph.batch, learning_rate=self.graph.learning_rate)
+        for callback in self.callbacks:
+            fetches.update(callback.fetches(self))
+        names = sorted(fetches)
         try:
-            source.start(sess, step, num_steps)
-            while step < num_steps:
+            with tf1.Session(graph=self.graph.graph, config=config) as self.sess:
+                self.sess.run(self.graph.init_op)  # also what a checkpoint does not hold
+                self._resume(order)
+                self.step = int(self.sess.run(self.graph.global_step))
+                self.log('training %d steps on %d tower(s) %s, global batch %d, %s input'
+                         % (self.num_steps, len(self.tower_devices),
+                            ','.join(self.tower_devices), self.batch_size, self.source.name))
+                for callback in self.callbacks:
+                    callback.before_train(self)
+                self._loop(names, [fetches[n] for n in names], overall)
+                for callback in self.callbacks:
+                    callback.after_train(self)
+                result = self._result(overall)
+        finally:
+            for callback in reversed(self.callbacks):
+                callback.close()
+            self.sess = None
+        return result
+
+    def _loop(self, names, fetches, overall):
+        try:
+            self.source.start(self.sess, self.step, self.num_steps)
+            while self.step < self.num_steps:
                 start = time.perf_counter()
-                values = run_step(sess, source, step,
-                                  [graph.train_op, graph.loss, graph.correct, graph.batch])
+                values = run_step(self.sess, self.source, self.step, fetches)
                 if values is None:
                     break  # a finite dataset input ended
-                _, loss, correct, batch = values
-                elapsed = time.perf_counter() - start
-                step += 1  # the train op increments global_step by exactly one
-                window.add(batch, elapsed)
-                overall.add(batch, elapsed)
-                if not np.isfinite(loss):
-                    raise TowersError('loss is %s at step %d; lower --lr' % (loss, step))
-                if step % config.log_every == 0 or step == num_steps:
-                    rate = window.take()
-                    log('step %d/%d epoch %.2f: loss %.4f accuracy %.4f%s'
-                        % (step, num_steps, step / steps_per_epoch, loss, correct / batch,
-                           ' | %.1f images/sec' % rate if rate else ''))
-                stopped = stop_requested() if stop_requested else None
-                if stopped:
-                    log('%s: stopping after step %d' % (stopped, step))
+                values = dict(zip(names, values), seconds=time.perf_counter() - start)
+                del values['train_op']
+                self.step += 1  # the train op increments global_step by exactly one
+                overall.add(values['batch'], values['seconds'])
+                for callback in self.callbacks:
+                    callback.after_step(self, values)
+                self.stopped = self.stop_requested() if self.stop_requested else None
+                if self.stopped:
+                    self.log('%s: stopping after step %d' % (self.stopped, self.step))
                     break
-                if (config.logdir and config.checkpoint_every
-                        and step % config.checkpoint_every == 0):
-                    checkpoint = graph.saver.save(
-                        sess, os.path.join(config.logdir, 'model.ckpt'), global_step=step)
+                if self.step % self.steps_per_epoch == 0:
+                    self.epoch_stats = {}
+                    for callback in self.callbacks:
+                        callback.after_epoch(self)
         except BaseException:
             try:
-                source.stop(sess)
+                self.source.stop(self.sess)
             except Exception:  # noqa: BLE001 - the error in flight is the one to report
                 pass
             raise
-        source.stop(sess)
-        if config.logdir and (checkpoint is None or not checkpoint.endswith('-%d' % step)):
-            checkpoint = graph.saver.save(sess, os.path.join(config.logdir, 'model.ckpt'),
-                                          global_step=step)
-        if checkpoint:
-            log('checkpoint: %s' % checkpoint)
-        cleaning = source.cleaning(sess)
+        self.source.stop(self.sess)
+
+    def _result(self, overall):
+        dropped = 0
+        cleaning = self.source.cleaning(self.sess)
         if cleaning and cleaning[0]:
             dropped = cleaning[0]
-            log('cleaning dropped %d of the %d records read (every pass reads and cleans '
-                'again)' % cleaning)
-        test_loss = test_accuracy = None
-        if not stopped:
-            test_loss, test_accuracy = evaluate(sess, graph, datasets.test, config.batch_size)
-    rate = overall.take()
-    if rate:
-        log('trained to step %d: %.1f images/sec after warm-up' % (step, rate))
-    if not stopped:
-        log('test: loss %.4f accuracy %.4f (%d images)'
-            % (test_loss, test_accuracy, len(datasets.test.labels)))
-    return {'steps': step, 'test_loss': test_loss, 'test_accuracy': test_accuracy,
-            'images_per_sec': rate, 'checkpoint': checkpoint, 'dropped': dropped,
-            'stopped': stopped}
+            self.log('cleaning dropped %d of the %d records read (every pass reads and cleans '
+                     'again)' % cleaning)
+        test = None
+        if not self.stopped and cb.split_size(self.data, 'test'):
+            test = self.evaluate('test')
+        rate = overall.take()
+        if rate:
+            self.log('trained to step %d: %.1f images/sec after warm-up' % (self.step, rate))
+        if test is not None:
+            self.log('test: %s (%d images)' % (cb.format_metrics(test),
+                                               cb.split_size(self.data, 'test')))
+        checkpoint = next((c.last_saved for c in self.callbacks
+                           if isinstance(c, cb.Checkpoint)), None)
+        return {'steps': self.step, 'test': test,
+                'test_loss': test and test['loss'], 'test_accuracy': test and test.get('accuracy'),
+                'images_per_sec': rate, 'checkpoint': checkpoint, 'dropped': dropped,
+                'stopped': self.stopped}
+
+
+def _pairs(values):
+    return ', '.join('%s %s' % (k, v) for k, v in sorted(values.items()))
+
+
+def default_callbacks(logdir=None, log_every=50, checkpoint_every=500, keep=5, quiet=False,
+                      eval_every=1, best_metric='accuracy', tensorboard=True, histograms=False):
+    """The callbacks a run gets unless it lists its own.
+
+    Always: the NaN guard, progress (a tqdm bar on a terminal, else log lines
+    every log_every steps), and evaluation every eval_every epochs (0: none).
+    With a logdir: checkpoints (every checkpoint_every steps and each epoch,
+    the newest `keep`), the best one by best_metric kept apart, TensorBoard
+    events and the JSON-lines stats file.
+    """
+    callbacks = [cb.NaNGuard(), monitors.Progress(log_every, quiet=quiet)]
+    if eval_every:
+        callbacks.append(cb.Evaluate(every_epochs=eval_every,
+                                     best_metric=best_metric if logdir else None))
+    if logdir:
+        callbacks.append(cb.Checkpoint(every_steps=checkpoint_every, keep=keep))
+        if tensorboard:
+            callbacks.append(monitors.TensorBoard(every_steps=log_every, histograms=histograms))
+        callbacks.append(monitors.StatsFile())
+    return callbacks

@@ -1,0 +1,161 @@
+"""ModelDesc: what the Trainer needs to know about a model, in tensorpack's shape.
+
+A ModelDesc says what goes in (`inputs`), what one tower computes from it
+(`build_graph` -> the cost and named metrics), how to step (`optimizer`), and
+what happens to the averaged gradients before they are applied
+(`gradient_processors`, `weight_decay`). The Trainer builds one tower per
+device from it with towers/tower.py and combines them with towers/gradients.py,
+so a ModelDesc never sees devices, towers or the Session.
+
+ClassifierModel wraps a registry model_fn (images, training) -> logits: the
+cost is the mean softmax cross-entropy and the metric is accuracy.
+"""
+import tensorflow as tf
+
+from towers.errors import TowersError
+from towers import gradients
+from towers.tower import tower_loss
+
+tf1 = tf.compat.v1
+
+OPTIMIZERS = ('sgd', 'momentum', 'adam')
+
+
+def make_optimizer(name, learning_rate, momentum=0.9):
+    """A tf.compat.v1 optimizer by name: 'sgd', 'momentum' or 'adam'.
+
+    learning_rate may be a float or a scalar tensor (a schedule, towers/schedules.py).
+    """
+    if isinstance(learning_rate, (int, float)) and learning_rate <= 0:
+        raise TowersError('--lr must be positive, got %g' % learning_rate)
+    if name == 'sgd':
+        return tf1.train.GradientDescentOptimizer(learning_rate)
+    if name == 'momentum':
+        return tf1.train.MomentumOptimizer(learning_rate, momentum)
+    if name == 'adam':
+        return tf1.train.AdamOptimizer(learning_rate)
+    raise TowersError('unknown optimizer %r; choose one of: %s' % (name, ', '.join(OPTIMIZERS)))
+
+
+class ModelDesc:
+    """Base class: override inputs, build_graph and optimizer.
+
+    The towers' input sources carry (images, labels), so `inputs()` describes
+    exactly those two: images [None, H, W, C] float32 and labels [None] int64.
+    """
+
+    def inputs(self):
+        """[tf.TensorSpec images [None, H, W, C] float32, tf.TensorSpec labels [None] int64]."""
+        raise NotImplementedError
+
+    def build_graph(self, images, labels, *, training):
+        """One tower's computation on its slice.
+
+        Called once per tower under the tower's name scope and the shared
+        variable scope: create variables with tf.compat.v1.get_variable.
+
+        Args:
+          images: [m, H, W, C] float32, the tower's slice.
+          labels: [m] int64.
+          training: Python bool; False for the evaluation towers.
+        Returns:
+          The cost, a scalar float32 mean over the slice; or a dict with 'cost'
+          and named metrics, each a scalar float32 mean over the slice (towers
+          are combined weighted by their share of the batch, so a mean is what
+          makes the combination exact). A tower whose share of a short batch is
+          empty computes on a stand-in example and gets weight 0.
+        """
+        raise NotImplementedError
+
+    def optimizer(self, learning_rate):
+        """A tf.compat.v1 optimizer; learning_rate is a scalar tensor that follows the schedule."""
+        raise NotImplementedError
+
+    def gradient_processors(self):
+        """Processors for the averaged gradients, in order (towers/gradients.py)."""
+        return []
+
+    def weight_decay(self):
+        """A towers.gradients.WeightDecay added once to the averaged gradients, or None."""
+        return None
+
+    # What the Trainer uses; built from the methods above.
+
+    @property
+    def input_shape(self):
+        images, labels = self._checked_inputs()
+        return tuple(images.shape[1:])
+
+    def _checked_inputs(self):
+        specs = list(self.inputs())
+        if (len(specs) != 2 or specs[0].dtype != tf.float32 or specs[0].shape.rank != 4
+                or not specs[0].shape[1:].is_fully_defined() or specs[1].shape.rank != 1
+                or not specs[1].dtype.is_integer):
+            raise TowersError(
+                '%s.inputs() must return [TensorSpec([None, H, W, C], tf.float32), '
+                'TensorSpec([None], tf.int64)] (images and labels), got %s'
+                % (type(self).__name__, specs))
+        return specs
+
+    def tower_loss(self, images, labels, count, training):
+        """build_graph as towers/tower.py calls it: (cost, metrics)."""
+        del count  # a ModelDesc sees its slice; an empty share's stand-in has weight 0
+        result = self.build_graph(images, labels, training=training)
+        if not isinstance(result, dict):
+            return result, {}
+        if 'cost' not in result:
+            raise TowersError('%s.build_graph returned a dict without a "cost" entry: %s'
+                              % (type(self).__name__, sorted(result)))
+        metrics = {name: value for name, value in result.items() if name != 'cost'}
+        return result['cost'], metrics
+
+
+class ClassifierModel(ModelDesc):
+    """A model_fn (images, training) -> logits as a ModelDesc.
+
+    Args:
+      model_fn: e.g. models.build_model('mnist_convnet', ...).
+      input_shape: (H, W, C).
+      num_classes: labels lie in [0, num_classes).
+      optimizer: 'sgd', 'momentum' or 'adam'.
+      momentum: for 'momentum'.
+      weight_decay: L2 rate on variables whose name matches decay_pattern
+        (default: every `weights`, not biases or batch-norm), 0 for none.
+      decay_pattern: regex searched in variable names.
+      clip_norm: clip the averaged gradients to this global norm, or None.
+      freeze: regex; variables it matches are not updated, or None.
+    """
+
+    def __init__(self, model_fn, input_shape, num_classes, optimizer='adam', momentum=0.9,
+                 weight_decay=0.0, decay_pattern=r'(^|/)weights$', clip_norm=None, freeze=None):
+        self.model_fn, self.num_classes = model_fn, num_classes
+        self._input_shape = tuple(input_shape)
+        self._optimizer, self._momentum = optimizer, momentum
+        if optimizer not in OPTIMIZERS:
+            raise TowersError('unknown optimizer %r; choose one of: %s'
+                              % (optimizer, ', '.join(OPTIMIZERS)))
+        self._decay = gradients.WeightDecay(weight_decay, decay_pattern) if weight_decay else None
+        self._processors = []
+        if freeze:
+            self._processors.append(gradients.FreezeVariables(freeze))
+        if clip_norm:
+            self._processors.append(gradients.ClipGlobalNorm(clip_norm))
+
+    def inputs(self):
+        return [tf.TensorSpec([None] + list(self._input_shape), tf.float32, 'images'),
+                tf.TensorSpec([None], tf.int64, 'labels')]
+
+    def build_graph(self, images, labels, *, training):
+        count = tf.shape(labels)[0]
+        cost, metrics = tower_loss(self.model_fn, images, labels, count, training)
+        return dict(metrics, cost=cost)
+
+    def optimizer(self, learning_rate):
+        return make_optimizer(self._optimizer, learning_rate, self._momentum)
+
+    def gradient_processors(self):
+        return list(self._processors)
+
+    def weight_decay(self):
+        return self._decay
+
