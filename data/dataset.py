@@ -55,6 +55,7 @@ class DataSet:
         if labels.size and (labels.min() < 0 or labels.max() >= num_classes):
             raise DataError(f'labels range over [{labels.min()}, {labels.max()}] but must lie in '
                             f'[0, {num_classes}); check num_classes or the label file')
+        self.num_classes = num_classes
         self._images = images
         self._labels = np.eye(num_classes, dtype=np.float32)[labels] if one_hot else labels
         self._num_examples = len(images)

@@ -83,6 +83,19 @@ BAD_INPUT = [
     (['train', '--batch-size', '4001', '--steps', '1'],
      '--batch-size 4001 exceeds the 4000 training examples'),
     (['train', '--steps', '1', '--logdir', None], 'cannot create --logdir'),
+    (['train', '--lr-schedule', 'cosine'], "--lr-schedule wants constant, "
+     "piecewise:EPOCH=LR,... or exponential:FACTOR,EPOCHS, got 'cosine'"),
+    (['train', '--lr-schedule', 'piecewise:3=0.1,2=0.01'], 'epochs must increase'),
+    (['train', '--warmup-epochs', '-1'], '--warmup-epochs must be 0 or more, got -1'),
+    (['train', '--freeze', 'conv1/('], "--freeze 'conv1/(' is not a valid regular expression"),
+    (['train', '--ema', '1'], '--ema must lie between 0 and 1'),
+    (['train', '--weight-decay', '-0.1'], '--weight-decay must be 0 or more'),
+    (['train', '--clip-norm', '0'], '--clip-norm must be positive, got 0'),
+    (['train', '--keep-checkpoints', '0'], '--keep-checkpoints must be at least 1, got 0'),
+    (['train', '--eval-every', '-1'], '--eval-every must be 0 (off) or more epochs'),
+    (['train', '--steps', '1', '--best-metric', 'top5'],
+     "--best-metric 'top5' is not a metric of this model; choose one of: loss, accuracy"),
+    (['train', '--freeze', '.', '--steps', '1'], "--freeze '.' matches every trained variable"),
 ]
 if not HAS_GPU:
     BAD_INPUT += [

@@ -3,6 +3,7 @@ import contextlib
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -90,3 +91,64 @@ def test_eval_and_export_need_a_trained_logdir(tmp_path, capsys):
     assert 'has no run.json' in capsys.readouterr().err
     assert main(['export', '--logdir', str(tmp_path), '--out', str(tmp_path / 'x')]) == 1
     assert 'has no run.json' in capsys.readouterr().err
+
+
+@pytest.fixture(scope='module')
+def ema_run(tmp_path_factory):
+    """A run with --ema: one epoch of 40 steps, so the best checkpoint is step 40 too."""
+    logdir = str(tmp_path_factory.mktemp('ema') / 'logdir')
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(['train', '--model', 'small_convnet', '--towers', '2', '--steps', '40',
+                     '--ema', '0.9', '--logdir', logdir]) == 0
+    return logdir, out.getvalue().splitlines()
+
+
+def test_eval_of_an_ema_run_reads_the_moving_averages(ema_run, capsys):
+    logdir, lines = ema_run
+    with open(os.path.join(logdir, 'run.json')) as f:
+        assert json.load(f)['ema'] is True
+    assert main(['eval', '--logdir', logdir, '--towers', '3']) == 0
+    out = capsys.readouterr().out.splitlines()
+    # The run's own test line came from its evaluation towers, which read the
+    # averages; eval restores the averages into the plain variables.
+    assert out == ['checkpoint: %s (moving averages of the weights)'
+                   % os.path.join(logdir, 'model.ckpt-40'), lines[-1]]
+    assert main(['eval', '--logdir', logdir, '--best']) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith('checkpoint: %s' % os.path.join(logdir, 'best', 'model.ckpt-40'))
+    assert out[1] == lines[-1]
+
+
+def test_export_of_an_ema_run_holds_the_moving_averages(ema_run, tmp_path, capsys):
+    import tensorflow as tf
+    logdir, _ = ema_run
+    out_dir = str(tmp_path / 'saved')
+    assert main(['export', '--logdir', logdir, '--best', '--out', out_dir]) == 0
+    exported = os.path.join(out_dir, 'variables', 'variables')
+    checkpoint = os.path.join(logdir, 'model.ckpt-40')
+    for name in ('conv1/weights', 'logits/biases'):
+        average = tf.train.load_variable(checkpoint, name + '/ExponentialMovingAverage')
+        np.testing.assert_array_equal(tf.train.load_variable(exported, name), average)
+        assert not np.array_equal(tf.train.load_variable(checkpoint, name), average)
+
+
+def test_best_needs_a_best_checkpoint_and_excludes_checkpoint(run, tmp_path, capsys):
+    logdir, _ = run
+    assert main(['eval', '--logdir', logdir, '--best', '--checkpoint', 'x']) == 1
+    assert 'give --best or --checkpoint, not both' in capsys.readouterr().err
+    without_best = str(tmp_path / 'copy')
+    shutil.copytree(logdir, without_best, ignore=shutil.ignore_patterns('best'))
+    assert main(['export', '--logdir', without_best, '--best', '--out', str(tmp_path / 'x')]) == 1
+    assert 'has no best checkpoint' in capsys.readouterr().err
+
+
+def test_a_refused_resume_leaves_the_runs_record_as_it_was(run, tmp_path, capsys):
+    logdir, _ = run
+    copy = str(tmp_path / 'copy')
+    shutil.copytree(logdir, copy)
+    assert main(['train', '--model', 'mnist_convnet', '--steps', '41', '--logdir', copy]) == 1
+    assert 'does not match this model' in capsys.readouterr().err
+    with open(os.path.join(copy, 'run.json')) as f:
+        assert json.load(f)['model'] == 'small_convnet'
+    assert main(['eval', '--logdir', copy]) == 0

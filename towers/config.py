@@ -6,6 +6,7 @@ command line and the Python API run the same loop (towers/trainer.py).
 import dataclasses
 
 from towers.errors import TowersError
+from towers.gradients import check_pattern
 from towers.model import ClassifierModel
 from towers.schedules import LearningRate
 from towers.trainer import Trainer, default_callbacks
@@ -68,11 +69,19 @@ class TrainConfig:
             (self.mean is None or self.input == 'dataset',
              '--mean/--std normalise in the tf.data pipeline: use them with --input dataset'),
             (self.std is None or all(s > 0 for s in self.std),
-             '--std values must be positive, got %s' % self.std)]
+             '--std values must be positive, got %s' % self.std),
+            (self.weight_decay >= 0, '--weight-decay must be 0 or more, got %s'
+             % self.weight_decay),
+            (self.clip_norm is None or self.clip_norm > 0, '--clip-norm must be positive, got %s'
+             % self.clip_norm),
+            (self.ema is None or 0 < self.ema < 1, '--ema must lie between 0 and 1 (e.g. '
+             '0.999), got %s' % self.ema)]
         for ok, message in checks:
             if not ok:
                 raise TowersError(message)
         self.schedule()  # its own one-line errors
+        if self.freeze is not None:
+            check_pattern(self.freeze, '--freeze')
 
     def schedule(self):
         return LearningRate.parse(self.learning_rate, self.lr_schedule, self.warmup_epochs)

@@ -141,11 +141,11 @@ def _all_finite(tensors):
 
 def _averaged(ema):
     """A custom getter that hands out each variable's moving average where there is one."""
-    def getter(get_variable, name, *args, **kwargs):
-        var = get_variable(name, *args, **kwargs)
+    def averaged_getter(getter, name, *args, **kwargs):  # TF passes these by keyword
+        var = getter(name, *args, **kwargs)
         average = ema.average(var)
         return var if average is None else average
-    return getter
+    return averaged_getter
 
 
 def _eval_towers(model, tower_devices, param_device, reuse, ema=None):

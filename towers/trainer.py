@@ -163,6 +163,7 @@ class Trainer:
         # records, its epochs are shorter than the sampler's.
         epochs = None if (max_steps or steps_per_epoch) else math.ceil(max_epoch)
         num_classes = getattr(self.model, 'num_classes', None) or train_set.num_classes
+        # (DataSet and RecordSet know their class count; a ModelDesc may say it too.)
         return make_input(input, train_set, sampler, self.batch_size, num_classes,
                           seed=self.seed, epochs=epochs, mean=mean, std=std), sampler
 
@@ -218,10 +219,6 @@ class Trainer:
         """Run the loop to num_steps (or a stop); returns a dict (see `train`)."""
         if self.logdir:
             prepare_logdir(self.logdir)
-            if self.run_info is not None:
-                write_run(self.logdir, input_shape=list(self.model.input_shape),
-                          num_classes=getattr(self.model, 'num_classes', None),
-                          ema=self.ema_decay is not None, **self.run_info)
         order = self._build()
         overall = cb.Throughput(self.warmup_steps)
         config = session_config(self.tower_devices, self.param_device)
@@ -234,6 +231,12 @@ class Trainer:
             with tf1.Session(graph=self.graph.graph, config=config) as self.sess:
                 self.sess.run(self.graph.init_op)  # also what a checkpoint does not hold
                 self._resume(order)
+                if self.logdir and self.run_info is not None:
+                    # Only once the checkpoint there (if any) fits this run: a refused
+                    # resume leaves the logdir's record of its model as it was.
+                    write_run(self.logdir, input_shape=list(self.model.input_shape),
+                              num_classes=getattr(self.model, 'num_classes', None),
+                              ema=self.ema_decay is not None, **self.run_info)
                 self.step = int(self.sess.run(self.graph.global_step))
                 self.log('training %d steps on %d tower(s) %s, global batch %d, %s input'
                          % (self.num_steps, len(self.tower_devices),
@@ -320,8 +323,7 @@ def default_callbacks(logdir=None, log_every=50, checkpoint_every=500, keep=5, q
     """
     callbacks = [cb.NaNGuard(), monitors.Progress(log_every, quiet=quiet)]
     if eval_every:
-        callbacks.append(cb.Evaluate(every_epochs=eval_every,
-                                     best_metric=best_metric if logdir else None))
+        callbacks.append(cb.Evaluate(every_epochs=eval_every, best_metric=best_metric))
     if logdir:
         callbacks.append(cb.Checkpoint(every_steps=checkpoint_every, keep=keep))
         if tensorboard:
