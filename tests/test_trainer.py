@@ -13,7 +13,8 @@ from towers.errors import TowersError
 from towers.config import TrainConfig, train
 from towers.graph import build_training_graph
 from towers.model import ClassifierModel
-from towers.trainer import evaluate, total_steps
+from towers.callbacks import evaluate
+from towers.trainer import total_steps
 
 tf1 = tf.compat.v1
 

@@ -169,8 +169,8 @@ def _eval(args, log):
     """towers eval: a checkpoint's loss and accuracy over the whole test set."""
     import tensorflow as tf
     import data
-    from towers import devices, graph, trainer
-    from towers.callbacks import format_metrics
+    from towers import devices, export, graph
+    from towers.callbacks import evaluate, format_metrics
     from towers.model import ClassifierModel
     if args.batch_size < 1:
         from towers.errors import TowersError
@@ -188,8 +188,8 @@ def _eval(args, log):
     built = graph.build_eval_graph(model, tower_devices, param_device, ema=ema)
     with tf.compat.v1.Session(graph=built.graph,
                               config=devices.session_config(tower_devices, param_device)) as sess:
-        trainer.restore(sess, built, checkpoint, ema=ema)
-        values = trainer.evaluate(sess, built, test_set, args.batch_size)
+        export.restore(sess, built, checkpoint, ema=ema)
+        values = evaluate(sess, built, test_set, args.batch_size)
     log('checkpoint: %s%s' % (checkpoint, ' (moving averages of the weights)' if ema else ''))
     log('test: %s (%d images)' % (format_metrics(values), len(test_set.labels)))
 

@@ -1,4 +1,4 @@
-"""What a run leaves behind, and the two things done with it afterwards.
+"""What a run leaves behind, and what is done with it afterwards.
 
 A training --logdir holds the Saver checkpoints and `run.json` (which model and
 dataset made them), so that `towers eval --logdir DIR` and `towers export`
@@ -80,6 +80,14 @@ def check_checkpoint(checkpoint, variables):
                                            if reshaped else [])
         raise TowersError('checkpoint %s does not match this model (%s); use another --logdir '
                           'or the flags it was trained with' % (checkpoint, ' | '.join(problems)))
+
+
+def restore(sess, graph, checkpoint, ema=False):
+    """Restore a checkpoint into graph, or say plainly why it does not fit."""
+    with graph.graph.as_default():
+        check_checkpoint(checkpoint, restore_map(ema) if ema else
+                         graph.graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES))
+    graph.saver.restore(sess, checkpoint)
 
 
 def export_saved_model(model_fn, input_shape, checkpoint, export_dir, ema=False):

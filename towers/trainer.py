@@ -20,47 +20,12 @@ from towers import callbacks as cb
 from towers import monitors
 from towers.devices import resolve_devices, resolve_param_device, session_config
 from towers.errors import TowersError
-from towers.export import check_checkpoint, write_run
-from towers.graph import build_training_graph, restore_map
+from towers.export import restore, write_run
+from towers.graph import build_training_graph
 from towers.inputs import InputSource, make_input, run_step
 from towers.schedules import LearningRate
 
 tf1 = tf.compat.v1
-
-
-def evaluate(sess, graph, dataset, batch_size):
-    """Mean loss and metrics over a whole DataSet, last partial batch included.
-
-    Args:
-      sess: a Session on graph.graph with the variables initialised.
-      graph: a TrainGraph or EvalGraph (its inference-mode towers are used).
-      dataset: anything with `images` [N, H, W, C] and `labels` [N] arrays.
-      batch_size: global batch per run, spread over the towers.
-    Returns:
-      {'loss': float, metric name: float, ...}, each the mean over all N.
-    """
-    total = len(dataset.labels)
-    if total == 0:
-        raise TowersError('cannot evaluate on an empty dataset')
-    fetches = dict(graph.eval_metrics, loss=graph.eval_loss)
-    sums = dict.fromkeys(fetches, 0.0)
-    for start in range(0, total, batch_size):
-        images = dataset.images[start:start + batch_size]
-        labels = dataset.labels[start:start + batch_size]
-        values = sess.run(fetches, {graph.eval_images: images, graph.eval_labels: labels})
-        # Batch means are re-weighted by batch size so the short last batch
-        # counts exactly as much as its examples.
-        for name, value in values.items():
-            sums[name] += float(value) * len(labels)
-    return {name: value / total for name, value in sums.items()}
-
-
-def restore(sess, graph, checkpoint, ema=False):
-    """Restore a checkpoint into graph, or say plainly why it does not fit."""
-    with graph.graph.as_default():
-        check_checkpoint(checkpoint, restore_map(ema) if ema else
-                         graph.graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES))
-    graph.saver.restore(sess, checkpoint)
 
 
 def total_steps(max_epoch, max_steps, steps_per_epoch):
@@ -171,7 +136,7 @@ class Trainer:
         """{'loss': ..., metrics...} over data.<split> at this step (computed once per step)."""
         key = (split, self.step)
         if key not in self._evaluated:
-            self._evaluated[key] = evaluate(self.sess, self.graph, getattr(self.data, split),
+            self._evaluated[key] = cb.evaluate(self.sess, self.graph, getattr(self.data, split),
                                             self.batch_size)
         return self._evaluated[key]
 
