@@ -12,6 +12,8 @@ From the command line (`--lr 0.1 --lr-schedule SPEC --warmup-epochs W`):
 --warmup-epochs W ramps the rate up linearly over the first W epochs (Goyal
 et al. 2017), in front of any schedule.
 """
+import math
+
 import tensorflow as tf
 
 from towers.errors import TowersError
@@ -34,9 +36,9 @@ class LearningRate:
 
     def __init__(self, base, kind='constant', points=(), factor=None, every=None,
                  warmup_epochs=0.0):
-        if not base > 0:
+        if not (base > 0 and math.isfinite(base)):
             raise TowersError('--lr must be positive, got %g' % base)
-        if warmup_epochs < 0:
+        if not (warmup_epochs >= 0 and math.isfinite(warmup_epochs)):
             raise TowersError('--warmup-epochs must be 0 or more, got %g' % warmup_epochs)
         if kind not in KINDS:
             raise TowersError('unknown --lr-schedule %r; choose one of: %s'
@@ -53,6 +55,9 @@ class LearningRate:
         try:
             if kind == 'constant' and not args:
                 return cls(base, warmup_epochs=warmup_epochs)
+            numbers = [float(v) for v in args.replace('=', ',').split(',')] if args else []
+            if not all(math.isfinite(v) for v in numbers):
+                raise TowersError('%s: every number must be finite' % usage)
             if kind == 'piecewise':
                 points = [(float(e), float(r)) for e, r in
                           (item.split('=') for item in args.split(','))]
@@ -77,7 +82,9 @@ class LearningRate:
         with tf1.name_scope('learning_rate'):
             step = tf.cast(global_step, tf.int64)
             if self.kind == 'piecewise':
-                boundaries = [tf.constant(_steps(e, steps_per_epoch), tf.int64)
+                # piecewise_constant switches once step > boundary: one step
+                # before the epoch's first, so that step already has the new rate.
+                boundaries = [tf.constant(_steps(e, steps_per_epoch) - 1, tf.int64)
                               for e, _ in self.points]
                 values = [self.base] + [r for _, r in self.points]
                 rate = tf1.train.piecewise_constant(step, boundaries, values)
