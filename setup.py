@@ -12,7 +12,7 @@ setup(
                                     'data', 'data.*']),
     # The embedded digits sample ships inside the `data` package.
     package_data={'data': ['mnist_sample/*.gz']},
-    install_requires=['numpy'],
+    install_requires=['numpy', 'tqdm>=4.60'],  # tqdm: the training progress bar
     # TensorFlow comes as an extra so that CPU machines get the small CPU build
     # and GPU machines the CUDA one; both provide the same `tensorflow` module.
     extras_require={
