@@ -16,7 +16,7 @@ Importing this package changes no global TensorFlow state.
 import inspect
 import numbers
 
-from models import cifar_convnet, layers, mnist_convnet, small_convnet
+from models import cifar_convnet, layers, mnist_convnet, resnet, small_convnet
 from models.errors import ModelError
 
 __all__ = ['MODELS', 'ModelError', 'build_model', 'layers', 'model_names']
@@ -24,6 +24,8 @@ __all__ = ['MODELS', 'ModelError', 'build_model', 'layers', 'model_names']
 MODELS = {
     'cifar_convnet': cifar_convnet.build,
     'mnist_convnet': mnist_convnet.build,
+    'resnet20': resnet.build_resnet20,
+    'resnet56': resnet.build_resnet56,
     'small_convnet': small_convnet.build,
 }
 

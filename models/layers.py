@@ -45,7 +45,7 @@ def _weights_and_biases(kernel_shape, dtype, kernel_initializer, bias_initialize
 
 
 def conv2d(x, filters, kernel_size, strides=1, padding='SAME', activation=tf.nn.relu,
-           kernel_initializer=None, bias_initializer=None, name='conv2d'):
+           kernel_initializer=None, bias_initializer=None, use_bias=True, name='conv2d'):
     """2-D convolution plus bias and activation.
 
     Args:
@@ -57,6 +57,7 @@ def conv2d(x, filters, kernel_size, strides=1, padding='SAME', activation=tf.nn.
         activation: function applied last, or None for a linear output.
         kernel_initializer: initializer of `weights`; default Glorot uniform.
         bias_initializer: initializer of `biases`; default zeros.
+        use_bias: False leaves `biases` out (a batch norm's beta follows).
         name: variable scope holding `weights` [kh, kw, in_channels, filters]
             and `biases` [filters].
 
@@ -66,14 +67,21 @@ def conv2d(x, filters, kernel_size, strides=1, padding='SAME', activation=tf.nn.
     kh, kw = (kernel_size, kernel_size) if isinstance(kernel_size, int) else kernel_size
     in_channels = _static_channels(x, 'conv2d')
     with tf1.variable_scope(name):
-        weights, biases = _weights_and_biases([kh, kw, in_channels, filters], x.dtype,
-                                              kernel_initializer, bias_initializer)
+        kernel_shape = [kh, kw, in_channels, filters]
+        if use_bias:
+            weights, biases = _weights_and_biases(kernel_shape, x.dtype, kernel_initializer,
+                                                  bias_initializer)
+        else:
+            weights = tf1.get_variable('weights', kernel_shape, dtype=x.dtype,
+                                       initializer=kernel_initializer
+                                       or tf1.glorot_uniform_initializer())
         y = tf.nn.conv2d(x, weights, strides=strides, padding=padding)
         # oneDNN's CPU Conv2D returns its *input* unchanged for an empty batch;
         # reshaping to the true shape keeps batch-0 inference working and is free
         # otherwise. (Gradients on an empty batch still fail in oneDNN kernels.)
         y = tf.reshape(y, _conv_output_shape(x, (kh, kw), strides, padding, filters))
-        y = tf.nn.bias_add(y, biases)
+        if use_bias:
+            y = tf.nn.bias_add(y, biases)
         return activation(y) if activation is not None else y
 
 
