@@ -160,6 +160,7 @@ class Checkpoint(Callback):
         self.prefix = os.path.join(trainer.logdir, CHECKPOINT_NAME)
         # Global variables are the shared ones (local ones hold input state).
         self.saver = tf1.train.Saver(tf1.global_variables(), max_to_keep=self.keep)
+        self.weights_finite = weights_finite()
 
     def before_train(self, trainer):
         state = tf1.train.get_checkpoint_state(trainer.logdir)
@@ -171,6 +172,7 @@ class Checkpoint(Callback):
 
     def save(self, trainer):
         if self._saved_step != trainer.step:
+            check_weights(trainer, self.weights_finite, self.last_saved)
             self.last_saved = self.saver.save(trainer.sess, self.prefix,
                                               global_step=trainer.step)
             self._saved_step = trainer.step
@@ -222,6 +224,7 @@ class Evaluate(Callback):
         if self.best_metric and trainer.logdir and self.split:
             self.folder = os.path.join(trainer.logdir, BEST_DIR)
             self.saver = tf1.train.Saver(tf1.global_variables(), max_to_keep=1)
+            self.weights_finite = weights_finite()
 
     def before_train(self, trainer):
         if self.saver:
@@ -230,6 +233,10 @@ class Evaluate(Callback):
                     self.best = json.load(f)
             except (OSError, ValueError):
                 self.best = None
+            state = tf1.train.get_checkpoint_state(self.folder)
+            if state and state.all_model_checkpoint_paths:
+                # So that the next best replaces the one a resumed run left here.
+                self.saver.recover_last_checkpoints(state.all_model_checkpoint_paths)
 
     def after_epoch(self, trainer):
         if self.split and round(trainer.epoch) % self.every_epochs == 0:
@@ -256,6 +263,7 @@ class Evaluate(Callback):
         return value < self.best['value'] if lower else value > self.best['value']
 
     def _save_best(self, trainer, value):
+        check_weights(trainer, self.weights_finite)
         os.makedirs(self.folder, exist_ok=True)
         path = self.saver.save(trainer.sess, os.path.join(self.folder, CHECKPOINT_NAME),
                                global_step=trainer.step)
@@ -265,6 +273,26 @@ class Evaluate(Callback):
         with atomic_output(os.path.join(self.folder, BEST_FILE), suffix='.json') as out:
             out.write(json.dumps(self.best, indent=1, sort_keys=True).encode())
         trainer.log('best %s %s %.4f so far: %s' % (self.split, self.best_metric, value, path))
+
+
+def weights_finite():
+    """Scalar bool op: every float global variable of the default graph is finite."""
+    with tf1.name_scope('weights_finite'):
+        checks = []
+        for var in tf1.global_variables():
+            if var.dtype.base_dtype.is_floating:
+                with tf.device(var.device):
+                    checks.append(tf.reduce_all(tf.math.is_finite(var)))
+        return tf.reduce_all(tf.stack(checks)) if checks else tf.constant(True)
+
+
+def check_weights(trainer, finite_op, last_saved=None):
+    """Refuse to save weights that hold NaN or Inf (a step can overflow them with a finite loss)."""
+    if not trainer.sess.run(finite_op):
+        raise TowersError('the weights hold NaN or Inf after step %d, so no checkpoint was '
+                          'written%s; lower --lr' % (trainer.step, ' (%s, saved before it, '
+                                                     'is intact)' % last_saved
+                                                     if last_saved else ''))
 
 
 def split_size(datasets, split):

@@ -7,6 +7,7 @@ import json
 import os
 import sys
 import time
+import uuid
 
 import tensorflow as tf
 import tqdm
@@ -19,10 +20,9 @@ tf1 = tf.compat.v1
 STATS_FILE = 'stats.jsonl'
 
 
-def _train_values(values):
-    """The loss and metrics of one step's fetches (not batch, seconds, ...)."""
-    skip = {'batch', 'seconds', 'learning_rate', 'finite', 'tower_losses'}
-    return {k: float(v) for k, v in values.items() if k not in skip}
+def _train_values(trainer, values):
+    """The loss and the model's metrics among one step's values (not other callbacks' fetches)."""
+    return {name: float(values[name]) for name in ['loss'] + sorted(trainer.graph.metrics)}
 
 
 class Progress(Callback):
@@ -60,7 +60,7 @@ class Progress(Callback):
             self.bar.update(1)
             if due:
                 rate = self.window.take()
-                postfix = {k: '%.4f' % v for k, v in _train_values(values).items()}
+                postfix = {k: '%.4f' % v for k, v in _train_values(trainer, values).items()}
                 if rate:
                     postfix['img/s'] = '%.0f' % rate
                 self.bar.set_postfix(postfix, refresh=False)
@@ -68,7 +68,7 @@ class Progress(Callback):
             rate = self.window.take()
             trainer.log('step %d/%d epoch %.2f: %s lr %.3g%s'
                         % (trainer.step, trainer.num_steps, trainer.epoch,
-                           format_metrics(_train_values(values)), values['learning_rate'],
+                           format_metrics(_train_values(trainer, values)), values['learning_rate'],
                            ' | %.1f images/sec' % rate if rate else ''))
 
     def close(self):
@@ -104,7 +104,10 @@ class TensorBoard(Callback):
     def before_train(self, trainer):
         self.window = Throughput(trainer.warmup_steps)
         with trainer.graph.graph.as_default():
-            self.writer = tf1.summary.FileWriter(trainer.logdir, graph=trainer.graph.graph)
+            # Event files are named by the second and host: the suffix keeps a second
+            # run started in the same second from truncating the first one's file.
+            self.writer = tf1.summary.FileWriter(trainer.logdir, graph=trainer.graph.graph,
+                                                 filename_suffix='.' + uuid.uuid4().hex[:8])
         if trainer.step:
             self.writer.add_session_log(tf1.SessionLog(status=tf1.SessionLog.START),
                                         trainer.step)
@@ -118,7 +121,7 @@ class TensorBoard(Callback):
         self.window.add(values['batch'], values['seconds'])
         if trainer.step % self.every_steps and trainer.step != trainer.num_steps:
             return
-        scalars = dict(_train_values(values), learning_rate=values['learning_rate'])
+        scalars = dict(_train_values(trainer, values), learning_rate=values['learning_rate'])
         rate = self.window.take()
         if rate:
             scalars['images_per_sec'] = rate
@@ -172,7 +175,7 @@ class StatsFile(Callback):
 
     def after_step(self, trainer, values):
         self.window.add(values['batch'], values['seconds'])
-        for name, value in _train_values(values).items():
+        for name, value in _train_values(trainer, values).items():
             self.sums[name] = self.sums.get(name, 0.0) + value * values['batch']
         self.examples += int(values['batch'])
         self.learning_rate = float(values['learning_rate'])
