@@ -126,8 +126,8 @@ def test_error_in_a_real_process_is_one_line_without_traceback(tmp_path):
     process, _ = _towers('train', '--model', 'nope', cwd=str(tmp_path))
     assert process.returncode == 1
     assert process.stderr.splitlines() == [
-        "towers: error: unknown model 'nope'; known models: cifar_convnet, mnist_convnet, "
-        'small_convnet'], process.stderr
+        "towers: error: unknown model 'nope'; known models: "
+        + ', '.join(models.model_names())], process.stderr
     assert process.stdout == ''
 
 
@@ -136,8 +136,8 @@ def test_debug_in_a_real_process_shows_the_traceback(tmp_path):
     assert process.returncode == 1
     assert 'Traceback (most recent call last)' in process.stderr
     assert process.stderr.rstrip().splitlines()[-1] == (
-        "models.errors.ModelError: unknown model 'nope'; known models: cifar_convnet, "
-        'mnist_convnet, small_convnet')
+        "models.errors.ModelError: unknown model 'nope'; known models: "
+        + ', '.join(models.model_names()))
     assert 'towers: error' not in process.stderr
 
 
