@@ -158,8 +158,9 @@ class Checkpoint(Callback):
         if not trainer.logdir:
             raise TowersError('the Checkpoint callback needs a logdir')
         self.prefix = os.path.join(trainer.logdir, CHECKPOINT_NAME)
-        # Global variables are the shared ones (local ones hold input state).
-        self.saver = tf1.train.Saver(tf1.global_variables(), max_to_keep=self.keep)
+        # One copy of each variable (local ones hold input state; replicas are copies).
+        self.saver = tf1.train.Saver(trainer.graph.strategy.saved_variables(),
+                                     max_to_keep=self.keep)
         self.weights_finite = weights_finite()
 
     def before_train(self, trainer):
@@ -223,7 +224,8 @@ class Evaluate(Callback):
                               % (self.best_metric, ', '.join(known)))
         if self.best_metric and trainer.logdir and self.split:
             self.folder = os.path.join(trainer.logdir, BEST_DIR)
-            self.saver = tf1.train.Saver(tf1.global_variables(), max_to_keep=1)
+            self.saver = tf1.train.Saver(trainer.graph.strategy.saved_variables(),
+                                         max_to_keep=1)
             self.weights_finite = weights_finite()
 
     def before_train(self, trainer):

@@ -24,7 +24,8 @@ def _device_flags(parser):
                        help='explicit comma-separated tower devices, e.g. /gpu:0,/gpu:2')
     group.add_argument('--param-device', default='cpu',
                        help="where variables live: 'cpu' (/cpu:0, the classic tutorial), "
-                            "'gpu' (the first tower's GPU) or a device name (default: cpu)")
+                            "'gpu' (the first tower's GPU), 'spread' (over the tower devices, "
+                            "by size) or a device name (default: cpu)")
 
 
 def _model_flags(parser):
@@ -53,6 +54,12 @@ def build_parser():
     train.add_argument('--validation-size', type=int, default=None,
                        help='training examples held out as validation (default: per dataset)')
     _device_flags(train)
+    train.add_argument('--variable-update', default='parameter_server',
+                       choices=['parameter_server', 'replicated', 'independent'],
+                       help='parameter_server: one copy of the variables (on --param-device); '
+                            'replicated: a copy per tower, gradients all-reduced, the same '
+                            'update on every copy; independent: no synchronisation, for '
+                            'benchmarks only (default: parameter_server)')
     train.add_argument('--input', default=None,
                        choices=['feed', 'staging', 'dataset', 'synthetic'],
                        help='how batches reach the towers: feed (feed_dict, the reference), '

@@ -92,7 +92,7 @@ def _train(args, log):
     config = run_config.TrainConfig(
         tower_devices=tower_devices,
         param_device=devices.resolve_param_device(args.param_device, tower_devices),
-        batch_size=args.batch_size, epochs=args.epochs, steps=args.steps,
+        variable_update=args.variable_update, batch_size=args.batch_size, epochs=args.epochs, steps=args.steps,
         optimizer=args.optimizer, learning_rate=args.lr, lr_schedule=args.lr_schedule,
         warmup_epochs=args.warmup_epochs, momentum=args.momentum,
         weight_decay=args.weight_decay, clip_norm=args.clip_norm, freeze=args.freeze,
@@ -188,7 +188,7 @@ def _eval(args, log):
     built = graph.build_eval_graph(model, tower_devices, param_device, ema=ema)
     with tf.compat.v1.Session(graph=built.graph,
                               config=devices.session_config(tower_devices, param_device)) as sess:
-        export.restore(sess, built, checkpoint, ema=ema)
+        export.restore(sess, built.saver, checkpoint, built.variables)
         values = evaluate(sess, built, test_set, args.batch_size)
     log('checkpoint: %s%s' % (checkpoint, ' (moving averages of the weights)' if ema else ''))
     log('test: %s (%d images)' % (format_metrics(values), len(test_set.labels)))

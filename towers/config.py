@@ -22,6 +22,7 @@ class TrainConfig:
     """
     tower_devices: list = dataclasses.field(default_factory=lambda: ['/cpu:0'])
     param_device: str = '/cpu:0'
+    variable_update: str = 'parameter_server'  # see towers/variables.py
     batch_size: int = 100
     epochs: float = 10.0
     steps: int = None
@@ -130,5 +131,6 @@ def train(config, model_fn, datasets, input_shape, num_classes=10, log=print, so
         input=source or config.input, param_device=config.param_device,
         learning_rate=config.schedule(), ema_decay=config.ema, logdir=config.logdir,
         seed=config.seed, mean=config.mean, std=config.std, log=log,
-        stop_requested=stop_requested, run_info=run_info, warmup_steps=config.warmup_steps)
+        stop_requested=stop_requested, run_info=run_info, warmup_steps=config.warmup_steps,
+        variable_update=config.variable_update)
     return trainer.train()

@@ -97,6 +97,9 @@ def resolve_devices(num_towers=None, devices=None, num_gpus=None):
     return ['/cpu:%d' % i for i in range(num_towers or 1)]
 
 
+SPREAD = 'spread'
+
+
 def session_config(tower_devices, param_device='/cpu:0', num_gpus=None, **kwargs):
     """A ConfigProto under which every named device exists.
 
@@ -113,7 +116,9 @@ def session_config(tower_devices, param_device='/cpu:0', num_gpus=None, **kwargs
     Raises:
       DeviceError: a named GPU does not exist.
     """
-    parsed = [parse_device(d) for d in list(tower_devices) + [param_device]]
+    # 'spread' puts the variables on the tower devices themselves.
+    hosts = [] if param_device == SPREAD else [param_device]
+    parsed = [parse_device(d) for d in list(tower_devices) + hosts]
     require_gpus(parsed, num_gpus)
     cpus = [index for kind, index in parsed if kind == 'cpu']
     config = tf1.ConfigProto(allow_soft_placement=True, **kwargs)
@@ -128,7 +133,8 @@ def describe_devices(tower_devices, param_device):
     for i, device in enumerate(tower_devices):
         virtual = ' (virtual CPU device)' if device.startswith('/cpu') else ''
         lines.append('tower_%d: %s%s' % (i, device, virtual))
-    lines.append('variables: %s' % param_device)
+    lines.append('variables: %s' % ('spread over the tower devices, by size'
+                                     if param_device == SPREAD else param_device))
     return lines
 
 
@@ -137,12 +143,16 @@ def resolve_param_device(choice, tower_devices, num_gpus=None):
 
     Args:
       choice: 'cpu' (the classic tutorial's '/cpu:0'), 'gpu' (the first tower's
-        GPU, which must be one), or an explicit device name such as '/cpu:1'.
+        GPU, which must be one), 'spread' (over the tower devices, each
+        variable to the one with the fewest bytes so far), or an explicit
+        device name such as '/cpu:1'.
       tower_devices: the resolved tower devices.
       num_gpus: GPUs to assume for an explicit '/gpu:N'; None asks TensorFlow.
     """
     if choice in (None, 'cpu'):
         return '/cpu:0'
+    if choice == SPREAD:
+        return SPREAD
     if choice == 'gpu':
         if not tower_devices[0].startswith('/gpu'):
             raise DeviceError("--param-device gpu needs GPU towers, but the towers run on %s; "

@@ -82,12 +82,14 @@ def check_checkpoint(checkpoint, variables):
                           'or the flags it was trained with' % (checkpoint, ' | '.join(problems)))
 
 
-def restore(sess, graph, checkpoint, ema=False):
-    """Restore a checkpoint into graph, or say plainly why it does not fit."""
-    with graph.graph.as_default():
-        check_checkpoint(checkpoint, restore_map(ema) if ema else
-                         graph.graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES))
-    graph.saver.restore(sess, checkpoint)
+def restore(sess, saver, checkpoint, variables):
+    """Restore a checkpoint with saver, or say plainly why it does not fit.
+
+    Args:
+      variables: the saver's var_list, checkpoint name -> variable.
+    """
+    check_checkpoint(checkpoint, variables)
+    saver.restore(sess, checkpoint)
 
 
 def export_saved_model(model_fn, input_shape, checkpoint, export_dir, ema=False):

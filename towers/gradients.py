@@ -36,7 +36,7 @@ def _check_same_variables(tower_grads):
                 % (len(reference), i, len(variables), detail))
 
 
-def _combine(grads, weights):
+def combine(grads, weights):
     """Weighted sum of one variable's gradients; None grads are zero.
 
     IndexedSlices stay sparse: their scaled values and indices are concatenated
@@ -91,9 +91,21 @@ def average_gradients(tower_grads, weights=None):
             # The sum lands where the variable lives, as in the classic tutorial
             # (there, /cpu:0): each tower's gradient crosses once.
             with tf.device(var.device):
-                grad = _combine([g for g, _ in grads_and_vars], weights)
+                grad = combine([g for g, _ in grads_and_vars], weights)
             average.append((grad, var))
     return average
+
+
+_REPLICA = re.compile(r'^replica_\d+/')
+
+
+def variable_name(var):
+    """A variable's name as checkpoints and the user's regexes see it.
+
+    A replicated run's copies (towers/variables.py) are named replica_<i>/NAME;
+    a regex such as ^conv1/ must match them as it matches the master NAME.
+    """
+    return _REPLICA.sub('', var.op.name)
 
 
 def check_pattern(pattern, what):
@@ -120,7 +132,7 @@ class WeightDecay:
         self.rate, self.pattern = rate, check_pattern(pattern, '--decay-pattern')
 
     def matches(self, var):
-        return self.pattern.search(var.op.name) is not None
+        return self.pattern.search(variable_name(var)) is not None
 
     def loss(self, variables):
         """Scalar float32: the decay term over the matched variables (0 if none)."""
@@ -166,7 +178,7 @@ class ScaleGradient:
     def __call__(self, grads_and_vars):
         out = []
         for grad, var in grads_and_vars:
-            factor = next((f for p, f in self.rules if p.search(var.op.name)), 1.0)
+            factor = next((f for p, f in self.rules if p.search(variable_name(var))), 1.0)
             if grad is not None and factor != 1.0:
                 if isinstance(grad, tf.IndexedSlices):
                     grad = tf.IndexedSlices(grad.values * factor, grad.indices, grad.dense_shape)
@@ -183,7 +195,7 @@ class FreezeVariables:
         self.pattern = check_pattern(pattern, '--freeze')
 
     def __call__(self, grads_and_vars):
-        kept = [(g, v) for g, v in grads_and_vars if not self.pattern.search(v.op.name)]
+        kept = [(g, v) for g, v in grads_and_vars if not self.pattern.search(variable_name(v))]
         if not any(g is not None for g, _ in kept):
             raise TowersError('--freeze %r matches every trained variable; nothing would train'
                               % self.pattern.pattern)

@@ -12,17 +12,19 @@ import collections
 import tensorflow as tf
 
 from towers.errors import TowersError
-from towers.gradients import build_train_op
+from towers.gradients import variable_name
 from towers.inputs import FeedInput
 from towers.schedules import LearningRate
 from towers.tower import build_towers_from_slices, split_batch
+from towers.variables import make_strategy
 
 tf1 = tf.compat.v1
 
 TrainGraph = collections.namedtuple(
     'TrainGraph', ['graph', 'source', 'towers', 'train_op', 'loss', 'metrics', 'batch',
                    'global_step', 'learning_rate', 'finite', 'ema', 'eval_images',
-                   'eval_labels', 'eval_loss', 'eval_metrics', 'init_op', 'saver'])
+                   'eval_labels', 'eval_loss', 'eval_metrics', 'init_op', 'saver', 'strategy',
+                   'sync_op'])
 TrainGraph.__doc__ = """Handles on a built training graph.
 
   graph: the tf.Graph holding everything.
@@ -42,8 +44,11 @@ TrainGraph.__doc__ = """Handles on a built training graph.
     int64 feeding the inference-mode (training=False) towers, which share the
     variables (their moving averages, with ema); eval_loss and eval_metrics
     are what they compute.
-  init_op, saver: global and local variable initializer; a Saver of all
-    global variables.
+  init_op, saver: global and local variable initializer; a Saver of the
+    variables a checkpoint holds (one copy of each, whatever the strategy).
+  strategy: the --variable-update strategy (towers/variables.py).
+  sync_op: copies the master variables onto their replicas; run it after
+    init_op and after every restore (a no-op for parameter_server).
 """
 
 
@@ -66,13 +71,15 @@ def weighted_metrics(towers):
 
 
 def build_training_graph(model, tower_devices, param_device='/cpu:0', seed=None, source=None,
-                         learning_rate=1e-3, steps_per_epoch=1, ema_decay=None, finalize=True):
+                         learning_rate=1e-3, steps_per_epoch=1, ema_decay=None, finalize=True,
+                         variable_update='parameter_server'):
     """Build a fresh tf.Graph with training and evaluation towers.
 
     Args:
       model: a towers.model.ModelDesc (ClassifierModel wraps a model_fn).
       tower_devices: one device string per tower.
-      param_device: where the variables live.
+      param_device: where the variables live with parameter_server: a device,
+        or 'spread' over the tower devices.
       seed: graph-level random seed (initializers, dropout), or None.
       source: the InputSource of the training batches; default a FeedInput
         (placeholders fed by the Session loop).
@@ -82,6 +89,8 @@ def build_training_graph(model, tower_devices, param_device='/cpu:0', seed=None,
         variables with this decay (the CIFAR-10 tutorial's 0.9999), or None.
       finalize: finalize the graph; the Trainer says False, adds its
         callbacks' ops, then finalizes it itself.
+      variable_update: 'parameter_server', 'replicated' or 'independent'
+        (towers/variables.py).
     Returns:
       A TrainGraph.
     """
@@ -94,38 +103,46 @@ def build_training_graph(model, tower_devices, param_device='/cpu:0', seed=None,
     with graph.as_default():
         if seed is not None:
             tf1.set_random_seed(seed)
+        strategy = make_strategy(variable_update, tower_devices, param_device)
+        host = param_device if isinstance(param_device, str) and param_device != 'spread' \
+            else '/cpu:0'
         slices = source.build(model.input_shape, tower_devices)
-        with tf.device(param_device):
+        with tf.device(host):
             global_step = tf1.train.get_or_create_global_step()
             rate = schedule.build(global_step, steps_per_epoch)
-        opt = model.optimizer(rate)
+        # One optimizer per copy of the variables (each keeps its own slots).
+        optimizers = [model.optimizer(rate)
+                      for _ in (tower_devices if strategy.replicas else [None])]
         towers = build_towers_from_slices(model.tower_loss, slices, tower_devices, param_device,
-                                          optimizer=opt, training=True)
+                                          optimizer=optimizers[0], training=True,
+                                          strategy=strategy)
         decay = model.weight_decay()
-        train_op, applied = build_train_op(towers, opt, global_step, decay,
-                                           model.gradient_processors())
+        train_op, applied = strategy.build_train_op(towers, optimizers, global_step, decay,
+                                                    model.gradient_processors())
+        masters = [v for v in tf1.trainable_variables() if variable_name(v) == v.op.name]
         ema = None
         if ema_decay is not None:
             # As the tutorial: the average follows each apply, and num_updates
             # lets it move fast early on.
             ema = tf1.train.ExponentialMovingAverage(ema_decay, num_updates=global_step)
             with tf.control_dependencies([train_op]):
-                train_op = tf.group(ema.apply(tf1.trainable_variables()), name='train_op_ema')
-        evaluation = _eval_towers(model, tower_devices, param_device, reuse=True, ema=ema)
+                train_op = tf.group(ema.apply(masters), name='train_op_ema')
+        evaluation = _eval_towers(model, tower_devices, host, reuse=True, ema=ema)
         with tf.device('/cpu:0'):
             loss = weighted_loss(towers)
             if decay is not None:
-                loss = tf.add(loss, decay.loss(tf1.trainable_variables()), name='total_loss')
+                loss = tf.add(loss, decay.loss(masters), name='total_loss')
             metrics = weighted_metrics(towers)
             batch = tf.add_n([t.count for t in towers], name='batch')
             finite = _all_finite([loss] + [g for g, _ in applied if g is not None])
         init_op = tf.group(tf1.global_variables_initializer(),
                            tf1.local_variables_initializer(), name='init')
-        saver = tf1.train.Saver(max_to_keep=5)
+        saver = tf1.train.Saver(strategy.saved_variables(), max_to_keep=5)
+        sync_op = strategy.sync_op()
     if finalize:
         graph.finalize()
     return TrainGraph(graph, source, towers, train_op, loss, metrics, batch, global_step, rate,
-                      finite, ema, *evaluation, init_op, saver)
+                      finite, ema, *evaluation, init_op, saver, strategy, sync_op)
 
 
 def _all_finite(tensors):
@@ -172,12 +189,14 @@ def _eval_towers(model, tower_devices, param_device, reuse, ema=None):
 
 
 EvalGraph = collections.namedtuple(
-    'EvalGraph', ['graph', 'eval_images', 'eval_labels', 'eval_loss', 'eval_metrics', 'saver'])
+    'EvalGraph', ['graph', 'eval_images', 'eval_labels', 'eval_loss', 'eval_metrics', 'saver',
+                  'variables'])
 EvalGraph.__doc__ = """An inference-only graph over the towers, for `evaluate` after training.
 
   The fields mean what they mean in TrainGraph; saver restores the model's
   variables from a training checkpoint (optimizer slots are not needed), or
-  their moving averages into them when built with ema.
+  their moving averages into them when built with ema; variables is its
+  var_list, checkpoint name -> variable.
 """
 
 
@@ -186,9 +205,10 @@ def build_eval_graph(model, tower_devices, param_device='/cpu:0', ema=False):
     graph = tf.Graph()
     with graph.as_default():
         evaluation = _eval_towers(model, tower_devices, param_device, reuse=False)
-        saver = tf1.train.Saver(restore_map(ema))
+        variables = restore_map(ema)
+        saver = tf1.train.Saver(variables)
     graph.finalize()
-    return EvalGraph(graph, *evaluation, saver)
+    return EvalGraph(graph, *evaluation, saver, variables)
 
 
 def restore_map(ema):

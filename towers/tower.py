@@ -47,9 +47,15 @@ Tower.__doc__ = """The tensors of one tower.
 
 
 def variables_on(param_device, compute_device):
-    """Device function: variables on param_device, every other op on compute_device."""
+    """Device function: variables on param_device, every other op on compute_device.
+
+    param_device may itself be a device function (e.g. one that spreads the
+    variables over several devices, towers/variables.py).
+    """
     def device_fn(op):
-        return param_device if op.type in _VARIABLE_OPS else compute_device
+        if op.type not in _VARIABLE_OPS:
+            return compute_device
+        return param_device(op) if callable(param_device) else param_device
     return device_fn
 
 
@@ -154,7 +160,7 @@ def build_towers(model_fn, images, labels, tower_devices, param_device='/cpu:0',
 
 
 def build_towers_from_slices(loss_fn, slices, tower_devices, param_device='/cpu:0',
-                             optimizer=None, training=True, reuse=False):
+                             optimizer=None, training=True, reuse=False, strategy=None):
     """build_towers for input already cut per tower (e.g. staged on each device).
 
     Args:
@@ -162,17 +168,25 @@ def build_towers_from_slices(loss_fn, slices, tower_devices, param_device='/cpu:
         run once per tower: tower_loss over a model_fn, or a ModelDesc's
         tower_loss (towers/model.py).
       slices: one TowerSlice per tower device.
+      strategy: a towers/variables.py strategy saying where tower i's
+        variables go (a replicated one gives each tower copies of its own);
+        None shares one copy on param_device, as build_towers does.
       The other arguments are those of build_towers.
     Returns:
       A list of Tower, one per device.
     """
     towers = []
     for i, (device, piece) in enumerate(zip(tower_devices, slices)):
+        own_scope, variable_device = (strategy.tower_variables(i, device) if strategy
+                                      else (None, param_device))
         # The reuse flag lives only inside this `with`, so it cannot leak into
         # the optimizer's slot creation later (Momentum/Adam get_variable calls).
-        with tf1.variable_scope(tf1.get_variable_scope(), reuse=True if (reuse or i > 0) else None,
+        shares = own_scope is None and (reuse or i > 0)
+        before = set(tf1.trainable_variables())
+        with tf1.variable_scope(own_scope or tf1.get_variable_scope(),
+                                reuse=True if (shares or reuse) else None,
                                 auxiliary_name_scope=False), \
-                tf1.device(variables_on(param_device, device)), \
+                tf1.device(variables_on(variable_device, device)), \
                 tf1.name_scope('tower_%d' % i) as scope:
             loss, metrics = loss_fn(piece.images, piece.labels, piece.count, training)
             weight = tf.math.divide(tf.cast(piece.count, tf.float32),
@@ -180,8 +194,11 @@ def build_towers_from_slices(loss_fn, slices, tower_devices, param_device='/cpu:
                                     name='weight')
             grads_and_vars = None
             if optimizer is not None:
+                # A tower with copies of its own differentiates only those.
+                own = ([v for v in tf1.trainable_variables() if v not in before]
+                       if strategy is not None and strategy.replicas else None)
                 grads_and_vars = optimizer.compute_gradients(
-                    loss, colocate_gradients_with_ops=True)
+                    loss, var_list=own, colocate_gradients_with_ops=True)
         towers.append(Tower(device, scope, piece.images, piece.labels, loss, metrics,
                             piece.count, weight, grads_and_vars))
     return towers

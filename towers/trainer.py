@@ -61,7 +61,10 @@ class Trainer:
       input: an --input mode ('feed', 'staging', 'dataset', 'synthetic') or
         an InputSource (e.g. towers.staging.PythonInput; it must have
         steps_per_epoch unless that is given).
-      param_device: where the variables live; None is the tutorial's /cpu:0.
+      param_device: where the variables live; None is the tutorial's /cpu:0,
+        'spread' spreads them over the tower devices.
+      variable_update: 'parameter_server', 'replicated' or 'independent'
+        (towers/variables.py).
       learning_rate: a float or a towers.schedules.LearningRate.
       ema_decay: evaluate (and export) a moving average of the weights, or None.
       logdir: where checkpoints, run.json, events and stats go; a logdir that
@@ -79,7 +82,8 @@ class Trainer:
     def __init__(self, model, data, towers=None, callbacks=None, steps_per_epoch=None,
                  max_epoch=10, max_steps=None, batch_size=100, input='feed', param_device=None,
                  learning_rate=1e-3, ema_decay=None, logdir=None, seed=0, mean=None, std=None,
-                 log=print, stop_requested=None, run_info=None, warmup_steps=10):
+                 log=print, stop_requested=None, run_info=None, warmup_steps=10,
+                 variable_update='parameter_server'):
         self.model, self.data = model, data
         self.tower_devices = (list(towers) if isinstance(towers, (list, tuple))
                               else resolve_devices(towers))
@@ -97,6 +101,7 @@ class Trainer:
             else LearningRate(learning_rate)
         self.ema_decay, self.log, self.stop_requested = ema_decay, log, stop_requested
         self.run_info, self.warmup_steps = run_info, warmup_steps
+        self.variable_update = variable_update
         self.callbacks = sorted(default_callbacks(logdir) if callbacks is None else callbacks,
                                 key=lambda c: c.order)
         self.source, self.sampler = self._make_source(input, steps_per_epoch, max_epoch,
@@ -144,7 +149,8 @@ class Trainer:
         graph = build_training_graph(
             self.model, self.tower_devices, self.param_device, seed=self.seed,
             source=self.source, learning_rate=self.learning_rate,
-            steps_per_epoch=self.steps_per_epoch, ema_decay=self.ema_decay, finalize=False)
+            steps_per_epoch=self.steps_per_epoch, ema_decay=self.ema_decay, finalize=False,
+            variable_update=self.variable_update)
         with graph.graph.as_default():
             with tf.device(self.param_device), tf1.variable_scope('data_order'):
                 # The data order's inputs, saved with every checkpoint so that a
@@ -157,7 +163,8 @@ class Trainer:
                 callback.setup_graph(self)
             init_op = tf.group(tf1.global_variables_initializer(),
                                tf1.local_variables_initializer(), name='init_all')
-            saver = tf1.train.Saver(max_to_keep=None)
+            self.saved = graph.strategy.saved_variables()
+            saver = tf1.train.Saver(self.saved, max_to_keep=None)
         graph.graph.finalize()
         self.graph = graph._replace(init_op=init_op, saver=saver)
         return order
@@ -170,7 +177,7 @@ class Trainer:
         latest = tf1.train.latest_checkpoint(self.logdir) if self.logdir else None
         if not latest:
             return
-        restore(self.sess, self.graph, latest)
+        restore(self.sess, self.graph.saver, latest, self.saved)
         saved = dict(zip(self._data_order(), self.sess.run(order)))
         if saved != self._data_order():
             raise TowersError(
@@ -196,6 +203,7 @@ class Trainer:
             with tf1.Session(graph=self.graph.graph, config=config) as self.sess:
                 self.sess.run(self.graph.init_op)  # also what a checkpoint does not hold
                 self._resume(order)
+                self.sess.run(self.graph.sync_op)  # replicas take the master's values
                 if self.logdir and self.run_info is not None:
                     # Only once the checkpoint there (if any) fits this run: a refused
                     # resume leaves the logdir's record of its model as it was.

@@ -1,0 +1,146 @@
+"""--variable-update: parameter_server (one place or spread), replicated, independent."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import data
+import models
+from towers.devices import session_config
+from towers.errors import TowersError
+from towers.graph import build_training_graph
+from towers.model import ClassifierModel
+from towers.trainer import Trainer
+from towers.variables import LeastLoaded, make_strategy
+
+tf1 = tf.compat.v1
+
+SHAPE = (28, 28, 1)
+THREE = ['/cpu:0', '/cpu:1', '/cpu:2']
+
+
+def _model(optimizer='momentum', **options):
+    return ClassifierModel(models.build_model('small_convnet', SHAPE, 10), SHAPE, 10,
+                           optimizer=optimizer, **options)
+
+
+def _batches(num_steps, batch=7, seed=0):
+    rng = np.random.RandomState(seed)
+    return [(rng.rand(batch, *SHAPE).astype(np.float32), rng.randint(0, 10, batch))
+            for _ in range(num_steps)]
+
+
+def _train(devices, variable_update, batches, initial=None, param_device='/cpu:0', **model):
+    """Train on the batches; returns ({saved name: value}, {every variable: value})."""
+    graph = build_training_graph(_model(**model), devices, param_device, seed=3,
+                                 learning_rate=0.05, variable_update=variable_update)
+    with tf1.Session(graph=graph.graph, config=session_config(devices, param_device)) as sess:
+        sess.run(graph.init_op)
+        with graph.graph.as_default():
+            saved = graph.strategy.saved_variables()
+            everything = {v.op.name: v for v in tf1.global_variables()}
+        if initial is not None:
+            for name, value in initial.items():
+                saved[name].load(value, sess)
+        sess.run(graph.sync_op)
+        for images, labels in batches:
+            sess.run(graph.train_op, {graph.source.images: images, graph.source.labels: labels})
+        return sess.run(saved), sess.run(everything)
+
+
+@pytest.fixture(scope='module')
+def reference():
+    """1 device, 4 momentum steps with weight decay and clipping, from set initial weights."""
+    initial, _ = _train(['/cpu:0'], 'parameter_server', [])
+    batches = _batches(4)
+    final, _ = _train(['/cpu:0'], 'parameter_server', batches, initial,
+                      weight_decay=0.01, clip_norm=5.0)
+    return initial, batches, final
+
+
+@pytest.mark.parametrize('variable_update,param_device', [
+    ('parameter_server', '/cpu:0'), ('parameter_server', '/cpu:2'),
+    ('parameter_server', 'spread'), ('replicated', '/cpu:0')])
+def test_every_synchronous_strategy_equals_one_device(reference, variable_update, param_device):
+    initial, batches, expected = reference
+    got, _ = _train(THREE, variable_update, batches, initial, param_device=param_device,
+                    weight_decay=0.01, clip_norm=5.0)
+    # The checkpoint's variables are named alike in every strategy.
+    assert got.keys() == expected.keys()
+    for name in expected:
+        np.testing.assert_allclose(got[name], expected[name], rtol=1e-5, atol=1e-6,
+                                   err_msg=name)
+
+
+@pytest.mark.parametrize('optimizer', ['momentum', 'adam'])
+def test_replicated_copies_stay_bit_equal(optimizer):
+    _, everything = _train(THREE, 'replicated', _batches(5), optimizer=optimizer)
+    replicas = [name for name in everything if name.startswith('replica_')]
+    # Two copies of each model variable and of each optimizer slot beyond the master.
+    masters = [name for name in everything if not name.startswith('replica_')]
+    assert len(replicas) >= 2 * 4
+    for name in replicas:
+        master = name.split('/', 1)[1]
+        assert master in masters, name
+        np.testing.assert_array_equal(everything[name], everything[master], err_msg=name)
+    if optimizer == 'adam':
+        # Each copy's optimizer counts its own steps: 5 each, not 15 shared.
+        powers = {n: v for n, v in everything.items() if n.endswith('beta1_power')}
+        assert sorted(powers) == ['beta1_power', 'replica_1/beta1_power',
+                                  'replica_2/beta1_power']
+        for value in powers.values():
+            assert value == pytest.approx(0.9 ** 6)
+
+
+def test_independent_copies_drift_apart_and_the_master_is_saved():
+    saved, everything = _train(THREE, 'independent', _batches(3))
+    assert not any(name.startswith('replica_') for name in saved)
+    assert not np.array_equal(everything['replica_1/conv1/weights'],
+                              everything['conv1/weights'])
+
+
+def test_replicated_variables_live_on_their_towers():
+    graph = build_training_graph(_model(), THREE, variable_update='replicated')
+    with graph.graph.as_default():
+        devices = {v.op.name: v.device.upper()[-5:] for v in tf1.global_variables()}
+    assert devices['conv1/weights'] == 'CPU:0'
+    assert devices['replica_1/conv1/weights'] == 'CPU:1'
+    assert devices['replica_2/logits/biases'] == 'CPU:2'
+    # Each copy's optimizer slots sit with it.
+    assert devices['replica_2/logits/biases/Momentum'] == 'CPU:2'
+
+
+def test_spread_places_each_variable_on_the_least_loaded_device():
+    chooser = LeastLoaded(['/cpu:0', '/cpu:1'])
+    assert [chooser.place(size) for size in (100, 10, 10, 95, 5)] == \
+        ['/cpu:0', '/cpu:1', '/cpu:1', '/cpu:1', '/cpu:0']
+    graph = build_training_graph(_model(), THREE, 'spread')
+    with graph.graph.as_default():
+        devices = {v.op.name: v.device.upper()[-5:] for v in tf1.trainable_variables()}
+    # small_convnet's biggest variable (logits/weights, 5408x10) comes after conv1's two.
+    assert devices == {'conv1/weights': 'CPU:0', 'conv1/biases': 'CPU:1',
+                       'logits/weights': 'CPU:2', 'logits/biases': 'CPU:1'}
+
+
+def test_a_checkpoint_moves_between_strategies(tmp_path):
+    rng = np.random.RandomState(0)
+    sets = data.Datasets(data.DataSet(rng.rand(40, *SHAPE).astype(np.float32),
+                                      rng.randint(0, 10, 40)), None,
+                         data.DataSet(rng.rand(9, *SHAPE).astype(np.float32),
+                                      rng.randint(0, 10, 9)))
+    logdir = str(tmp_path)
+
+    def run(variable_update, steps, towers):
+        return Trainer(_model(), sets, towers=towers, max_steps=steps, batch_size=8,
+                       logdir=logdir, callbacks=None, log=lambda line: None, warmup_steps=0,
+                       variable_update=variable_update, learning_rate=0.05).train()
+
+    run('replicated', 3, THREE)
+    names = {name for name, _ in tf1.train.list_variables(tf1.train.latest_checkpoint(logdir))}
+    assert not any(name.startswith('replica_') for name in names)
+    assert run('parameter_server', 5, ['/cpu:0'])['steps'] == 5
+    assert run('replicated', 7, ['/cpu:0', '/cpu:1'])['steps'] == 7
+
+
+def test_an_unknown_variable_update_is_named():
+    with pytest.raises(TowersError, match="unknown --variable-update 'ring'; choose one of"):
+        make_strategy('ring', THREE)
