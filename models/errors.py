@@ -14,8 +14,9 @@ def check_inputs(images, training, input_shape, model):
 
     Args:
         images: [batch, H, W, C] float32 tensor (or something convertible to one).
-        training: must be a Python bool: graphs are built separately for
-            training and eval, and a tensor here would always count as True.
+        training: must be a Python bool (or a layers.CrossTowerStats, which
+            is training): graphs are built separately for training and eval,
+            and a tensor here would always count as True.
         input_shape: (H, W, C) the model was built for.
         model: model name, for the message.
 
@@ -26,7 +27,8 @@ def check_inputs(images, training, input_shape, model):
         ModelError: wrong dtype, rank or image shape.
         TypeError: `training` is not a Python bool.
     """
-    if not isinstance(training, bool):
+    from models.layers import CrossTowerStats
+    if not isinstance(training, (bool, CrossTowerStats)):
         raise TypeError(f'{model}: training must be a Python bool, got {training!r}')
     images = tf.convert_to_tensor(images)
     if images.dtype != tf.float32:

@@ -20,9 +20,46 @@ def _static_channels(x, layer):
     return int(channels)
 
 
+class CrossTowerStats:
+    """`training` for a tower whose batch norms pool their statistics over all towers.
+
+    Truthy like training=True; batch_norm then all-reduces each batch's sum,
+    sum of squares and count over the num_towers towers (TensorFlow collective
+    ops), so the normalisation uses the moments of the whole global batch:
+    N towers train exactly as one device on it, uneven or empty shares
+    included. The tower builder makes one per training tower (--sync-bn).
+
+    Args:
+        num_towers: how many towers take part.
+        count: scalar int32, the real examples of this tower's slice (the
+            rest, a stand-in for an empty share, is left out).
+        weight: scalar float32, this tower's share of the global batch (its
+            gradient is weighted so; the statistics' gradient is re-weighted
+            to match).
+    """
+
+    GROUP_KEY = 1
+
+    def __init__(self, num_towers, count, weight):
+        self.num_towers, self.count, self.weight = num_towers, count, weight
+        self._layers = 0
+
+    def __bool__(self):
+        return True
+
+    def next_keys(self):
+        """Collective instance keys (forward, backward) of the next batch norm.
+
+        Every tower builds its batch norms in the same order, so the k-th of
+        each meet under the same keys.
+        """
+        self._layers += 1
+        return 2 * self._layers, 2 * self._layers + 1
+
+
 def _check_training(training, layer):
     # A tensor here would silently be truthy and turn eval into training.
-    if not isinstance(training, bool):
+    if not isinstance(training, (bool, CrossTowerStats)):
         raise TypeError(f'{layer}: training must be a Python bool, got {training!r}')
 
 
@@ -206,8 +243,43 @@ def batch_norm(x, training, decay=0.997, epsilon=1e-5, name='batch_norm'):
         if not training:
             return tf.nn.batch_normalization(x, moving_mean, moving_variance,
                                              beta, gamma, epsilon)
-        mean, variance = tf.nn.moments(x, axes=list(range(x.shape.rank - 1)))
+        axes = list(range(x.shape.rank - 1))
+        if isinstance(training, CrossTowerStats):
+            mean, variance = _pooled_moments(x, axes, training)
+        else:
+            mean, variance = tf.nn.moments(x, axes=axes)
         for moving, batch in ((moving_mean, mean), (moving_variance, variance)):
             update = tf1.assign(moving, moving * decay + batch * (1 - decay))
             tf1.add_to_collection(tf1.GraphKeys.UPDATE_OPS, update)
         return tf.nn.batch_normalization(x, mean, variance, beta, gamma, epsilon)
+
+
+def _pooled_moments(x, axes, stats):
+    """Mean and (biased) variance over every tower's real examples, per channel."""
+    from tensorflow.python.ops import collective_ops  # TF's own all-reduce
+    real = tf.cast(tf.range(tf.shape(x)[0]) < stats.count, x.dtype)
+    real = tf.reshape(real, [-1] + [1] * (x.shape.rank - 1))
+    per_example = tf.cast(tf.reduce_prod(tf.shape(x)[1:-1]), x.dtype)
+    local = tf.concat([tf.reduce_sum(x * real, axes), tf.reduce_sum(tf.square(x) * real, axes),
+                       [tf.reduce_sum(real) * per_example]], axis=0)
+    forward, backward = stats.next_keys()
+    weight = tf.cast(stats.weight, x.dtype)
+
+    @tf.custom_gradient
+    def all_reduce(local):
+        def grad(upstream):
+            # Tower i differentiates only its own loss L_i, and its gradient is
+            # then weighted by w_i: the statistics' gradient every tower needs is
+            # sum_k w_k dL_k/ds, handed back divided by w_i.
+            total = collective_ops.all_reduce(upstream * weight, stats.num_towers,
+                                              stats.GROUP_KEY, backward, 'Add', 'Id')
+            return tf.math.divide_no_nan(total, weight)
+        return collective_ops.all_reduce(local, stats.num_towers, stats.GROUP_KEY, forward,
+                                         'Add', 'Id'), grad
+
+    total = all_reduce(local)
+    channels = x.shape[-1]
+    count = tf.maximum(total[-1], 1.0)
+    mean = total[:channels] / count
+    variance = tf.maximum(total[channels:2 * channels] / count - tf.square(mean), 0.0)
+    return mean, variance

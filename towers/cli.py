@@ -60,6 +60,9 @@ def build_parser():
                             'replicated: a copy per tower, gradients all-reduced, the same '
                             'update on every copy; independent: no synchronisation, for '
                             'benchmarks only (default: parameter_server)')
+    train.add_argument('--sync-bn', action='store_true',
+                       help='batch norm over the whole global batch (moments all-reduced over '
+                            'the towers) instead of each tower its own slice')
     train.add_argument('--input', default=None,
                        choices=['feed', 'staging', 'dataset', 'synthetic'],
                        help='how batches reach the towers: feed (feed_dict, the reference), '

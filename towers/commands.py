@@ -92,7 +92,7 @@ def _train(args, log):
     config = run_config.TrainConfig(
         tower_devices=tower_devices,
         param_device=devices.resolve_param_device(args.param_device, tower_devices),
-        variable_update=args.variable_update, batch_size=args.batch_size, epochs=args.epochs, steps=args.steps,
+        variable_update=args.variable_update, sync_bn=args.sync_bn, batch_size=args.batch_size, epochs=args.epochs, steps=args.steps,
         optimizer=args.optimizer, learning_rate=args.lr, lr_schedule=args.lr_schedule,
         warmup_epochs=args.warmup_epochs, momentum=args.momentum,
         weight_decay=args.weight_decay, clip_norm=args.clip_norm, freeze=args.freeze,

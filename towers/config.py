@@ -23,6 +23,7 @@ class TrainConfig:
     tower_devices: list = dataclasses.field(default_factory=lambda: ['/cpu:0'])
     param_device: str = '/cpu:0'
     variable_update: str = 'parameter_server'  # see towers/variables.py
+    sync_bn: bool = False
     batch_size: int = 100
     epochs: float = 10.0
     steps: int = None
@@ -132,5 +133,5 @@ def train(config, model_fn, datasets, input_shape, num_classes=10, log=print, so
         learning_rate=config.schedule(), ema_decay=config.ema, logdir=config.logdir,
         seed=config.seed, mean=config.mean, std=config.std, log=log,
         stop_requested=stop_requested, run_info=run_info, warmup_steps=config.warmup_steps,
-        variable_update=config.variable_update)
+        variable_update=config.variable_update, sync_bn=config.sync_bn)
     return trainer.train()

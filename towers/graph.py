@@ -72,7 +72,7 @@ def weighted_metrics(towers):
 
 def build_training_graph(model, tower_devices, param_device='/cpu:0', seed=None, source=None,
                          learning_rate=1e-3, steps_per_epoch=1, ema_decay=None, finalize=True,
-                         variable_update='parameter_server'):
+                         variable_update='parameter_server', sync_bn=False):
     """Build a fresh tf.Graph with training and evaluation towers.
 
     Args:
@@ -91,6 +91,9 @@ def build_training_graph(model, tower_devices, param_device='/cpu:0', seed=None,
         callbacks' ops, then finalizes it itself.
       variable_update: 'parameter_server', 'replicated' or 'independent'
         (towers/variables.py).
+      sync_bn: batch norms use the moments of the whole global batch, pooled
+        over the towers; default: each tower its own slice's, and the moving
+        averages from tower 0 (as tf_cnn_benchmarks).
     Returns:
       A TrainGraph.
     """
@@ -115,7 +118,7 @@ def build_training_graph(model, tower_devices, param_device='/cpu:0', seed=None,
                       for _ in (tower_devices if strategy.replicas else [None])]
         towers = build_towers_from_slices(model.tower_loss, slices, tower_devices, param_device,
                                           optimizer=optimizers[0], training=True,
-                                          strategy=strategy)
+                                          strategy=strategy, sync_bn=sync_bn)
         decay = model.weight_decay()
         train_op, applied = strategy.build_train_op(towers, optimizers, global_step, decay,
                                                     model.gradient_processors())

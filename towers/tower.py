@@ -12,6 +12,8 @@ import functools
 
 import tensorflow as tf
 
+from models.layers import CrossTowerStats
+
 tf1 = tf.compat.v1
 
 # Op types that hold a variable's storage (resource variables, and the older
@@ -160,7 +162,8 @@ def build_towers(model_fn, images, labels, tower_devices, param_device='/cpu:0',
 
 
 def build_towers_from_slices(loss_fn, slices, tower_devices, param_device='/cpu:0',
-                             optimizer=None, training=True, reuse=False, strategy=None):
+                             optimizer=None, training=True, reuse=False, strategy=None,
+                             sync_bn=False):
     """build_towers for input already cut per tower (e.g. staged on each device).
 
     Args:
@@ -171,6 +174,9 @@ def build_towers_from_slices(loss_fn, slices, tower_devices, param_device='/cpu:
       strategy: a towers/variables.py strategy saying where tower i's
         variables go (a replicated one gives each tower copies of its own);
         None shares one copy on param_device, as build_towers does.
+      sync_bn: in training, hand each tower a models.layers.CrossTowerStats
+        as `training`, so that its batch norms use the whole global batch's
+        moments (pooled over the towers) instead of its own slice's.
       The other arguments are those of build_towers.
     Returns:
       A list of Tower, one per device.
@@ -188,10 +194,12 @@ def build_towers_from_slices(loss_fn, slices, tower_devices, param_device='/cpu:
                                 auxiliary_name_scope=False), \
                 tf1.device(variables_on(variable_device, device)), \
                 tf1.name_scope('tower_%d' % i) as scope:
-            loss, metrics = loss_fn(piece.images, piece.labels, piece.count, training)
             weight = tf.math.divide(tf.cast(piece.count, tf.float32),
                                     tf.cast(tf.maximum(piece.batch, 1), tf.float32),
                                     name='weight')
+            mode = (CrossTowerStats(len(tower_devices), piece.count, weight)
+                    if sync_bn and training else training)
+            loss, metrics = loss_fn(piece.images, piece.labels, piece.count, mode)
             grads_and_vars = None
             if optimizer is not None:
                 # A tower with copies of its own differentiates only those.

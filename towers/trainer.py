@@ -65,6 +65,7 @@ class Trainer:
         'spread' spreads them over the tower devices.
       variable_update: 'parameter_server', 'replicated' or 'independent'
         (towers/variables.py).
+      sync_bn: batch norms use the whole global batch's moments (--sync-bn).
       learning_rate: a float or a towers.schedules.LearningRate.
       ema_decay: evaluate (and export) a moving average of the weights, or None.
       logdir: where checkpoints, run.json, events and stats go; a logdir that
@@ -83,7 +84,7 @@ class Trainer:
                  max_epoch=10, max_steps=None, batch_size=100, input='feed', param_device=None,
                  learning_rate=1e-3, ema_decay=None, logdir=None, seed=0, mean=None, std=None,
                  log=print, stop_requested=None, run_info=None, warmup_steps=10,
-                 variable_update='parameter_server'):
+                 variable_update='parameter_server', sync_bn=False):
         self.model, self.data = model, data
         self.tower_devices = (list(towers) if isinstance(towers, (list, tuple))
                               else resolve_devices(towers))
@@ -101,7 +102,7 @@ class Trainer:
             else LearningRate(learning_rate)
         self.ema_decay, self.log, self.stop_requested = ema_decay, log, stop_requested
         self.run_info, self.warmup_steps = run_info, warmup_steps
-        self.variable_update = variable_update
+        self.variable_update, self.sync_bn = variable_update, sync_bn
         self.callbacks = sorted(default_callbacks(logdir) if callbacks is None else callbacks,
                                 key=lambda c: c.order)
         self.source, self.sampler = self._make_source(input, steps_per_epoch, max_epoch,
@@ -150,7 +151,7 @@ class Trainer:
             self.model, self.tower_devices, self.param_device, seed=self.seed,
             source=self.source, learning_rate=self.learning_rate,
             steps_per_epoch=self.steps_per_epoch, ema_decay=self.ema_decay, finalize=False,
-            variable_update=self.variable_update)
+            variable_update=self.variable_update, sync_bn=self.sync_bn)
         with graph.graph.as_default():
             with tf.device(self.param_device), tf1.variable_scope('data_order'):
                 # The data order's inputs, saved with every checkpoint so that a

@@ -1,0 +1,79 @@
+"""Batch norm across towers: tower 0's moving averages by default, --sync-bn pools the moments."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from models import layers
+from towers.devices import session_config
+from towers.graph import build_training_graph
+from towers.model import ClassifierModel
+
+tf1 = tf.compat.v1
+
+SHAPE = (6, 6, 2)
+
+
+def _net(images, training):
+    x = layers.conv2d(images, 4, 3, activation=None, use_bias=False, name='conv')
+    x = tf.nn.relu(layers.batch_norm(x, training, decay=0.5, name='bn'))
+    return layers.dense(x, 3, name='logits')
+
+
+def _train(devices, batches, initial=None, sync_bn=False, variable_update='parameter_server'):
+    model = ClassifierModel(_net, SHAPE, 3, optimizer='sgd')
+    graph = build_training_graph(model, devices, seed=1, learning_rate=0.5, sync_bn=sync_bn,
+                                 variable_update=variable_update)
+    with tf1.Session(graph=graph.graph, config=session_config(devices)) as sess:
+        sess.run(graph.init_op)
+        with graph.graph.as_default():
+            saved = graph.strategy.saved_variables()
+        for name, value in (initial or {}).items():
+            saved[name].load(value, sess)
+        sess.run(graph.sync_op)
+        losses = [sess.run([graph.train_op, graph.loss],
+                           {graph.source.images: x, graph.source.labels: y})[1]
+                  for x, y in batches]
+        return sess.run(saved), losses
+
+
+def _batches(sizes, seed=0):
+    rng = np.random.RandomState(seed)
+    # Per-example offsets make each slice's moments differ from the batch's.
+    return [((rng.rand(n, *SHAPE) + rng.rand(n, 1, 1, 1) * 3).astype(np.float32),
+             rng.randint(0, 3, n)) for n in sizes]
+
+
+@pytest.fixture(scope='module')
+def initial():
+    return _train(['/cpu:0'], [])[0]
+
+
+@pytest.mark.parametrize('devices,sizes,variable_update', [
+    (['/cpu:0', '/cpu:1'], [8, 8, 8], 'parameter_server'),
+    (['/cpu:0', '/cpu:1', '/cpu:2'], [7, 5, 8], 'parameter_server'),   # 3/2/2, 2/2/1, ...
+    (['/cpu:0', '/cpu:1', '/cpu:2'], [2, 7], 'parameter_server'),      # 1/1/0: an empty tower
+    (['/cpu:0', '/cpu:1', '/cpu:2'], [7, 5], 'replicated')])
+def test_sync_bn_on_n_towers_equals_one_device_on_the_whole_batch(initial, devices, sizes,
+                                                                    variable_update):
+    batches = _batches(sizes)
+    expected, expected_losses = _train(['/cpu:0'], batches, initial)
+    got, losses = _train(devices, batches, initial, sync_bn=True,
+                         variable_update=variable_update)
+    np.testing.assert_allclose(losses, expected_losses, rtol=1e-5)
+    for name in expected:
+        np.testing.assert_allclose(got[name], expected[name], rtol=2e-4, atol=1e-5,
+                                   err_msg=name)
+
+
+def test_without_sync_bn_each_tower_normalises_its_own_slice(initial):
+    batches = _batches([8, 8])
+    expected, expected_losses = _train(['/cpu:0'], batches, initial)
+    got, losses = _train(['/cpu:0', '/cpu:1'], batches, initial)
+    # Same first loss would need the same moments: per-slice moments differ.
+    assert not np.allclose(losses[0], expected_losses[0], rtol=1e-4)
+    # The moving averages come from tower 0's slice only (the first half of the batch).
+    images = batches[0][0][:4]
+    conv = tf.nn.conv2d(images, initial['conv/weights'], 1, 'SAME').numpy()
+    mean = conv.mean(axis=(0, 1, 2))
+    after_one, _ = _train(['/cpu:0', '/cpu:1'], batches[:1], initial)
+    np.testing.assert_allclose(after_one['bn/moving_mean'], 0.5 * mean, rtol=1e-4, atol=1e-6)
