@@ -184,24 +184,28 @@ def test_checkpoints_at_epoch_ends_and_every_k_steps_keep_the_newest_across_a_re
 
 def test_a_resume_with_another_data_order_is_refused_and_changes_nothing(tmp_path):
     logdir = str(tmp_path)
+    sets = _datasets(validation=NUM_VALIDATION)
     _trainer(default_callbacks(logdir, log_every=1000, checkpoint_every=2), [], max_steps=3,
-             logdir=logdir, run_info={'model': 'small_convnet'}).train()
+             logdir=logdir, run_info={'model': 'small_convnet'}, datasets=sets).train()
     before = _snapshot(logdir)
     assert {'model.ckpt-3.index', 'stats.jsonl', 'run.json', 'best/best.json'} <= set(before)
 
-    for changed, asked in [(dict(seed=1), 'batch_size 10, num_examples 60, seed 1'),
-                           (dict(batch_size=20), 'batch_size 20, num_examples 60, seed 0')]:
+    for changed, asked in [
+            (dict(seed=1), 'batch_size 10, num_examples 60, seed 1, steps_per_epoch 6, '
+                           'tf_data_order 0'),
+            (dict(batch_size=20), 'batch_size 20, num_examples 60, seed 0, steps_per_epoch 3, '
+                                  'tf_data_order 0')]:
         lines = []
         trainer = _trainer(default_callbacks(logdir, log_every=1000, checkpoint_every=2),
-                           lines, max_steps=6, logdir=logdir,
+                           lines, max_steps=6, logdir=logdir, datasets=sets,
                            run_info={'model': 'small_convnet'}, **changed)
         with pytest.raises(TowersError) as error:
             trainer.train()
         assert str(error.value) == (
             'the checkpoint in %s was trained with data order batch_size 10, '
-            'num_examples 60, seed 0, this run asks for %s: resuming would train on other '
-            'batches; use the same --seed and --batch-size (and dataset), or a new --logdir'
-            % (logdir, asked))
+            'num_examples 60, seed 0, steps_per_epoch 6, tf_data_order 0, this run asks for '
+            '%s: resuming would train on other batches; use the same --seed, --batch-size, '
+            'dataset and --input, or a new --logdir' % (logdir, asked))
         assert lines == []
         assert _snapshot(logdir) == before, changed
 
@@ -266,20 +270,26 @@ def test_evaluate_each_epoch_on_validation_with_exact_numbers(tmp_path):
     assert re.fullmatch(r'test: loss \S+ accuracy \S+ \(17 images\)', lines[-1]), lines[-1]
 
 
-@pytest.mark.parametrize('validation,test,expected', [
-    (0, NUM_TEST, ['test at epoch 1.00', 'test at epoch 2.00']),
-    (0, 0, []),
-], ids=['no validation: test', 'nothing held out'])
-def test_evaluate_falls_back_to_test_or_to_nothing(validation, test, expected):
+def test_evaluate_falls_back_to_test_and_keeps_no_best_checkpoint_there(tmp_path):
     lines = []
-    result = _trainer([cb.Evaluate()], lines, datasets=_datasets(validation=validation,
-                                                                   test=test),
-                      steps_per_epoch=2, max_steps=4).train()
-    assert [line.split(':')[0] for line in _eval_lines(lines)] == expected
-    if test:
-        assert _eval_lines(lines)[0].endswith(' (17 images)')
-    else:
-        assert result['test'] is None
+    _trainer([cb.Evaluate(best_metric='accuracy')], lines, logdir=str(tmp_path),
+             datasets=_datasets(validation=0, test=NUM_TEST), steps_per_epoch=2,
+             max_steps=4).train()
+    assert [line.split(':')[0] for line in _eval_lines(lines)] == [
+        'test at epoch 1.00', 'test at epoch 2.00']
+    assert _eval_lines(lines)[0].endswith(' (17 images)')
+    assert ('no validation set: evaluating on test, keeping no best checkpoint (hold some '
+            'training data out with --validation-size N)') in lines
+    assert not (tmp_path / 'best').exists()
+
+
+def test_with_nothing_held_out_the_defaults_skip_evaluation_and_an_explicit_one_refuses():
+    lines = []
+    sets = _datasets(validation=0, test=0)
+    result = _trainer(None, lines, datasets=sets, steps_per_epoch=2, max_steps=4).train()
+    assert _eval_lines(lines) == [] and result['test'] is None
+    with pytest.raises(TowersError, match='cannot evaluate on the test set: it is empty'):
+        _trainer([cb.Evaluate()], [], datasets=sets, max_steps=1).train()
 
 
 class _ZeroWeightsAt(cb.Callback):
@@ -695,3 +705,21 @@ def test_a_custom_callbacks_fetches_are_not_reported_as_training_metrics(tmp_pat
         reported.append('my_weights crashed the run: %s' % e)
     if reported:
         pytest.fail('reported: %s' % reported)
+
+
+def test_a_stop_on_an_epochs_last_step_still_finishes_that_epoch(tmp_path):
+    logdir, sets = str(tmp_path), _datasets(validation=NUM_VALIDATION)
+    stops = iter([None, None, 'SIGTERM'])
+    first = []
+    result = _trainer(default_callbacks(logdir, log_every=1000), first, datasets=sets,
+                      steps_per_epoch=3, max_steps=9, logdir=logdir,
+                      stop_requested=lambda: next(stops)).train()
+    assert result['stopped'] == 'SIGTERM' and result['steps'] == 3
+    # Epoch 1 ended at the stop: its evaluation ran before the stop was acted on.
+    assert [line.split(':')[0] for line in _eval_lines(first)] == ['validation at epoch 1.00']
+    second = []
+    _trainer(default_callbacks(logdir, log_every=1000), second, datasets=sets,
+             steps_per_epoch=3, max_steps=9, logdir=logdir).train()
+    assert [line['step'] for line in _stats_lines(logdir)] == [3, 6, 9]
+    assert [line.split(':')[0] for line in _eval_lines(second)] == [
+        'validation at epoch 2.00', 'validation at epoch 3.00']

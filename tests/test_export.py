@@ -95,12 +95,13 @@ def test_eval_and_export_need_a_trained_logdir(tmp_path, capsys):
 
 @pytest.fixture(scope='module')
 def ema_run(tmp_path_factory):
-    """A run with --ema: one epoch of 40 steps, so the best checkpoint is step 40 too."""
+    """A run with --ema: one epoch of 35 steps (500 of the 4,000 held out), so the best
+    checkpoint on validation is the last one, step 35."""
     logdir = str(tmp_path_factory.mktemp('ema') / 'logdir')
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        assert main(['train', '--model', 'small_convnet', '--towers', '2', '--steps', '40',
-                     '--ema', '0.9', '--logdir', logdir]) == 0
+        assert main(['train', '--model', 'small_convnet', '--towers', '2', '--steps', '35',
+                     '--validation-size', '500', '--ema', '0.9', '--logdir', logdir]) == 0
     return logdir, out.getvalue().splitlines()
 
 
@@ -113,10 +114,10 @@ def test_eval_of_an_ema_run_reads_the_moving_averages(ema_run, capsys):
     # The run's own test line came from its evaluation towers, which read the
     # averages; eval restores the averages into the plain variables.
     assert out == ['checkpoint: %s (moving averages of the weights)'
-                   % os.path.join(logdir, 'model.ckpt-40'), lines[-1]]
+                   % os.path.join(logdir, 'model.ckpt-35'), lines[-1]]
     assert main(['eval', '--logdir', logdir, '--best']) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0].startswith('checkpoint: %s' % os.path.join(logdir, 'best', 'model.ckpt-40'))
+    assert out[0].startswith('checkpoint: %s' % os.path.join(logdir, 'best', 'model.ckpt-35'))
     assert out[1] == lines[-1]
 
 
@@ -126,7 +127,7 @@ def test_export_of_an_ema_run_holds_the_moving_averages(ema_run, tmp_path, capsy
     out_dir = str(tmp_path / 'saved')
     assert main(['export', '--logdir', logdir, '--best', '--out', out_dir]) == 0
     exported = os.path.join(out_dir, 'variables', 'variables')
-    checkpoint = os.path.join(logdir, 'model.ckpt-40')
+    checkpoint = os.path.join(logdir, 'model.ckpt-35')
     for name in ('conv1/weights', 'logits/biases'):
         average = tf.train.load_variable(checkpoint, name + '/ExponentialMovingAverage')
         np.testing.assert_array_equal(tf.train.load_variable(exported, name), average)
@@ -137,9 +138,9 @@ def test_best_needs_a_best_checkpoint_and_excludes_checkpoint(run, tmp_path, cap
     logdir, _ = run
     assert main(['eval', '--logdir', logdir, '--best', '--checkpoint', 'x']) == 1
     assert 'give --best or --checkpoint, not both' in capsys.readouterr().err
-    without_best = str(tmp_path / 'copy')
-    shutil.copytree(logdir, without_best, ignore=shutil.ignore_patterns('best'))
-    assert main(['export', '--logdir', without_best, '--best', '--out', str(tmp_path / 'x')]) == 1
+    # The run held nothing out for validation: it kept no best checkpoint.
+    assert not os.path.exists(os.path.join(logdir, 'best'))
+    assert main(['export', '--logdir', logdir, '--best', '--out', str(tmp_path / 'x')]) == 1
     assert 'has no best checkpoint' in capsys.readouterr().err
 
 
@@ -152,3 +153,28 @@ def test_a_refused_resume_leaves_the_runs_record_as_it_was(run, tmp_path, capsys
     with open(os.path.join(copy, 'run.json')) as f:
         assert json.load(f)['model'] == 'small_convnet'
     assert main(['eval', '--logdir', copy]) == 0
+
+
+def test_a_truncated_checkpoint_is_one_line_for_eval_and_for_a_resume(run, tmp_path, capsys):
+    logdir, _ = run
+    copy = str(tmp_path / 'copy')
+    shutil.copytree(logdir, copy)
+    data_file = os.path.join(copy, 'model.ckpt-40.data-00000-of-00001')
+    with open(data_file, 'r+b') as f:
+        f.truncate(1000)  # the model variables lie beyond this
+    for argv in (['eval', '--logdir', copy],
+                 ['train', '--model', 'small_convnet', '--steps', '41', '--logdir', copy]):
+        assert main(argv) == 1
+        err = capsys.readouterr().err.splitlines()
+        assert len(err) == 1 and err[0].startswith(
+            'towers: error: cannot read checkpoint %s/model.ckpt-40 (' % copy), err
+
+
+def test_a_resume_with_another_input_order_is_refused(run, tmp_path, capsys):
+    logdir, _ = run
+    copy = str(tmp_path / 'copy')
+    shutil.copytree(logdir, copy)
+    assert main(['train', '--model', 'small_convnet', '--steps', '41', '--input', 'dataset',
+                 '--logdir', copy]) == 1
+    err = capsys.readouterr().err
+    assert 'tf_data_order 0, this run asks for' in err and 'tf_data_order 1:' in err

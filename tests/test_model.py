@@ -1,4 +1,6 @@
 """The Trainer API end to end: a ModelDesc of one's own, trained, resumed, checked."""
+import json
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -154,3 +156,70 @@ def test_a_scalar_cost_is_enough():
     model.build_graph = lambda *a, training: build(*a, training=training)['cost']
     result = _trainer(model=model, max_steps=3).train()
     assert set(result['test']) == {'loss'} and result['test_accuracy'] is None
+
+
+def _dropout_net(images, training):
+    hidden = layers.dense(images, 16, activation=tf.nn.relu, name='hidden')
+    return layers.dense(layers.dropout(hidden, 0.5, training), 4, name='logits')
+
+
+def test_a_resume_draws_the_dropout_masks_an_uninterrupted_run_draws(tmp_path):
+    from towers.model import ClassifierModel
+
+    def run(logdir, stop_after=None):
+        stops = iter([None] * (stop_after - 1) + ['SIGTERM']) if stop_after else None
+        return _trainer(model=ClassifierModel(_dropout_net, SHAPE, 4, optimizer='sgd'),
+                        max_steps=9, logdir=logdir, callbacks=None,
+                        stop_requested=(lambda: next(stops)) if stops else None).train()
+
+    straight, resumed = str(tmp_path / 'straight'), str(tmp_path / 'resumed')
+    run(straight)
+    assert run(resumed, stop_after=4)['steps'] == 4
+    run(resumed)
+    expected, actual = _variables(straight), _variables(resumed)
+    for name in expected:
+        np.testing.assert_array_equal(actual[name], expected[name], err_msg=name)
+
+
+def test_the_default_callbacks_take_a_model_with_a_scalar_cost(tmp_path):
+    model = _Linear()
+    build = model.build_graph
+    model.build_graph = lambda *a, training: build(*a, training=training)['cost']
+    sets = _datasets()
+    sets = data.Datasets(sets.train, sets.test, sets.test)  # a validation set: a best checkpoint
+    lines = []
+    _trainer(model=model, data=sets, max_steps=8, logdir=str(tmp_path), callbacks=None,
+             log=lines.append).train()
+    with open(tmp_path / 'best' / 'best.json') as f:
+        assert json.load(f)['metric'] == 'loss'  # there is no accuracy to choose by
+
+
+@pytest.mark.parametrize('name', ['loss', 'batch', 'learning_rate', 'seconds'])
+def test_a_metric_may_not_take_a_name_the_trainer_uses(name):
+    model = _Linear()
+    build = model.build_graph
+    model.build_graph = lambda *a, training: dict(build(*a, training=training),
+                                                  **{name: tf.constant(1.0)})
+    with pytest.raises(TowersError, match="the model names a metric '%s'" % name):
+        _trainer(model=model, max_steps=1).train()
+
+
+def test_every_trainer_setting_on_three_towers_equals_one_device(tmp_path):
+    """EMA, a warmed-up piecewise schedule, weight decay and clipping, through the Trainer."""
+    from towers.model import ClassifierModel
+
+    def run(towers, logdir):
+        model = ClassifierModel(lambda images, training: layers.dense(images, 4, name='logits'),
+                                SHAPE, 4, optimizer='momentum', weight_decay=0.01,
+                                decay_pattern='weights', clip_norm=1.0)
+        _trainer(model=model, towers=towers, max_steps=12, logdir=logdir, callbacks=None,
+                 ema_decay=0.9, steps_per_epoch=4,
+                 learning_rate=LearningRate.parse(0.5, 'piecewise:2=0.05', 1.0)).train()
+        return _variables(logdir)
+
+    one = run(['/cpu:0'], str(tmp_path / 'one'))
+    three = run(['/cpu:0', '/cpu:1', '/cpu:2'], str(tmp_path / 'three'))
+    assert 'logits/weights/ExponentialMovingAverage' in one
+    assert one.keys() == three.keys()
+    for name in one:
+        np.testing.assert_allclose(three[name], one[name], rtol=1e-5, atol=1e-6, err_msg=name)

@@ -9,7 +9,8 @@ The Trainer (trainer.py) calls, in each callback's `order`:
   after_train(trainer)        the loop ended or was stopped (trainer.stopped)
   close()                     always, errors included
 The NaN guard runs first, so nothing saves a step whose numbers are not finite;
-checkpoints run last, after evaluation has had its say. Monitors that only
+checkpoints run next, so that an epoch's checkpoint is on disk before its
+(possibly long) evaluation starts. Monitors that only
 report (progress, TensorBoard, the stats file) are in monitors.py.
 """
 import json
@@ -20,6 +21,7 @@ import tensorflow as tf
 
 from data.atomic import atomic_output
 from towers.errors import TowersError
+from towers.export import save
 
 tf1 = tf.compat.v1
 
@@ -148,7 +150,7 @@ class Checkpoint(Callback):
       at_epoch_end: also save when an epoch ends.
     """
 
-    order = 90
+    order = 15
 
     def __init__(self, every_steps=500, keep=5, at_epoch_end=True):
         self.every_steps, self.keep, self.at_epoch_end = every_steps, keep, at_epoch_end
@@ -159,8 +161,10 @@ class Checkpoint(Callback):
             raise TowersError('the Checkpoint callback needs a logdir')
         self.prefix = os.path.join(trainer.logdir, CHECKPOINT_NAME)
         # One copy of each variable (local ones hold input state; replicas are copies).
+        # Relative paths in the state file: a logdir copied or moved still resumes
+        # from its own files, not from the folder it was written in.
         self.saver = tf1.train.Saver(trainer.graph.strategy.saved_variables(),
-                                     max_to_keep=self.keep)
+                                     max_to_keep=self.keep, save_relative_paths=True)
         self.weights_finite = weights_finite()
 
     def before_train(self, trainer):
@@ -174,8 +178,7 @@ class Checkpoint(Callback):
     def save(self, trainer):
         if self._saved_step != trainer.step:
             check_weights(trainer, self.weights_finite, self.last_saved)
-            self.last_saved = self.saver.save(trainer.sess, self.prefix,
-                                              global_step=trainer.step)
+            self.last_saved = save(self.saver, trainer.sess, self.prefix, trainer.step)
             self._saved_step = trainer.step
 
     def after_step(self, trainer, values):
@@ -195,16 +198,19 @@ class Evaluate(Callback):
     """Evaluate on a held-out split every few epochs, exactly, spread over the towers.
 
     Every example counts once, the last partial batch included (trainer.evaluate).
-    With a logdir and best_metric, the best checkpoint so far is kept apart in
-    logdir/best/ with best.json saying its metric, value and step.
+    With a logdir and best_metric, the best checkpoint so far on the validation
+    set is kept apart in logdir/best/ with best.json saying its metric, value
+    and step. Without a validation set the test set is evaluated but no best
+    checkpoint is kept: one chosen on the test set would flatter its test score.
 
     Args:
       split: 'validation' or 'test'; None: validation when it has examples,
         else test.
       every_epochs: evaluate after every this many epochs, and at the end of
-        a run that stops mid-epoch.
-      best_metric: 'accuracy', 'loss' or another metric of the model, or None;
-        a name ending in 'loss' or 'error' is better lower, others higher.
+        a run that ends mid-epoch.
+      best_metric: 'accuracy', 'loss' or another metric of the model; 'auto'
+        is accuracy when the model has it, else loss; None keeps no best. A
+        name ending in 'loss' or 'error' is better lower, others higher.
     """
 
     order = 20
@@ -214,18 +220,23 @@ class Evaluate(Callback):
         self.best, self.saver, self._evaluated_step = None, None, None
 
     def setup_graph(self, trainer):
-        if self.split is None:
-            self.split = 'validation' if split_size(trainer.data, 'validation') else 'test'
-        if not split_size(trainer.data, self.split):
-            self.split = None  # nothing held out: only the final test, if any
         known = ['loss'] + sorted(trainer.graph.eval_metrics)
+        if self.best_metric == 'auto':
+            self.best_metric = 'accuracy' if 'accuracy' in known else 'loss'
         if self.best_metric and self.best_metric not in known:
             raise TowersError('--best-metric %r is not a metric of this model; choose one of: %s'
                               % (self.best_metric, ', '.join(known)))
-        if self.best_metric and trainer.logdir and self.split:
+        if self.split is None:
+            self.split = 'validation' if split_size(trainer.data, 'validation') else 'test'
+        if not split_size(trainer.data, self.split):
+            raise TowersError('cannot evaluate on the %s set: it is empty' % self.split)
+        if self.best_metric and trainer.logdir and self.split != 'validation':
+            trainer.log('no validation set: evaluating on %s, keeping no best checkpoint '
+                        '(hold some training data out with --validation-size N)' % self.split)
+        elif self.best_metric and trainer.logdir:
             self.folder = os.path.join(trainer.logdir, BEST_DIR)
             self.saver = tf1.train.Saver(trainer.graph.strategy.saved_variables(),
-                                         max_to_keep=1)
+                                         max_to_keep=1, save_relative_paths=True)
             self.weights_finite = weights_finite()
 
     def before_train(self, trainer):
@@ -241,11 +252,11 @@ class Evaluate(Callback):
                 self.saver.recover_last_checkpoints(state.all_model_checkpoint_paths)
 
     def after_epoch(self, trainer):
-        if self.split and round(trainer.epoch) % self.every_epochs == 0:
+        if round(trainer.epoch) % self.every_epochs == 0:
             self._evaluate(trainer)
 
     def after_train(self, trainer):
-        if self.split and not trainer.stopped and self._evaluated_step != trainer.step:
+        if not trainer.stopped and self._evaluated_step != trainer.step:
             self._evaluate(trainer)
 
     def _evaluate(self, trainer):
@@ -267,8 +278,8 @@ class Evaluate(Callback):
     def _save_best(self, trainer, value):
         check_weights(trainer, self.weights_finite)
         os.makedirs(self.folder, exist_ok=True)
-        path = self.saver.save(trainer.sess, os.path.join(self.folder, CHECKPOINT_NAME),
-                               global_step=trainer.step)
+        path = save(self.saver, trainer.sess, os.path.join(self.folder, CHECKPOINT_NAME),
+                    trainer.step)
         self.best = {'metric': self.best_metric, 'value': value, 'step': trainer.step,
                      'split': self.split, 'checkpoint': os.path.basename(path)}
         # Written after the checkpoint it names: a crash in between leaves the older record.

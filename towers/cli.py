@@ -216,7 +216,7 @@ def main(argv=None):
         return 1
     import data
     import models
-    from towers.errors import TowersError
+    from towers.errors import TowersError, op_error_summary
     if not args.debug:
         # TensorFlow's Python deprecation notices are for us, not for users.
         tensorflow.get_logger().setLevel('ERROR')
@@ -231,6 +231,14 @@ def main(argv=None):
         if args.debug:
             raise
         print('towers: error: %s' % e, file=sys.stderr)
+        return 1
+    except tensorflow.errors.OpError as e:
+        # What only TensorFlow noticed (a disk that fills up, a device that
+        # fails): its own message's first line, without the graph dump.
+        if args.debug:
+            raise
+        print('towers: error: TensorFlow %s: %s (--debug shows where)'
+              % (type(e).__name__, op_error_summary(e)), file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print('towers: interrupted', file=sys.stderr)

@@ -77,7 +77,9 @@ class TrainConfig:
             (self.clip_norm is None or self.clip_norm > 0, '--clip-norm must be positive, got %s'
              % self.clip_norm),
             (self.ema is None or 0 < self.ema < 1, '--ema must lie between 0 and 1 (e.g. '
-             '0.999), got %s' % self.ema)]
+             '0.999), got %s' % self.ema),
+            (self.best_metric in ('accuracy', 'loss'), "--best-metric %r is not a metric of "
+             "this model; choose one of: loss, accuracy" % self.best_metric)]
         for ok, message in checks:
             if not ok:
                 raise TowersError(message)
@@ -88,12 +90,12 @@ class TrainConfig:
     def schedule(self):
         return LearningRate.parse(self.learning_rate, self.lr_schedule, self.warmup_epochs)
 
-    def callbacks(self):
+    def callbacks(self, data=None):
         return default_callbacks(
             self.logdir, log_every=self.log_every, checkpoint_every=self.checkpoint_every,
             keep=self.keep_checkpoints, quiet=self.quiet, eval_every=self.eval_every,
             best_metric=self.best_metric, tensorboard=self.tensorboard,
-            histograms=self.histograms)
+            histograms=self.histograms, data=data)
 
 
 def train(config, model_fn, datasets, input_shape, num_classes=10, log=print, source=None,
@@ -127,7 +129,7 @@ def train(config, model_fn, datasets, input_shape, num_classes=10, log=print, so
                             momentum=config.momentum, weight_decay=config.weight_decay,
                             clip_norm=config.clip_norm, freeze=config.freeze)
     trainer = Trainer(
-        model, datasets, towers=config.tower_devices, callbacks=config.callbacks(),
+        model, datasets, towers=config.tower_devices, callbacks=config.callbacks(datasets),
         max_epoch=config.epochs, max_steps=config.steps, batch_size=config.batch_size,
         input=source or config.input, param_device=config.param_device,
         learning_rate=config.schedule(), ema_decay=config.ema, logdir=config.logdir,

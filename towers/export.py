@@ -13,7 +13,7 @@ import tempfile
 import tensorflow as tf
 
 from data.atomic import atomic_output
-from towers.errors import TowersError
+from towers.errors import TowersError, op_error_summary
 from towers.graph import restore_map
 
 tf1 = tf.compat.v1
@@ -64,7 +64,11 @@ def check_checkpoint(checkpoint, variables):
       TowersError: names the missing variables and those with other shapes
         (another model, optimizer or input shape).
     """
-    saved = dict(tf1.train.list_variables(checkpoint))
+    try:
+        saved = dict(tf1.train.list_variables(checkpoint))
+    except tf.errors.OpError as e:
+        raise TowersError('cannot read checkpoint %s (%s); it may be truncated: use an older '
+                          'one with --checkpoint' % (checkpoint, op_error_summary(e))) from None
     if not isinstance(variables, dict):
         variables = {v.op.name: v for v in variables}
     missing, reshaped = [], []
@@ -89,7 +93,21 @@ def restore(sess, saver, checkpoint, variables):
       variables: the saver's var_list, checkpoint name -> variable.
     """
     check_checkpoint(checkpoint, variables)
-    saver.restore(sess, checkpoint)
+    try:
+        saver.restore(sess, checkpoint)
+    except tf.errors.OpError as e:
+        raise TowersError('cannot read checkpoint %s (%s); it may be truncated: use an older '
+                          'one with --checkpoint' % (checkpoint, op_error_summary(e))) from None
+
+
+def save(saver, sess, prefix, step):
+    """saver.save, with a full disk or an unwritable folder as a one-line TowersError."""
+    try:
+        return saver.save(sess, prefix, global_step=step)
+    except tf.errors.OpError as e:
+        raise TowersError('cannot write checkpoint %s-%d: %s' % (prefix, step, op_error_summary(e))) \
+            from None
+
 
 
 def export_saved_model(model_fn, input_shape, checkpoint, export_dir, ema=False):

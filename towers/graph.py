@@ -45,7 +45,8 @@ TrainGraph.__doc__ = """Handles on a built training graph.
     variables (their moving averages, with ema); eval_loss and eval_metrics
     are what they compute.
   init_op, saver: global and local variable initializer; a Saver of the
-    variables a checkpoint holds (one copy of each, whatever the strategy).
+    variables a checkpoint holds (one copy of each, whatever the strategy);
+    None when built with finalize=False (the Trainer makes its own).
   strategy: the --variable-update strategy (towers/variables.py).
   sync_op: copies the master variables onto their replicas; run it after
     init_op and after every restore (a no-op for parameter_server).
@@ -138,12 +139,13 @@ def build_training_graph(model, tower_devices, param_device='/cpu:0', seed=None,
             metrics = weighted_metrics(towers)
             batch = tf.add_n([t.count for t in towers], name='batch')
             finite = _all_finite([loss] + [g for g, _ in applied if g is not None])
-        init_op = tf.group(tf1.global_variables_initializer(),
-                           tf1.local_variables_initializer(), name='init')
-        saver = tf1.train.Saver(strategy.saved_variables(), max_to_keep=5)
         sync_op = strategy.sync_op()
-    if finalize:
-        graph.finalize()
+        init_op = saver = None
+        if finalize:  # else the caller adds variables of its own, then makes these
+            init_op = tf.group(tf1.global_variables_initializer(),
+                               tf1.local_variables_initializer(), name='init')
+            saver = tf1.train.Saver(strategy.saved_variables(), max_to_keep=5)
+            graph.finalize()
     return TrainGraph(graph, source, towers, train_op, loss, metrics, batch, global_step, rate,
                       finite, ema, *evaluation, init_op, saver, strategy, sync_op)
 

@@ -150,6 +150,12 @@ class ClassifierModel(ModelDesc):
         cost, metrics = tower_loss(self.model_fn, images, labels, count, training)
         return dict(metrics, cost=cost)
 
+    def tower_loss(self, images, labels, count, training):
+        # With the count, a stand-in example of an empty share is masked out:
+        # the tower reports loss 0 and accuracy 0 for it (its weight is 0 anyway).
+        cost, metrics = tower_loss(self.model_fn, images, labels, count, training)
+        return cost, metrics
+
     def optimizer(self, learning_rate):
         return make_optimizer(self._optimizer, learning_rate, self._momentum)
 

@@ -157,10 +157,13 @@ class StatsFile(Callback):
     """logdir/stats.jsonl: one JSON object per epoch (and for a last partial one).
 
     Keys: epoch, step, time (Unix seconds), train_loss and train_<metric>
-    (means over the epoch's examples), learning_rate (at the epoch's last
-    step), images_per_sec (after warm-up, or null) and <split>_loss,
-    <split>_<metric> for each evaluation. A resumed run first drops the lines
-    of steps past its checkpoint, which it is about to redo.
+    (means over the epoch's examples that this process trained on: after a
+    resume mid-epoch, the steps since the resume), learning_rate (at the
+    epoch's last step), images_per_sec (after warm-up, or null) and
+    <split>_loss, <split>_<metric> for each evaluation. A run that ends
+    mid-epoch writes a line for that part-epoch. A resumed run first drops the
+    lines of steps past its checkpoint, which it is about to redo; a crash
+    between an epoch's checkpoint and its line loses that line.
     """
 
     order = 40

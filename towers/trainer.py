@@ -103,14 +103,15 @@ class Trainer:
         self.ema_decay, self.log, self.stop_requested = ema_decay, log, stop_requested
         self.run_info, self.warmup_steps = run_info, warmup_steps
         self.variable_update, self.sync_bn = variable_update, sync_bn
-        self.callbacks = sorted(default_callbacks(logdir) if callbacks is None else callbacks,
-                                key=lambda c: c.order)
+        self.callbacks = sorted(default_callbacks(logdir, data=data) if callbacks is None
+                                else callbacks, key=lambda c: c.order)
         self.source, self.sampler = self._make_source(input, steps_per_epoch, max_epoch,
                                                       max_steps, mean, std)
         self.steps_per_epoch = steps_per_epoch or (
             self.sampler.steps_per_epoch if self.sampler else self.source.steps_per_epoch)
         self.num_steps = total_steps(max_epoch, max_steps, self.steps_per_epoch)
-        # Set while train() runs; what callbacks read.
+        # Set while train() runs; what callbacks read. epoch_stats: split ->
+        # {'loss': ..., metric: ...} of the evaluations made at this step.
         self.graph = self.sess = None
         self.step, self.stopped, self.epoch_stats = 0, None, {}
         self._evaluated = {}
@@ -172,7 +173,10 @@ class Trainer:
 
     def _data_order(self):
         examples = self.sampler.num_examples if self.sampler else -1
-        return {'seed': self.seed, 'batch_size': self.batch_size, 'num_examples': examples}
+        # feed and staging follow the sampler; dataset shuffles in tf.data: another order.
+        pipeline = 1 if self.source.name == 'dataset' else 0
+        return {'seed': self.seed, 'batch_size': self.batch_size, 'num_examples': examples,
+                'tf_data_order': pipeline, 'steps_per_epoch': self.steps_per_epoch}
 
     def _resume(self, order):
         latest = tf1.train.latest_checkpoint(self.logdir) if self.logdir else None
@@ -183,8 +187,8 @@ class Trainer:
         if saved != self._data_order():
             raise TowersError(
                 'the checkpoint in %s was trained with data order %s, this run asks for %s: '
-                'resuming would train on other batches; use the same --seed and --batch-size '
-                '(and dataset), or a new --logdir' % (self.logdir, _pairs(saved),
+                'resuming would train on other batches; use the same --seed, --batch-size, '
+                'dataset and --input, or a new --logdir' % (self.logdir, _pairs(saved),
                                                        _pairs(self._data_order())))
         self.log('resumed from %s' % latest)
 
@@ -195,10 +199,7 @@ class Trainer:
         order = self._build()
         overall = cb.Throughput(self.warmup_steps)
         config = session_config(self.tower_devices, self.param_device)
-        fetches = dict(self.graph.metrics, train_op=self.graph.train_op, loss=self.graph.loss,
-                       batch=self.graph.batch, learning_rate=self.graph.learning_rate)
-        for callback in self.callbacks:
-            fetches.update(callback.fetches(self))
+        fetches = self._fetches()
         names = sorted(fetches)
         try:
             with tf1.Session(graph=self.graph.graph, config=config) as self.sess:
@@ -227,6 +228,23 @@ class Trainer:
             self.sess = None
         return result
 
+    def _fetches(self):
+        """What each step runs: the train op, loss, metrics, ... and the callbacks' fetches."""
+        fetches = {'train_op': self.graph.train_op, 'loss': self.graph.loss,
+                   'batch': self.graph.batch, 'learning_rate': self.graph.learning_rate}
+        for name, tensor in self.graph.metrics.items():
+            if name in fetches or name == 'seconds':
+                raise TowersError('the model names a metric %r, which the trainer uses itself; '
+                                  'rename it' % name)
+            fetches[name] = tensor
+        for callback in self.callbacks:
+            for name, tensor in callback.fetches(self).items():
+                if name in fetches and fetches[name] is not tensor:
+                    raise TowersError('%s fetches %r, a name already taken; rename it'
+                                      % (type(callback).__name__, name))
+                fetches[name] = tensor
+        return fetches
+
     def _loop(self, names, fetches, overall):
         try:
             self.source.start(self.sess, self.step, self.num_steps)
@@ -239,16 +257,18 @@ class Trainer:
                 del values['train_op']
                 self.step += 1  # the train op increments global_step by exactly one
                 overall.add(values['batch'], values['seconds'])
+                self.epoch_stats = {}  # what evaluations at this step found
                 for callback in self.callbacks:
                     callback.after_step(self, values)
+                # An epoch that ends here is finished (saved, evaluated, recorded)
+                # even when a stop was asked for meanwhile: a resume starts after it.
+                if self.step % self.steps_per_epoch == 0:
+                    for callback in self.callbacks:
+                        callback.after_epoch(self)
                 self.stopped = self.stop_requested() if self.stop_requested else None
                 if self.stopped:
                     self.log('%s: stopping after step %d' % (self.stopped, self.step))
                     break
-                if self.step % self.steps_per_epoch == 0:
-                    self.epoch_stats = {}
-                    for callback in self.callbacks:
-                        callback.after_epoch(self)
         except BaseException:
             try:
                 self.source.stop(self.sess)
@@ -286,17 +306,20 @@ def _pairs(values):
 
 
 def default_callbacks(logdir=None, log_every=50, checkpoint_every=500, keep=5, quiet=False,
-                      eval_every=1, best_metric='accuracy', tensorboard=True, histograms=False):
+                      eval_every=1, best_metric='auto', tensorboard=True, histograms=False,
+                      data=None):
     """The callbacks a run gets unless it lists its own.
 
     Always: the NaN guard, progress (a tqdm bar on a terminal, else log lines
-    every log_every steps), and evaluation every eval_every epochs (0: none).
-    With a logdir: checkpoints (every checkpoint_every steps and each epoch,
-    the newest `keep`), the best one by best_metric kept apart, TensorBoard
-    events and the JSON-lines stats file.
+    every log_every steps), and evaluation every eval_every epochs (0: none;
+    also none when data, if given, holds out nothing). With a logdir:
+    checkpoints (every checkpoint_every steps and each epoch, the newest
+    `keep`), the best one on validation by best_metric kept apart,
+    TensorBoard events and the JSON-lines stats file.
     """
     callbacks = [cb.NaNGuard(), monitors.Progress(log_every, quiet=quiet)]
-    if eval_every:
+    held_out = data is None or cb.split_size(data, 'validation') or cb.split_size(data, 'test')
+    if eval_every and held_out:
         callbacks.append(cb.Evaluate(every_epochs=eval_every, best_metric=best_metric))
     if logdir:
         callbacks.append(cb.Checkpoint(every_steps=checkpoint_every, keep=keep))
