@@ -18,7 +18,8 @@ setup(
     extras_require={
         'cpu': ['tensorflow-cpu>=2.16'],
         'gpu': ['tensorflow[and-cuda]>=2.16'],
-        'test': ['pytest'],
+        'plot': ['matplotlib'],  # towers bench --compare --plot
+        'test': ['pytest', 'matplotlib'],
     },
     entry_points={'console_scripts': ['towers = towers.cli:main']},
 )

@@ -36,14 +36,18 @@ class _Trainer:
     """One configuration, built and warm, stepped a block at a time."""
 
     def __init__(self, model_fn, input_shape, tower_devices, source, num_steps, param_device,
-                 optimizer='sgd'):
+                 optimizer='sgd', variable_update='parameter_server', xla=False):
         model = ClassifierModel(model_fn, input_shape, num_classes=None, optimizer=optimizer)
         self.graph = build_training_graph(model, tower_devices, param_device, seed=0,
-                                          source=source, learning_rate=0.01)
+                                          source=source, learning_rate=0.01,
+                                          variable_update=variable_update)
         self.source, self.step, self.rates = source, 0, []
-        self.sess = tf1.Session(graph=self.graph.graph,
-                                config=session_config(tower_devices, param_device))
+        config = session_config(tower_devices, param_device)
+        if xla:  # XLA's auto-clustering of the whole step (tf_cnn_benchmarks' --xla)
+            config.graph_options.optimizer_options.global_jit_level = tf1.OptimizerOptions.ON_1
+        self.sess = tf1.Session(graph=self.graph.graph, config=config)
         self.sess.run(self.graph.init_op)
+        self.sess.run(self.graph.sync_op)
         source.start(self.sess, 0, num_steps)
 
     def run(self, steps, clock, timed=True):
@@ -72,7 +76,9 @@ def measure_interleaved(configs, warmup_steps=10, timed_steps=50, rounds=5,
 
     Args:
       configs: list of dicts with the keyword arguments of _Trainer except
-        num_steps (model_fn, input_shape, tower_devices, source, param_device).
+        num_steps (model_fn, input_shape, tower_devices, source, param_device,
+        ...), or callables num_steps -> a runner with the same run(steps,
+        clock, timed), rates and close() (e.g. a peer's training loop).
     Returns:
       one (mean, stderr) of images/sec per configuration.
     """
@@ -81,7 +87,9 @@ def measure_interleaved(configs, warmup_steps=10, timed_steps=50, rounds=5,
     trainers = []
     try:
         for config in configs:
-            trainers.append(_Trainer(num_steps=warmup_steps + timed_steps, **config))
+            num_steps = warmup_steps + timed_steps
+            trainers.append(config(num_steps) if callable(config)
+                            else _Trainer(num_steps=num_steps, **config))
             trainers[-1].run(warmup_steps, clock, timed=False)
         for block in blocks:
             for trainer in trainers:

@@ -146,6 +146,16 @@ def build_parser():
                        help='global batch (default: 128)')
     bench.add_argument('--warmup', type=int, default=10, help='untimed steps (default: 10)')
     bench.add_argument('--window', type=int, default=50, help='timed steps (default: 50)')
+    bench.add_argument('--compare', action='store_true',
+                       help='towers (each --variable-update and --input) against the textbook '
+                            'recipe and Keras MirroredStrategy, with training GFLOP/s')
+    bench.add_argument('--variable-update', default='parameter_server,replicated',
+                       help='with --compare: comma-separated strategies to time '
+                            '(default: parameter_server,replicated)')
+    bench.add_argument('--xla', action='store_true',
+                       help='with --compare: also time the first combination under XLA')
+    bench.add_argument('--plot', default=None, metavar='FILE.png',
+                       help='with --compare: draw images/sec against towers (needs matplotlib)')
 
     commands.add_parser('models', help='list the models and datasets')
 

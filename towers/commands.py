@@ -37,6 +37,24 @@ def _bench(args, log):
     log('bench: model %s on %s images, global batch %d, %d warm-up + %d timed steps per row'
         % (args.model, 'x'.join(map(str, info.input_shape)), args.batch_size, args.warmup,
            args.window))
+    if args.compare:
+        from towers import compare, variables
+        updates = [u.strip() for u in args.variable_update.split(',') if u.strip()]
+        unknown = sorted(set(updates) - set(variables.VARIABLE_UPDATES))
+        if unknown or not updates:
+            from towers.errors import TowersError
+            raise TowersError('--variable-update wants some of %s, got %r'
+                              % (','.join(variables.VARIABLE_UPDATES), args.variable_update))
+        if train_set is None:
+            train_set = data.load_dataset(args.dataset).train  # the textbook and Keras feed it
+        compare.run_compare(args.model, model_fn, info.input_shape, info.num_classes, counts,
+                            args.batch_size, train_set, modes, updates, xla=args.xla,
+                            warmup_steps=args.warmup, timed_steps=args.window, plot=args.plot,
+                            log=log)
+        return
+    if args.plot or args.xla:
+        from towers.errors import TowersError
+        raise TowersError('--plot and --xla go with --compare')
     bench.run_bench(model_fn, info.input_shape, info.num_classes, counts, args.batch_size,
                     modes, train_set, args.warmup, args.window, args.param_device, log=log)
 

@@ -1,0 +1,100 @@
+"""towers bench --compare: the peers it times, the FLOPs it counts, the plot it draws."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import data
+import models
+from models import layers
+from towers import compare
+from towers.gradients import average_gradients
+
+tf1 = tf.compat.v1
+
+SHAPE = (28, 28, 1)
+
+
+def test_the_tutorials_average_is_towers_average_on_equal_shares():
+    with tf.Graph().as_default():
+        var = tf1.get_variable('v', [3], initializer=tf1.zeros_initializer())
+        grads = [[(tf.constant([1.0, 2.0, 3.0]), var)], [(tf.constant([3.0, 0.0, -1.0]), var)]]
+        (tutorial, _), = compare.tutorial_average_gradients(grads)
+        (ours, _), = average_gradients(grads)
+        with tf1.Session() as sess:
+            tutorial, ours = sess.run([tutorial, ours])
+    np.testing.assert_array_equal(tutorial, [2.0, 1.0, 1.0])
+    np.testing.assert_array_equal(ours, tutorial)
+
+
+def test_training_flops_are_counted_on_the_ops_a_step_runs():
+    # One dense layer 8 -> 4 on a batch of 8: forward MatMul 2*8*8*4 = 512, BiasAdd 32,
+    # weight-gradient MatMul 512, BiasAddGrad 8*4-4 = 28, the cross-entropy gradient's
+    # Mul 32, the Mean 8 and its gradient 8: 1,132 / 8 = 141.5 per image. Neither the
+    # initializers nor the input's gradient (no step computes them) are counted.
+    model_fn = lambda images, training: layers.dense(images, 4, name='logits')  # noqa: E731
+    assert compare.training_flops_per_image(model_fn, (2, 2, 2), 4, batch=8) == 141.5
+
+
+def test_a_large_matmul_reaches_some_gflops():
+    assert compare.matmul_gflops(['/cpu:0'], size=128, repeats=2, steps=2) > 0.01
+
+
+def test_keras_twins_exist_for_the_simple_nets_only():
+    assert compare.keras_twin('resnet20', (32, 32, 3), 10) is None
+    twin = compare.keras_twin('mnist_convnet', SHAPE, 10)()
+    # The same parameters as towers' mnist_convnet: 3,274,634.
+    assert twin.count_params() == 3_274_634
+
+
+def test_compare_times_every_row_and_draws_the_plot(tmp_path):
+    train = data.load_dataset('mnist_sample').train
+    lines = []
+    plot = tmp_path / 'speed.png'
+    # In this process eager TensorFlow already runs on one CPU device: Keras can take
+    # part at 1 tower only (the command line starts fresh: see the test below).
+    tf.config.list_logical_devices()
+    rows = compare.run_compare(
+        'small_convnet', models.build_model('small_convnet', SHAPE, 10), SHAPE, 10, [1, 2],
+        batch_size=8, dataset=train, modes=('synthetic', 'feed'),
+        variable_updates=('parameter_server', 'replicated'), xla=True, warmup_steps=1,
+        timed_steps=2, plot=str(plot), log=lines.append)
+    configs = [(r['config'], r['towers']) for r in rows]
+    per_count = ['towers parameter_server/synthetic', 'towers parameter_server/feed',
+                 'towers replicated/synthetic', 'towers replicated/feed',
+                 'towers parameter_server/synthetic +xla', 'textbook']
+    assert configs == [(c, 1) for c in per_count + ['keras mirrored']] + [
+        (c, 2) for c in per_count]
+    assert ('keras mirrored at 2 towers: skipped (TensorFlow started with fewer logical '
+            'devices; run the bench in a fresh process)') in lines
+    flops = compare.training_flops_per_image(models.build_model('small_convnet', SHAPE, 10),
+                                             SHAPE, 10)
+    for count in (1, 2):
+        mine = [r for r in rows if r['towers'] == count]
+        best = max(r['mean'] for r in mine if r['config'].startswith('towers'))
+        for row in mine:
+            assert row['mean'] > 0 and row['vs_best'] == pytest.approx(row['mean'] / best)
+            assert row['gflops'] == pytest.approx(row['mean'] * flops / 1e9)
+    assert any(line.startswith('towers best vs keras mirrored: 1: ') for line in lines)
+    assert any(line.startswith('2 tower(s): towers best ') and 'a large matmul' in line
+               for line in lines)
+    assert plot.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+    assert lines[-1] == 'plot: %s' % plot
+
+
+def test_the_command_times_keras_on_every_tower_count_in_a_fresh_process(tmp_path):
+    process = subprocess.run(
+        [sys.executable, '-m', 'towers', 'bench', '--compare', '--model', 'small_convnet',
+         '--towers', '1,2', '--batch-size', '8', '--warmup', '1', '--window', '2',
+         '--variable-update', 'replicated'], capture_output=True, text=True, timeout=300,
+        cwd=str(tmp_path), env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2'))
+    assert process.returncode == 0, process.stderr
+    rows = [(line[:40].strip(), int(line[40:48])) for line in process.stdout.splitlines()
+            if line.startswith(('towers replicated', 'textbook', 'keras'))]
+    assert rows == [(config, count) for count in (1, 2) for config in (
+        'towers replicated/synthetic', 'textbook', 'keras mirrored')], process.stdout
+    assert 'towers best vs keras mirrored: 1: ' in process.stdout
+    assert 'Warning' not in process.stderr, process.stderr

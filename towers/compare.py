@@ -1,0 +1,322 @@
+"""`towers bench --compare`: towers against what a user would otherwise pick.
+
+On one model, one global batch and the same devices (virtual CPUs here, GPUs
+where there are some), at each tower count:
+
+  towers <update>/<input>   each --variable-update with each --input asked for
+  towers ... +xla           with --xla: the best of those again, XLA-clustered
+  textbook                  the classic CIFAR-10 multi-GPU tutorial's loop:
+                            feed_dict, tf.split, variables on /cpu:0, the
+                            expand_dims/concat/reduce_mean average, one apply
+  keras mirrored            tf.distribute.MirroredStrategy with Keras
+                            model.fit on the same net (tf.data input)
+
+Every row is timed in turns with the others (bench.measure_interleaved), and
+given as a ratio to towers' best at that tower count, and as training GFLOP/s:
+the model's FLOPs per image, counted by TensorFlow's profiler on the real
+graph, times images/sec, next to what a large matmul reaches on the same
+devices: how close the training gets to what the hardware gives TensorFlow.
+"""
+import functools
+import os
+import time
+import warnings
+
+import tensorflow as tf
+
+from data.sampler import EpochSampler
+from towers.bench import measure_interleaved
+from towers.devices import resolve_devices, session_config
+from towers.errors import TowersError
+from towers.inputs import make_input
+from towers.tower import variables_on
+
+tf1 = tf.compat.v1
+
+
+class _Textbook:
+    """The classic tutorial's multi-GPU loop, as printed there, stepped a block at a time."""
+
+    def __init__(self, model_fn, input_shape, tower_devices, dataset, batch_size, num_steps):
+        self.dataset, self.sampler = dataset, EpochSampler(dataset.num_examples, batch_size)
+        self.graph = tf.Graph()
+        with self.graph.as_default():
+            tf1.set_random_seed(0)
+            self.images = tf1.placeholder(tf.float32, [batch_size] + list(input_shape))
+            self.labels = tf1.placeholder(tf.int64, [batch_size])
+            opt = tf1.train.GradientDescentOptimizer(0.01)
+            image_splits = tf.split(self.images, len(tower_devices))
+            label_splits = tf.split(self.labels, len(tower_devices))
+            tower_grads = []
+            with tf1.variable_scope(tf1.get_variable_scope()):
+                for i, device in enumerate(tower_devices):
+                    # _variable_on_cpu: the variables on /cpu:0, the compute on the tower.
+                    with tf1.device(variables_on('/cpu:0', device)), \
+                            tf1.name_scope('tower_%d' % i):
+                        logits = model_fn(image_splits[i], True)
+                        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+                            labels=label_splits[i], logits=logits))
+                        tf1.get_variable_scope().reuse_variables()
+                        tower_grads.append(opt.compute_gradients(loss))
+            with tf.device('/cpu:0'):
+                self.train_op = opt.apply_gradients(tutorial_average_gradients(tower_grads))
+            init = tf1.global_variables_initializer()
+        self.sess = tf1.Session(graph=self.graph, config=session_config(tower_devices))
+        self.sess.run(init)
+        self.step, self.rates, self.batch_size = 0, [], batch_size
+
+    def run(self, steps, clock, timed=True):
+        for _ in range(steps):
+            start = clock()
+            index = self.sampler.indices(self.step)
+            if len(index) < self.batch_size:  # tf.split needs the full batch
+                index = self.sampler.indices(self.step + 1)
+            self.sess.run(self.train_op, {self.images: self.dataset.images[index],
+                                          self.labels: self.dataset.labels[index]})
+            elapsed = clock() - start
+            self.step += 1
+            if timed:
+                self.rates.append(self.batch_size / elapsed)
+
+    def close(self):
+        self.sess.close()
+
+
+def tutorial_average_gradients(tower_grads):
+    """cifar10_multi_gpu_train.py's average_gradients, line for line."""
+    average_grads = []
+    for grad_and_vars in zip(*tower_grads):
+        grads = [tf.expand_dims(g, 0) for g, _ in grad_and_vars]
+        grad = tf.reduce_mean(tf.concat(axis=0, values=grads), 0)
+        average_grads.append((grad, grad_and_vars[0][1]))
+    return average_grads
+
+
+def keras_twin(model_name, input_shape, num_classes):
+    """The Keras layers of a registry model, for MirroredStrategy; None if it has no twin."""
+    import keras
+    layers = keras.layers
+    body = {
+        'mnist_convnet': lambda: [
+            layers.Conv2D(32, 5, padding='same', activation='relu'),
+            layers.MaxPooling2D(2, padding='same'),
+            layers.Conv2D(64, 5, padding='same', activation='relu'),
+            layers.MaxPooling2D(2, padding='same'), layers.Flatten(),
+            layers.Dense(1024, activation='relu'), layers.Dropout(0.5)],
+        'small_convnet': lambda: [layers.Conv2D(32, 3, activation='relu'),
+                                  layers.MaxPooling2D(2), layers.Flatten()],
+    }.get(model_name)
+    if body is None:
+        return None
+    return lambda: keras.Sequential([keras.Input(tuple(input_shape))] + body()
+                                    + [layers.Dense(num_classes)])
+
+
+class _Mirrored:
+    """Keras model.fit under MirroredStrategy, each batch timed by a callback."""
+
+    def __init__(self, build, tower_devices, dataset, batch_size, num_steps):
+        import keras
+        self.strategy = tf.distribute.MirroredStrategy(devices=tower_devices)
+        with self.strategy.scope():
+            self.model = build()
+            self.model.compile(optimizer=keras.optimizers.SGD(0.01),
+                               loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        self.data = tf.data.Dataset.from_tensor_slices(
+            (dataset.images, dataset.labels)).repeat().batch(
+                batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+        self.rates, self.batch_size, self._starts = [], batch_size, []
+
+    def run(self, steps, clock, timed=True):
+        import keras
+        elapsed = []
+        callback = keras.callbacks.LambdaCallback(
+            on_train_batch_begin=lambda batch, logs: self._starts.append(clock()),
+            on_train_batch_end=lambda batch, logs: elapsed.append(clock() - self._starts[-1]))
+        with warnings.catch_warnings():  # Keras notes that a tf.data input is not reshuffled
+            warnings.simplefilter('ignore')
+            self.model.fit(self.data, epochs=1, steps_per_epoch=steps, verbose=0,
+                           callbacks=[callback])
+        if timed:
+            self.rates.extend(self.batch_size / e for e in elapsed)
+
+    def close(self):
+        pass
+
+
+def training_flops_per_image(model_fn, input_shape, num_classes, batch=8):
+    """FLOPs of one training step per image: forward, loss and the weights' gradients.
+
+    Counted by TensorFlow's profiler on the ops a step runs (the subgraph the
+    gradients need: no initializers, no gradient for the input images).
+    """
+    graph = tf.Graph()
+    with graph.as_default():
+        images = tf.zeros([batch] + list(input_shape))
+        labels = tf.zeros([batch], tf.int64)
+        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+            labels=labels, logits=model_fn(images, True)))
+        grads = tf.gradients(loss, tf1.trainable_variables())
+    step = tf1.graph_util.extract_sub_graph(graph.as_graph_def(),
+                                            [g.op.name for g in grads if g is not None])
+    with tf.Graph().as_default() as pruned:
+        tf1.import_graph_def(step, name='')
+        options = tf1.profiler.ProfileOptionBuilder.float_operation()
+        options['output'] = 'none'
+        profile = tf1.profiler.profile(pruned, options=options)
+    return profile.total_float_ops / batch
+
+
+def matmul_gflops(devices, size=1024, repeats=10, steps=5):
+    """GFLOP/s of `repeats` chained size x size matmuls on every device at once."""
+    graph = tf.Graph()
+    with graph.as_default():
+        outputs = []
+        for device in devices:
+            with tf.device(device):
+                a = tf1.get_variable('a' + device.replace('/', '_').replace(':', ''),
+                                     [size, size], initializer=tf1.random_normal_initializer())
+                x = a
+                for _ in range(repeats):
+                    x = tf.matmul(x, a) * (1.0 / size)
+                outputs.append(tf.reduce_sum(x))
+        init = tf1.global_variables_initializer()
+    with tf1.Session(graph=graph, config=session_config(devices)) as sess:
+        sess.run(init)
+        sess.run(outputs)
+        start = time.perf_counter()
+        for _ in range(steps):
+            sess.run(outputs)
+        seconds = (time.perf_counter() - start) / steps
+    return 2.0 * size ** 3 * repeats * len(devices) / seconds / 1e9
+
+
+def run_compare(model_name, model_fn, input_shape, num_classes, tower_counts, batch_size,
+                dataset, modes=('synthetic',), variable_updates=('parameter_server', 'replicated'),
+                xla=False, warmup_steps=10, timed_steps=50, plot=None, log=print):
+    """Measure towers and its peers at each tower count; print one table.
+
+    Returns:
+      list of dicts: config, towers, mean, stderr, vs_best (images/sec over
+      towers' best at that count) and gflops (training GFLOP/s).
+    """
+    if batch_size < 1 or timed_steps < 2 or warmup_steps < 0:
+        raise TowersError('bench needs --batch-size >= 1, --window >= 2 and --warmup >= 0')
+    twin = keras_twin(model_name, input_shape, num_classes)
+    _logical_cpus(max(tower_counts))
+    if xla and 'tf_xla_cpu_global_jit' not in os.environ.get('TF_XLA_FLAGS', ''):
+        # On a CPU, TensorFlow clusters for XLA only with this flag; it is read
+        # when XLA is first used, which is after this point.
+        os.environ['TF_XLA_FLAGS'] = (os.environ.get('TF_XLA_FLAGS', '')
+                                      + ' --tf_xla_cpu_global_jit').strip()
+    sampler = EpochSampler(dataset.num_examples, batch_size)
+    rows, configs = [], []
+    for count in tower_counts:
+        devices = resolve_devices(num_towers=count)
+        for update in variable_updates:
+            for mode in modes:
+                rows.append({'config': 'towers %s/%s' % (update, mode), 'towers': count})
+                configs.append(dict(model_fn=model_fn, input_shape=input_shape,
+                                    tower_devices=devices, param_device='/cpu:0',
+                                    variable_update=update,
+                                    source=make_input(mode, dataset, sampler, batch_size,
+                                                      num_classes)))
+        if xla:
+            rows.append({'config': 'towers %s/%s +xla' % (variable_updates[0], modes[0]),
+                         'towers': count})
+            configs.append(dict(configs[-len(variable_updates) * len(modes)], xla=True,
+                                source=make_input(modes[0], dataset, sampler, batch_size,
+                                                  num_classes)))
+        if batch_size % count == 0:
+            rows.append({'config': 'textbook', 'towers': count})
+            configs.append(functools.partial(_Textbook, model_fn, input_shape, devices, dataset,
+                                             batch_size))
+        else:
+            log('textbook at %d towers: skipped (tf.split needs the batch to divide evenly)'
+                % count)
+        if twin is not None and not _eager_has(devices):
+            log('keras mirrored at %d towers: skipped (TensorFlow started with fewer logical '
+                'devices; run the bench in a fresh process)' % count)
+        elif twin is not None:
+            rows.append({'config': 'keras mirrored', 'towers': count})
+            configs.append(functools.partial(_Mirrored, twin, devices, dataset, batch_size))
+    if twin is None:
+        log('keras mirrored: skipped (%s has no Keras twin here)' % model_name)
+    flops = training_flops_per_image(model_fn, input_shape, num_classes)
+    for row, (mean, stderr) in zip(rows, measure_interleaved(configs, warmup_steps,
+                                                             timed_steps)):
+        row.update(mean=mean, stderr=stderr, gflops=mean * flops / 1e9)
+    _report(rows, flops, tower_counts, log)
+    if plot:
+        plot_rows(rows, plot, '%s, global batch %d' % (model_name, batch_size))
+        log('plot: %s' % plot)
+    return rows
+
+
+def _logical_cpus(count):
+    """As many logical CPUs for Keras (eager) as the towers' sessions get (device_count)."""
+    cpus = tf.config.list_physical_devices('CPU')
+    if not tf.config.list_physical_devices('GPU') and cpus:
+        try:
+            tf.config.set_logical_device_configuration(
+                cpus[0], [tf.config.LogicalDeviceConfiguration()] * count)
+        except RuntimeError:
+            pass  # already initialised in this process; it keeps what it has
+
+
+def _eager_has(devices):
+    """Whether eager TensorFlow (where Keras runs) has every one of the devices."""
+    have = {d.name.lower().replace('/device:', '/') for d in tf.config.list_logical_devices()}
+    return all(d.lower() in have for d in devices)
+
+
+def _report(rows, flops, tower_counts, log):
+    best = {}
+    for row in rows:
+        if row['config'].startswith('towers'):
+            best[row['towers']] = max(best.get(row['towers'], 0), row['mean'])
+    log('training FLOPs per image: %.2f MFLOP (counted on the graph)' % (flops / 1e6))
+    log('%-40s %-7s %-20s %-9s %s' % ('config', 'towers', 'images/sec', 'vs best', 'GFLOP/s'))
+    for row in rows:
+        row['vs_best'] = row['mean'] / best[row['towers']]
+        log('%-40s %-7d %-20s %-9.3f %.1f' % (row['config'], row['towers'], '%.1f ± %.1f' % (
+            row['mean'], row['stderr']), row['vs_best'], row['gflops']))
+    for count in tower_counts:
+        devices = resolve_devices(num_towers=count)
+        log('%d tower(s): towers best %.1f GFLOP/s, a large matmul on the same devices %.1f '
+            'GFLOP/s' % (count, best[count] * flops / 1e9, matmul_gflops(devices)))
+    for peer in ('textbook', 'keras mirrored'):
+        ratios = ['%d: %.2fx' % (r['towers'], 1 / r['vs_best']) for r in rows
+                  if r['config'] == peer]
+        if ratios:
+            log('towers best vs %s: %s' % (peer, ', '.join(ratios)))
+    first = best[tower_counts[0]]
+    log('towers best vs %d tower(s): %s' % (tower_counts[0], ', '.join(
+        '%d: %.3f' % (count, best[count] / first) for count in tower_counts)))
+
+
+def plot_rows(rows, path, title):
+    """images/sec against tower count, one line per configuration, as a PNG."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise TowersError('--plot needs matplotlib: pip install matplotlib') from None
+    matplotlib.use('Agg')
+    from matplotlib import pyplot
+    from data.atomic import atomic_output
+    figure, axes = pyplot.subplots(figsize=(7, 4.5))
+    for config in dict.fromkeys(r['config'] for r in rows):
+        mine = [r for r in rows if r['config'] == config]
+        axes.errorbar([r['towers'] for r in mine], [r['mean'] for r in mine],
+                      yerr=[r['stderr'] for r in mine], marker='o', capsize=3, label=config)
+    axes.set_xlabel('towers')
+    axes.set_ylabel('images/sec')
+    axes.set_xticks(sorted({r['towers'] for r in rows}))
+    axes.set_title(title)
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize=8)
+    figure.tight_layout()
+    with atomic_output(os.path.abspath(path), suffix='.png') as out:
+        figure.savefig(out, format='png', dpi=100)
+    pyplot.close(figure)
+
