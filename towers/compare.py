@@ -117,7 +117,14 @@ class _Mirrored:
 
     def __init__(self, build, tower_devices, dataset, batch_size, num_steps):
         import keras
-        self.strategy = tf.distribute.MirroredStrategy(devices=tower_devices)
+        # On CPUs the default all-reduce is collective ops, whose group keys every
+        # MirroredStrategy in a process numbers from 1: a second strategy with
+        # another device count would collide. Reducing to one device is what
+        # MirroredStrategy does without NCCL; on GPUs its default (NCCL) stays.
+        gpus = all(d.startswith('/gpu') for d in tower_devices)
+        self.strategy = tf.distribute.MirroredStrategy(
+            devices=tower_devices,
+            cross_device_ops=None if gpus else tf.distribute.ReductionToOneDevice())
         with self.strategy.scope():
             self.model = build()
             self.model.compile(optimizer=keras.optimizers.SGD(0.01),
