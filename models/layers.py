@@ -268,15 +268,28 @@ def batch_norm(x, training, decay=0.997, epsilon=1e-5, name='batch_norm'):
 
 
 def _pooled_moments(x, axes, stats):
-    """Mean and (biased) variance over every tower's real examples, per channel."""
-    from tensorflow.python.ops import collective_ops  # TF's own all-reduce
+    """Mean and (biased) variance over every tower's real examples, per channel.
+
+    Two passes, as tf.nn.moments: the mean first, then the mean squared
+    deviation from it (E[x^2] - E[x]^2 in one pass loses digits to cancellation).
+    """
     real = tf.cast(tf.range(tf.shape(x)[0]) < stats.count, x.dtype)
     real = tf.reshape(real, [-1] + [1] * (x.shape.rank - 1))
     per_example = tf.cast(tf.reduce_prod(tf.shape(x)[1:-1]), x.dtype)
-    local = tf.concat([tf.reduce_sum(x * real, axes), tf.reduce_sum(tf.square(x) * real, axes),
-                       [tf.reduce_sum(real) * per_example]], axis=0)
+    channels = x.shape[-1]
+    sums = _all_reduce(tf.concat([tf.reduce_sum(x * real, axes),
+                                  [tf.reduce_sum(real) * per_example]], axis=0), stats)
+    count = tf.maximum(sums[-1], 1.0)
+    mean = sums[:channels] / count
+    squares = _all_reduce(tf.reduce_sum(tf.square(x - mean) * real, axes), stats)
+    return mean, squares / count
+
+
+def _all_reduce(local, stats):
+    """The sum of `local` over the towers, with the gradient a weighted tower needs."""
+    from tensorflow.python.ops import collective_ops  # TF's own all-reduce
     forward, backward = stats.next_keys()
-    weight = tf.cast(stats.weight, x.dtype)
+    weight = tf.cast(stats.weight, local.dtype)
 
     @tf.custom_gradient
     def all_reduce(local):
@@ -290,9 +303,4 @@ def _pooled_moments(x, axes, stats):
         return collective_ops.all_reduce(local, stats.num_towers, stats.GROUP_KEY, forward,
                                          'Add', 'Id'), grad
 
-    total = all_reduce(local)
-    channels = x.shape[-1]
-    count = tf.maximum(total[-1], 1.0)
-    mean = total[:channels] / count
-    variance = tf.maximum(total[channels:2 * channels] / count - tf.square(mean), 0.0)
-    return mean, variance
+    return all_reduce(local)
