@@ -157,6 +157,21 @@ def build_parser():
     bench.add_argument('--plot', default=None, metavar='FILE.png',
                        help='with --compare: draw images/sec against towers (needs matplotlib)')
 
+    check = commands.add_parser('check', help='N towers against one device on the same batches: '
+                                              'the largest gradient and variable differences')
+    _model_flags(check)
+    check.add_argument('--towers', type=int, default=2, help='towers to compare (default: 2)')
+    check.add_argument('--batch-size', type=int, default=100,
+                       help='global batch (default: 100; 100 over 3 towers is 34/33/33)')
+    check.add_argument('--steps', type=int, default=5, help='SGD steps (default: 5)')
+    check.add_argument('--lr', type=float, default=0.01, help='learning rate (default: 0.01)')
+    check.add_argument('--tolerance', type=float, default=1e-5,
+                       help='largest difference allowed, relative to the largest variable '
+                            '(default: 1e-05)')
+    check.add_argument('--sync-bn', action='store_true',
+                       help='pool batch-norm moments over the towers (models with batch norm '
+                            'differ from one device without it)')
+
     commands.add_parser('models', help='list the models and datasets')
 
     evaluate = commands.add_parser('eval', help="test a trained run's checkpoint")

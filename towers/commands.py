@@ -238,8 +238,48 @@ def _convert(args, log):
     log('wrote %s' % os.path.join(args.out, records.MANIFEST))
 
 
+def _check(args, log):
+    """towers check: N towers against one device on the same batches."""
+    import inspect
+    import data
+    import models
+    from towers import check, devices
+    from towers.errors import TowersError
+    if args.towers < 1 or args.batch_size < 1 or args.steps < 1 or args.tolerance <= 0:
+        raise TowersError('check needs --towers, --batch-size and --steps of at least 1 and a '
+                          'positive --tolerance')
+    info = data.dataset_info(args.dataset)
+    # Dropout masks are drawn per tower: off here, so that only the towers can differ.
+    options = ({'dropout_rate': 0.0} if 'dropout_rate' in inspect.signature(
+        models.MODELS[args.model]).parameters else {}) if args.model in models.MODELS else {}
+    model_fn = models.build_model(args.model, info.input_shape, info.num_classes, **options)
+    train = data.load_dataset(args.dataset).train
+    batches = [(train.images[i:i + args.batch_size], train.labels[i:i + args.batch_size])
+               for i in range(0, args.batch_size * args.steps, args.batch_size)]
+    tower_devices = devices.resolve_devices(args.towers)
+    base, extra = divmod(args.batch_size, args.towers)  # as split_sizes cuts it
+    shares = [base + 1] * extra + [base] * (args.towers - extra)
+    log('check: %s on %d tower(s) %s against 1 device, global batch %d (%s), %d SGD steps%s'
+        % (args.model, args.towers, ','.join(tower_devices), args.batch_size,
+           '/'.join(map(str, shares)), args.steps, ', dropout off' if options else ''))
+    result, has_batch_norm = check.check_towers(model_fn, info.input_shape, args.towers,
+                                                batches, args.lr, sync_bn=args.sync_bn)
+    log('largest gradient difference: %.3g (%s)' % (result.gradient_diff, result.gradient_var))
+    log('largest variable difference after %d steps: %.3g (%s); variables reach %.3g'
+        % (args.steps, result.variable_diff, result.variable_var, result.scale))
+    limit = args.tolerance * max(1.0, result.scale)
+    worst = max(result.gradient_diff, result.variable_diff)
+    if worst > limit:
+        hint = ('; the model has batch norm: add --sync-bn' if has_batch_norm
+                and not args.sync_bn else '')
+        raise TowersError('%d towers differ from one device by %.3g, more than the tolerance '
+                          '%.3g%s' % (args.towers, worst, limit, hint))
+    log('within tolerance %.3g: %d towers train the same model as one device'
+        % (limit, args.towers))
+
+
 COMMANDS = {'train': _train, 'devices': _devices, 'bench': _bench, 'models': _models,
-            'data': _convert, 'eval': _eval, 'export': _export}
+            'data': _convert, 'eval': _eval, 'export': _export, 'check': _check}
 
 
 def _float_list(text, flag):

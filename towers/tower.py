@@ -135,7 +135,7 @@ def tower_loss(model_fn, images, labels, count, training):
 
 
 def build_towers(model_fn, images, labels, tower_devices, param_device='/cpu:0',
-                 optimizer=None, training=True, reuse=False):
+                 optimizer=None, training=True, reuse=False, sync_bn=False):
     """Build one tower per device over slices of the global batch.
 
     Args:
@@ -150,6 +150,7 @@ def build_towers(model_fn, images, labels, tower_devices, param_device='/cpu:0',
       training: Python bool passed to model_fn.
       reuse: True when the variables already exist (e.g. an evaluation copy of
         a training graph); tower 0 then reuses them too.
+      sync_bn: batch norms use the whole batch's moments (build_towers_from_slices).
     Returns:
       A list of Tower, one per device.
     """
@@ -158,7 +159,8 @@ def build_towers(model_fn, images, labels, tower_devices, param_device='/cpu:0',
         # slice is then copied once to its tower's device.
         slices = split_batch(images, labels, len(tower_devices))
     return build_towers_from_slices(functools.partial(tower_loss, model_fn), slices,
-                                    tower_devices, param_device, optimizer, training, reuse)
+                                    tower_devices, param_device, optimizer, training, reuse,
+                                    sync_bn=sync_bn)
 
 
 def build_towers_from_slices(loss_fn, slices, tower_devices, param_device='/cpu:0',

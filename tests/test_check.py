@@ -1,0 +1,76 @@
+"""towers check: N towers against one device, and a check that can fail."""
+import pytest
+import tensorflow as tf
+
+import data
+import models
+from models import layers
+from towers.check import check_towers
+from towers.cli import main
+from towers.gradients import average_gradients
+
+SHAPE = (28, 28, 1)
+
+
+@pytest.fixture(scope='module')
+def batches():
+    train = data.load_dataset('mnist_sample').train
+    return [(train.images[i:i + 10], train.labels[i:i + 10]) for i in (0, 10, 20)]
+
+
+@pytest.mark.parametrize('num_towers', [1, 2, 3, 4])
+def test_n_towers_match_one_device(batches, num_towers):
+    # 10 over 3 towers is 4/3/3, over 4 it is 3/3/2/2: uneven shares too.
+    result, has_batch_norm = check_towers(models.build_model('small_convnet', SHAPE, 10),
+                                          SHAPE, num_towers, batches, learning_rate=0.1)
+    assert not has_batch_norm
+    assert result.gradient_diff <= 1e-6 and result.variable_diff <= 1e-6 * result.scale
+    if num_towers == 1:
+        assert result.gradient_diff == 0 and result.variable_diff == 0
+
+
+def _summed(tower_grads, weights):
+    """A broken combiner: the towers' gradients summed, as if each tower had all the batch."""
+    return average_gradients(tower_grads, [1.0] * len(tower_grads))
+
+
+def test_a_wrong_average_is_caught(batches):
+    result, _ = check_towers(models.build_model('small_convnet', SHAPE, 10), SHAPE, 2, batches,
+                             learning_rate=0.1, average=_summed)
+    assert result.gradient_diff > 1e-3 and result.variable_diff > 1e-3
+
+
+def _bn_net(images, training):
+    x = layers.conv2d(images, 4, 3, activation=None, use_bias=False, name='conv')
+    return layers.dense(tf.nn.relu(layers.batch_norm(x, training, name='bn')), 10, name='logits')
+
+
+def test_batch_norm_differs_per_tower_unless_synced(batches):
+    plain, has_batch_norm = check_towers(_bn_net, SHAPE, 2, batches, learning_rate=0.01)
+    synced, _ = check_towers(_bn_net, SHAPE, 2, batches, learning_rate=0.01, sync_bn=True)
+    assert has_batch_norm
+    # Per-tower moments are another computation; pooled ones differ by rounding only
+    # (batch norm divides by the slice's spread, which magnifies it a little).
+    assert plain.gradient_diff > 1e-2 and plain.variable_diff > 1e-4
+    assert synced.gradient_diff < plain.gradient_diff / 1000
+    assert synced.variable_diff <= 1e-5 * max(1.0, synced.scale)
+
+
+def test_the_command_reports_and_passes(capsys):
+    assert main(['check', '--model', 'small_convnet', '--towers', '3', '--batch-size', '10',
+                 '--steps', '2']) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == ('check: small_convnet on 3 tower(s) /cpu:0,/cpu:1,/cpu:2 against 1 '
+                      'device, global batch 10 (4/3/3), 2 SGD steps')
+    assert out[1].startswith('largest gradient difference: ')
+    assert out[2].startswith('largest variable difference after 2 steps: ')
+    assert out[3].startswith('within tolerance ') and out[3].endswith(
+        '3 towers train the same model as one device')
+
+
+def test_the_command_fails_beyond_the_tolerance(capsys):
+    assert main(['check', '--model', 'small_convnet', '--towers', '2', '--batch-size', '10',
+                 '--steps', '1', '--tolerance', '1e-30']) == 1
+    err = capsys.readouterr().err
+    assert 'towers: error: 2 towers differ from one device by ' in err
+    assert 'more than the tolerance' in err
