@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from data.sampler import EpochSampler
 from towers.devices import resolve_devices, resolve_param_device, session_config
+from towers import trace as tracing
 from towers.errors import TowersError
 from towers.graph import build_training_graph
 from towers.inputs import INPUT_MODES, make_input, run_step
@@ -50,6 +51,15 @@ class _Trainer:
         self.sess.run(self.graph.sync_op)
         source.start(self.sess, 0, num_steps)
 
+    def trace(self, path, log):
+        """Run one step fully traced; write it to path and log where the time went."""
+        options, metadata = tracing.trace_options()
+        run_step(self.sess, self.source, self.step, [self.graph.train_op], options, metadata)
+        self.step += 1
+        tracing.write_trace(metadata, path)
+        for line in tracing.summary_lines(tracing.summarize(metadata), path, self.step):
+            log(line)
+
     def run(self, steps, clock, timed=True):
         fetches = [self.graph.batch, self.graph.train_op]
         for _ in range(steps):
@@ -68,7 +78,7 @@ class _Trainer:
 
 
 def measure_interleaved(configs, warmup_steps=10, timed_steps=50, rounds=5,
-                        clock=time.perf_counter):
+                        clock=time.perf_counter, trace_path=None, log=print):
     """Time several configurations in turns, so drift hits them all alike.
 
     Every configuration is built and warmed up first; then the timed steps run
@@ -79,6 +89,8 @@ def measure_interleaved(configs, warmup_steps=10, timed_steps=50, rounds=5,
         num_steps (model_fn, input_shape, tower_devices, source, param_device,
         ...), or callables num_steps -> a runner with the same run(steps,
         clock, timed), rates and close() (e.g. a peer's training loop).
+      trace_path: trace one step of the first configuration, after its
+        warm-up and before any timing, into this Chrome-trace file.
     Returns:
       one (mean, stderr) of images/sec per configuration.
     """
@@ -91,6 +103,8 @@ def measure_interleaved(configs, warmup_steps=10, timed_steps=50, rounds=5,
             trainers.append(config(num_steps) if callable(config)
                             else _Trainer(num_steps=num_steps, **config))
             trainers[-1].run(warmup_steps, clock, timed=False)
+        if trace_path:
+            trainers[0].trace(trace_path, log)
         for block in blocks:
             for trainer in trainers:
                 trainer.run(block, clock)
@@ -113,7 +127,8 @@ def measure(model_fn, input_shape, tower_devices, source, warmup_steps=10, timed
 
 
 def run_bench(model_fn, input_shape, num_classes, tower_counts, batch_size, modes=('synthetic',),
-              dataset=None, warmup_steps=10, timed_steps=50, param_device='cpu', log=print):
+              dataset=None, warmup_steps=10, timed_steps=50, param_device='cpu', log=print,
+              trace=None):
     """Measure every input mode at every tower count; print one table.
 
     Args:
@@ -123,6 +138,7 @@ def run_bench(model_fn, input_shape, num_classes, tower_counts, batch_size, mode
         `dataset` (images [N, H, W, C] float32, labels [N]).
       param_device: as resolve_param_device takes it ('cpu', 'gpu', a name),
         resolved for each tower count.
+      trace: a Chrome-trace file for one step of the first row (--trace).
     Returns:
       list of dicts: input, towers, devices, mean, stderr, and the ratios
       vs_synthetic (same tower count; None without a synthetic row) and
@@ -157,7 +173,8 @@ def run_bench(model_fn, input_shape, num_classes, tower_counts, batch_size, mode
         raise TowersError('no tower count could run; try --towers 1')
     # Every row in turns, block by block: the ratios then compare like with like.
     for row, (mean, stderr) in zip(rows, measure_interleaved(configs, warmup_steps,
-                                                             timed_steps)):
+                                                             timed_steps, trace_path=trace,
+                                                             log=log)):
         row.update(mean=mean, stderr=stderr)
     _add_ratios(rows)
     log('%-10s %-7s %-28s %-20s %-13s %s' % ('input', 'towers', 'devices', 'images/sec',

@@ -3,6 +3,7 @@
 The Trainer (trainer.py) calls, in each callback's `order`:
   setup_graph(trainer)        while the graph is built (add ops, Savers)
   fetches(trainer) -> dict    tensors to run with every step
+  wants_trace(trainer)        whether to trace the coming step (--trace)
   before_train(trainer)       session ready, variables initialised or restored
   after_step(trainer, values) values: the step's fetches, plus 'seconds'
   after_epoch(trainer)        every steps_per_epoch steps
@@ -67,6 +68,11 @@ class Callback:
 
     def fetches(self, trainer):
         return {}
+
+    def wants_trace(self, trainer):
+        """True to run the coming step (trainer.step + 1) fully traced; its
+        RunMetadata then arrives in after_step's values['run_metadata']."""
+        return False
 
     def before_train(self, trainer):
         pass

@@ -126,6 +126,11 @@ def build_parser():
                        help='write no TensorBoard events in --logdir')
     train.add_argument('--histograms', action='store_true',
                        help='also write weight histograms to TensorBoard')
+    train.add_argument('--trace', default=None, metavar='FILE.json',
+                       help='write one step, fully traced, as a Chrome trace (Perfetto, '
+                            'chrome://tracing) and print where the time went')
+    train.add_argument('--trace-step', type=int, default=None,
+                       help='the step --trace records (default: the first after warm-up)')
     train.add_argument('--quiet', action='store_true',
                        help='no progress bar: plain log lines, as when not on a terminal')
     train.add_argument('--seed', type=int, default=0, help='random seed (default: 0)')
@@ -146,6 +151,8 @@ def build_parser():
                        help='global batch (default: 128)')
     bench.add_argument('--warmup', type=int, default=10, help='untimed steps (default: 10)')
     bench.add_argument('--window', type=int, default=50, help='timed steps (default: 50)')
+    bench.add_argument('--trace', default=None, metavar='FILE.json',
+                       help="trace one step of the first row after its warm-up (see train's)")
     bench.add_argument('--compare', action='store_true',
                        help='towers (each --variable-update and --input) against the textbook '
                             'recipe and Keras MirroredStrategy, with training GFLOP/s')

@@ -50,13 +50,14 @@ def _bench(args, log):
         compare.run_compare(args.model, model_fn, info.input_shape, info.num_classes, counts,
                             args.batch_size, train_set, modes, updates, xla=args.xla,
                             warmup_steps=args.warmup, timed_steps=args.window, plot=args.plot,
-                            log=log)
+                            trace=args.trace, log=log)
         return
     if args.plot or args.xla:
         from towers.errors import TowersError
         raise TowersError('--plot and --xla go with --compare')
     bench.run_bench(model_fn, info.input_shape, info.num_classes, counts, args.batch_size,
-                    modes, train_set, args.warmup, args.window, args.param_device, log=log)
+                    modes, train_set, args.warmup, args.window, args.param_device, log=log,
+                    trace=args.trace)
 
 
 def _load_records(args):
@@ -118,6 +119,7 @@ def _train(args, log):
         checkpoint_every=args.checkpoint_every, keep_checkpoints=args.keep_checkpoints,
         eval_every=args.eval_every, best_metric=args.best_metric,
         tensorboard=not args.no_tensorboard, histograms=args.histograms, quiet=args.quiet,
+        trace=args.trace, trace_step=args.trace_step,
         seed=args.seed, input=args.input or ('dataset' if from_records else 'feed'),
         mean=_float_list(args.mean, '--mean'), std=_float_list(args.std, '--std'))
     config.validate()  # before any data is read

@@ -200,7 +200,7 @@ def matmul_gflops(devices, size=1024, repeats=10, steps=5):
 
 def run_compare(model_name, model_fn, input_shape, num_classes, tower_counts, batch_size,
                 dataset, modes=('synthetic',), variable_updates=('parameter_server', 'replicated'),
-                xla=False, warmup_steps=10, timed_steps=50, plot=None, log=print):
+                xla=False, warmup_steps=10, timed_steps=50, plot=None, trace=None, log=print):
     """Measure towers and its peers at each tower count; print one table.
 
     Returns:
@@ -251,7 +251,8 @@ def run_compare(model_name, model_fn, input_shape, num_classes, tower_counts, ba
         log('keras mirrored: skipped (%s has no Keras twin here)' % model_name)
     flops = training_flops_per_image(model_fn, input_shape, num_classes)
     for row, (mean, stderr) in zip(rows, measure_interleaved(configs, warmup_steps,
-                                                             timed_steps)):
+                                                             timed_steps, trace_path=trace,
+                                                             log=log)):
         row.update(mean=mean, stderr=stderr, gflops=mean * flops / 1e9)
     _report(rows, flops, tower_counts, log)
     if plot:

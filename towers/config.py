@@ -8,6 +8,7 @@ import dataclasses
 from towers.errors import TowersError
 from towers.gradients import check_pattern
 from towers.model import ClassifierModel
+from towers.monitors import Trace
 from towers.schedules import LearningRate
 from towers.trainer import Trainer, default_callbacks
 
@@ -45,6 +46,8 @@ class TrainConfig:
     tensorboard: bool = True
     histograms: bool = False
     quiet: bool = False
+    trace: str = None  # --trace FILE: one step as a Chrome trace
+    trace_step: int = None
     warmup_steps: int = 10
     seed: int = 0
     input: str = 'feed'
@@ -78,6 +81,8 @@ class TrainConfig:
              % self.clip_norm),
             (self.ema is None or 0 < self.ema < 1, '--ema must lie between 0 and 1 (e.g. '
              '0.999), got %s' % self.ema),
+            (self.trace_step is None or self.trace_step >= 1, '--trace-step must be at least 1, '
+             'got %s' % self.trace_step),
             (self.best_metric in ('accuracy', 'loss'), "--best-metric %r is not a metric of "
              "this model; choose one of: loss, accuracy" % self.best_metric)]
         for ok, message in checks:
@@ -91,11 +96,14 @@ class TrainConfig:
         return LearningRate.parse(self.learning_rate, self.lr_schedule, self.warmup_epochs)
 
     def callbacks(self, data=None):
-        return default_callbacks(
+        callbacks = default_callbacks(
             self.logdir, log_every=self.log_every, checkpoint_every=self.checkpoint_every,
             keep=self.keep_checkpoints, quiet=self.quiet, eval_every=self.eval_every,
             best_metric=self.best_metric, tensorboard=self.tensorboard,
             histograms=self.histograms, data=data)
+        if self.trace:
+            callbacks.append(Trace(self.trace, self.trace_step))
+        return callbacks
 
 
 def train(config, model_fn, datasets, input_shape, num_classes=10, log=print, source=None,

@@ -188,7 +188,7 @@ class DatasetInput(InputSource):
         return int(dropped), int(read)
 
 
-def run_step(sess, source, step, fetches):
+def run_step(sess, source, step, fetches, options=None, run_metadata=None):
     """Run one train step fed by source; None when its data has ended.
 
     Args:
@@ -196,6 +196,7 @@ def run_step(sess, source, step, fetches):
       source: the InputSource the graph was built with.
       step: the global step about to run.
       fetches: list of tensors/ops to run (the train op among them).
+      options, run_metadata: passed to sess.run (e.g. to trace the step).
     Returns:
       The values of fetches, or None at the end of the source's data.
     Raises:
@@ -204,7 +205,8 @@ def run_step(sess, source, step, fetches):
     """
     extra, feed = source.step(step)
     try:
-        return sess.run(list(fetches) + extra, feed)[:len(fetches)]
+        return sess.run(list(fetches) + extra, feed, options=options,
+                        run_metadata=run_metadata)[:len(fetches)]
     except tf.errors.OutOfRangeError:
         source.end_of_data()
         return None

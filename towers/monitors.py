@@ -13,6 +13,7 @@ import tensorflow as tf
 import tqdm
 
 from data.atomic import atomic_output
+from towers import trace
 from towers.callbacks import Callback, Throughput, format_metrics
 
 tf1 = tf.compat.v1
@@ -213,3 +214,31 @@ def _read_lines(path):
             except ValueError:
                 pass
     return lines
+
+
+class Trace(Callback):
+    """--trace FILE: one step fully traced, written as Chrome-trace JSON, and summarised.
+
+    Args:
+      path: the .json file to write.
+      step: the global step to trace; None: the first after warm-up (or the
+        run's last, if it is shorter).
+    """
+
+    order = 45
+
+    def __init__(self, path, step=None):
+        self.path, self.step = path, step
+
+    def before_train(self, trainer):
+        self.at = self.step or min(trainer.step + trainer.warmup_steps + 1, trainer.num_steps)
+
+    def wants_trace(self, trainer):
+        return trainer.step + 1 == self.at
+
+    def after_step(self, trainer, values):
+        if 'run_metadata' in values:
+            trace.write_trace(values['run_metadata'], self.path)
+            for line in trace.summary_lines(trace.summarize(values['run_metadata']), self.path,
+                                            trainer.step):
+                trainer.log(line)

@@ -24,6 +24,7 @@ from towers.export import restore, write_run
 from towers.graph import build_training_graph
 from towers.inputs import InputSource, make_input, run_step
 from towers.schedules import LearningRate
+from towers.trace import trace_options
 
 tf1 = tf.compat.v1
 
@@ -249,11 +250,16 @@ class Trainer:
         try:
             self.source.start(self.sess, self.step, self.num_steps)
             while self.step < self.num_steps:
+                options = metadata = None
+                if any(c.wants_trace(self) for c in self.callbacks):
+                    options, metadata = trace_options()
                 start = time.perf_counter()
-                values = run_step(self.sess, self.source, self.step, fetches)
+                values = run_step(self.sess, self.source, self.step, fetches, options, metadata)
                 if values is None:
                     break  # a finite dataset input ended
                 values = dict(zip(names, values), seconds=time.perf_counter() - start)
+                if metadata is not None:
+                    values['run_metadata'] = metadata
                 del values['train_op']
                 self.step += 1  # the train op increments global_step by exactly one
                 overall.add(values['batch'], values['seconds'])

@@ -1,0 +1,62 @@
+"""--trace: one step as a Chrome trace with events on every tower device, and its summary."""
+import json
+import re
+
+import numpy as np
+import pytest
+
+import data
+import models
+from towers import trace
+from towers.bench import run_bench
+from towers.config import TrainConfig, train
+
+SHAPE = (28, 28, 1)
+
+
+def _devices_with_events(path):
+    with open(path) as f:
+        events = json.load(f)['traceEvents']
+    names = {e['pid']: e['args']['name'] for e in events
+             if e.get('ph') == 'M' and e.get('name') == 'process_name'}
+    return {trace.short_device(names[e['pid']].split()[0]) for e in events
+            if e.get('ph') == 'X'}
+
+
+def test_train_traces_the_first_step_after_warm_up(tmp_path):
+    rng = np.random.RandomState(0)
+    sets = data.Datasets(data.DataSet(rng.rand(60, *SHAPE).astype(np.float32),
+                                      rng.randint(0, 10, 60)), None, None)
+    path = str(tmp_path / 'step.json')
+    lines = []
+    train(TrainConfig(tower_devices=['/cpu:0', '/cpu:1', '/cpu:2'], batch_size=12, steps=6,
+                      warmup_steps=3, trace=path, log_every=100),
+          models.build_model('small_convnet', SHAPE, 10), sets, SHAPE, log=lines.append)
+    assert _devices_with_events(path) >= {'/cpu:0', '/cpu:1', '/cpu:2'}
+    start = lines.index('trace of step 4: %s (open it in ui.perfetto.dev or chrome://tracing)'
+                        % path)
+    step = re.fullmatch(r'step ([\d.]+) ms; averaging ([\d.]+) ms, apply ([\d.]+) ms',
+                        lines[start + 1])
+    assert step, lines[start + 1]
+    step_ms, average_ms, apply_ms = map(float, step.groups())
+    assert step_ms > 0 and average_ms > 0 and apply_ms > 0
+    for i, device in enumerate(['/cpu:0', '/cpu:1', '/cpu:2']):
+        busy = re.fullmatch(r'  %s +busy ([\d.]+) ms \((\d+)%%\), idle ([\d.]+) ms' % device,
+                            lines[start + 2 + i])
+        assert busy, lines[start + 2 + i]
+        assert float(busy.group(1)) + float(busy.group(3)) == pytest.approx(step_ms, abs=0.11)
+
+
+def test_bench_traces_its_first_row(tmp_path):
+    path = str(tmp_path / 'bench.json')
+    lines = []
+    run_bench(models.build_model('small_convnet', SHAPE, 10), SHAPE, 10, [2], batch_size=8,
+              warmup_steps=1, timed_steps=2, log=lines.append, trace=path)
+    assert _devices_with_events(path) >= {'/cpu:0', '/cpu:1'}
+    assert lines[0].startswith('trace of step 2: %s' % path)
+
+
+def test_busy_time_is_the_union_of_the_intervals():
+    assert trace._union([(0, 10), (5, 15), (20, 25), (21, 22)]) == 20
+    assert trace._union([]) == 0
+    assert trace.short_device('/job:localhost/replica:0/task:0/device:GPU:3') == '/gpu:3'

@@ -1,0 +1,97 @@
+"""--trace FILE: one training step, fully traced, as a Chrome trace and a short summary.
+
+The step runs with RunOptions(trace_level=FULL_TRACE); TensorFlow's own
+timeline module (tensorflow.python.client.timeline) turns its step stats into
+Chrome-trace JSON, which Perfetto (ui.perfetto.dev) or chrome://tracing open:
+one row per device, where the towers are seen running side by side. The
+summary says the step time, how long each device was busy (the union of its
+ops' intervals) and idle, and how long the averaging and the apply took.
+"""
+import json
+import re
+
+import tensorflow as tf
+from tensorflow.python.client import timeline
+
+from data.atomic import atomic_output
+
+tf1 = tf.compat.v1
+
+_APPLY = re.compile(r'= (Resource)?(Sparse)?Apply\w*\(')
+_AVERAGE = ('average_gradients', 'all_reduce')
+
+
+def trace_options():
+    """(RunOptions, RunMetadata) for one fully traced sess.run."""
+    return tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE), tf1.RunMetadata()
+
+
+def short_device(name):
+    """'/job:localhost/replica:0/task:0/device:CPU:1' -> '/cpu:1' (other names unchanged)."""
+    match = re.search(r'device:([A-Za-z]+):(\d+)$', name)
+    return '/%s:%s' % (match.group(1).lower(), match.group(2)) if match else name
+
+
+def write_trace(run_metadata, path):
+    """The step as Chrome-trace JSON at path (written whole or not at all)."""
+    chrome = timeline.Timeline(run_metadata.step_stats).generate_chrome_trace_format()
+    json.loads(chrome)  # it is JSON, or this fails before anything is written
+    with atomic_output(path, suffix='.json') as out:
+        out.write(chrome.encode())
+
+
+def summarize(run_metadata):
+    """What the step did, per device, in milliseconds.
+
+    Returns:
+      dict: step_ms, busy_ms {device: ms}, idle_ms {device: ms}, average_ms
+      (the gradient averaging or all-reduce ops), apply_ms (the optimizer's
+      apply ops); devices are the compute devices (not memcpy streams).
+    """
+    intervals, average, apply = {}, [], []
+    for device in run_metadata.step_stats.dev_stats:
+        if '/device:' not in device.device or 'stream' in device.device:
+            continue
+        name = short_device(device.device)
+        for node in device.node_stats:
+            start = node.all_start_micros
+            end = start + max(node.all_end_rel_micros, 1)
+            intervals.setdefault(name, []).append((start, end))
+            if node.node_name.startswith(_AVERAGE):
+                average.append((start, end))
+            elif _APPLY.search(node.timeline_label):
+                apply.append((start, end))
+    if not intervals:
+        return {'step_ms': 0.0, 'busy_ms': {}, 'idle_ms': {}, 'average_ms': 0.0, 'apply_ms': 0.0}
+    first = min(s for spans in intervals.values() for s, _ in spans)
+    last = max(e for spans in intervals.values() for _, e in spans)
+    busy = {device: _union(spans) / 1e3 for device, spans in sorted(intervals.items())}
+    step = (last - first) / 1e3
+    return {'step_ms': step, 'busy_ms': busy,
+            'idle_ms': {device: step - ms for device, ms in busy.items()},
+            'average_ms': _union(average) / 1e3, 'apply_ms': _union(apply) / 1e3}
+
+
+def summary_lines(summary, path, step):
+    lines = ['trace of step %d: %s (open it in ui.perfetto.dev or chrome://tracing)'
+             % (step, path),
+             'step %.1f ms; averaging %.1f ms, apply %.1f ms'
+             % (summary['step_ms'], summary['average_ms'], summary['apply_ms'])]
+    for device, busy in summary['busy_ms'].items():
+        share = busy / summary['step_ms'] if summary['step_ms'] else 0.0
+        lines.append('  %-8s busy %.1f ms (%.0f%%), idle %.1f ms'
+                     % (device, busy, 100 * share, summary['idle_ms'][device]))
+    return lines
+
+
+def _union(spans):
+    """Total length covered by [start, end) intervals."""
+    total, reach = 0, None
+    for start, end in sorted(spans):
+        if reach is None or start > reach:
+            total += end - start
+            reach = end
+        elif end > reach:
+            total += end - reach
+            reach = end
+    return total
