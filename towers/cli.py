@@ -164,6 +164,22 @@ def build_parser():
     bench.add_argument('--plot', default=None, metavar='FILE.png',
                        help='with --compare: draw images/sec against towers (needs matplotlib)')
 
+    explain = commands.add_parser('explain', help='build the training graph, run one step and '
+                                                  'say where each part ran: ops, FLOPs, '
+                                                  'variables per device, bytes between them')
+    _model_flags(explain)
+    _device_flags(explain)
+    explain.add_argument('--batch-size', type=int, default=100,
+                         help='global batch (default: 100)')
+    explain.add_argument('--variable-update', default='parameter_server',
+                         choices=['parameter_server', 'replicated', 'independent'],
+                         help='as for train (default: parameter_server)')
+    explain.add_argument('--input', default=None, choices=['feed', 'synthetic'],
+                         help='as for train (default: feed)')
+    explain.add_argument('--optimizer', default='sgd', choices=['sgd', 'momentum', 'adam'],
+                         help='its slots are variables too (default: sgd)')
+    explain.add_argument('--json', action='store_true', help='the report as JSON')
+
     check = commands.add_parser('check', help='N towers against one device on the same batches: '
                                               'the largest gradient and variable differences')
     _model_flags(check)

@@ -245,7 +245,7 @@ def _check(args, log):
     import inspect
     import data
     import models
-    from towers import check, devices
+    from towers import check, devices, explain
     from towers.errors import TowersError
     if args.towers < 1 or args.batch_size < 1 or args.steps < 1 or args.tolerance <= 0:
         raise TowersError('check needs --towers, --batch-size and --steps of at least 1 and a '
@@ -259,8 +259,7 @@ def _check(args, log):
     batches = [(train.images[i:i + args.batch_size], train.labels[i:i + args.batch_size])
                for i in range(0, args.batch_size * args.steps, args.batch_size)]
     tower_devices = devices.resolve_devices(args.towers)
-    base, extra = divmod(args.batch_size, args.towers)  # as split_sizes cuts it
-    shares = [base + 1] * extra + [base] * (args.towers - extra)
+    shares = explain.shares(args.batch_size, args.towers)
     log('check: %s on %d tower(s) %s against 1 device, global batch %d (%s), %d SGD steps%s'
         % (args.model, args.towers, ','.join(tower_devices), args.batch_size,
            '/'.join(map(str, shares)), args.steps, ', dropout off' if options else ''))
@@ -280,8 +279,37 @@ def _check(args, log):
         % (limit, args.towers))
 
 
+def _explain(args, log):
+    """towers explain: where each part of a training step runs, from the real graph."""
+    import json
+    import data
+    import models
+    from towers import devices, explain
+    from towers.errors import TowersError
+    if args.batch_size < 1:
+        raise TowersError('--batch-size must be at least 1, got %d' % args.batch_size)
+    info = data.dataset_info(args.dataset)
+    model_fn = models.build_model(args.model, info.input_shape, info.num_classes)
+    tower_devices = devices.resolve_devices(args.towers, args.devices)
+    param_device = devices.resolve_param_device(args.param_device, tower_devices)
+    report = explain.explain(model_fn, info.input_shape, info.num_classes, tower_devices,
+                             param_device, args.batch_size, args.variable_update,
+                             args.input or 'feed', args.optimizer)
+    if args.json:
+        log(json.dumps(report, indent=1))
+        return
+    where = ('variables on %s' % param_device if args.variable_update == 'parameter_server'
+             else 'a copy of the variables per tower')
+    title = ('explain: %s on %d tower(s), global batch %d, %s input, %s, %s'
+             % (args.model, len(tower_devices), args.batch_size, args.input or 'feed',
+                args.variable_update, where))
+    for line in explain.report_lines(report, title):
+        log(line)
+
+
 COMMANDS = {'train': _train, 'devices': _devices, 'bench': _bench, 'models': _models,
-            'data': _convert, 'eval': _eval, 'export': _export, 'check': _check}
+            'data': _convert, 'eval': _eval, 'export': _export, 'check': _check,
+            'explain': _explain}
 
 
 def _float_list(text, flag):

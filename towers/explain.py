@@ -1,0 +1,224 @@
+"""`towers explain`: where each part of a training step runs, read off the real graph.
+
+The training graph is built as `towers train` builds it and one step is run
+with RunOptions(output_partition_graphs, FULL_TRACE). TensorFlow's placer has
+then split it into one partition per device, joined by _Send/_Recv pairs: the
+partitions say which op ran where, the step stats give every tensor's real
+shape, and TensorFlow's profiler counts each op's FLOPs at those shapes. So
+every number below comes from the graph that trains, not from a formula that
+could drift from it:
+
+  per device     its tower and slice of the global batch, ops, FLOPs, the
+                 variables it holds and their bytes
+  where          the gradient averaging (or all-reduce) and the apply ops run
+  per step       bytes that cross between each pair of devices, by kind:
+                 variables (read by a tower elsewhere), gradients, input, other
+"""
+import collections
+import re
+
+import numpy as np
+import tensorflow as tf
+
+import data
+from towers.devices import session_config
+from towers.graph import build_training_graph
+from towers.inputs import make_input
+from towers.model import ClassifierModel
+from towers.trace import short_device
+from data.sampler import EpochSampler
+
+tf1 = tf.compat.v1
+
+_APPLY_TYPE = re.compile(r'(Resource)?(Sparse)?Apply')
+_AVERAGE = ('average_gradients', 'all_reduce')
+_TRANSFER = ('_Send', '_Recv', '_HostSend', '_HostRecv')
+
+
+def explain(model_fn, input_shape, num_classes, tower_devices, param_device='/cpu:0',
+            batch_size=100, variable_update='parameter_server', input_mode='feed',
+            optimizer='sgd'):
+    """Build the training graph, run one step, and say where everything ran.
+
+    Returns:
+      dict: devices {device: {tower, examples, ops, flops, variables,
+      variable_bytes}}, averaging [devices], apply [devices], transfers
+      [{from, to, bytes, kinds {kind: bytes}}], bytes_per_step, batch_size.
+    """
+    if input_mode not in ('feed', 'synthetic'):
+        raise data.DataError('explain runs --input feed or synthetic (where the input comes '
+                             'from changes only the input transfers), not %s' % input_mode)
+    images = np.zeros([batch_size] + list(input_shape), np.float32)
+    fake = data.DataSet(images, np.zeros([batch_size], np.int64), num_classes=num_classes)
+    source = make_input(input_mode, fake, EpochSampler(batch_size, batch_size), batch_size,
+                        num_classes)
+    model = ClassifierModel(model_fn, input_shape, num_classes, optimizer=optimizer)
+    graph = build_training_graph(model, tower_devices, param_device, seed=0, source=source,
+                                 learning_rate=0.01, variable_update=variable_update)
+    options = tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE,
+                             output_partition_graphs=True)
+    metadata = tf1.RunMetadata()
+    config = session_config(tower_devices, param_device)
+    # Placement happens before grappler; without its rewrites (fused kernels,
+    # pruning) the partitions name the graph's own ops, which FLOPs are keyed by.
+    config.graph_options.rewrite_options.disable_meta_optimizer = True
+    with tf1.Session(graph=graph.graph, config=config) as sess:
+        sess.run(graph.init_op)
+        sess.run(graph.sync_op)
+        source.start(sess, 0, 1)
+        extra, feed = source.step(0)
+        sess.run([graph.train_op] + extra, feed, options=options, run_metadata=metadata)
+    with graph.graph.as_default():
+        variables = tf1.global_variables()
+    placed = _placement(metadata)
+    return {'batch_size': batch_size,
+            'devices': _devices(graph, placed, variables,
+                                _flops(model, tower_devices, param_device, batch_size,
+                                       num_classes, variable_update),
+                                shares(batch_size, len(tower_devices))),
+            'averaging': sorted({d for n, d in placed.items() if n.startswith(_AVERAGE)}),
+            'apply': sorted({placed[op.name] for op in graph.graph.get_operations()
+                             if _APPLY_TYPE.match(op.type) and op.name in placed}),
+            **_transfers(metadata)}
+
+
+def _placement(metadata):
+    """op name -> short device, for every op of the step (not the transfers)."""
+    placed = {}
+    for partition in metadata.partition_graphs:
+        for node in partition.node:
+            if node.op not in _TRANSFER:
+                placed[node.name] = short_device(node.device)
+    return placed
+
+
+def _flops(model, tower_devices, param_device, batch_size, num_classes, variable_update):
+    """op name -> FLOPs, by TensorFlow's profiler.
+
+    Its FLOP counts need static shapes, which a fed batch does not have; the
+    same graph over a synthetic input has them (each tower's slice a fixed
+    [n_i, H, W, C]), and names its ops alike.
+    """
+    from towers.inputs import SyntheticInput
+    graph = build_training_graph(model, tower_devices, param_device, seed=0,
+                                 source=SyntheticInput(batch_size, num_classes),
+                                 learning_rate=0.01, variable_update=variable_update)
+    options = tf1.profiler.ProfileOptionBuilder.float_operation()
+    options['output'] = 'none'
+    root = tf1.profiler.profile(graph.graph, options=options)
+    flops, stack = {}, list(root.children)
+    while stack:
+        node = stack.pop()
+        if node.float_ops:
+            flops[node.name] = node.float_ops
+        stack.extend(node.children)
+    return flops
+
+
+def shares(batch_size, num_towers):
+    """Each tower's examples, as split_batch cuts the batch (100 over 3: 34/33/33)."""
+    base, extra = divmod(batch_size, num_towers)
+    return [base + 1] * extra + [base] * (num_towers - extra)
+
+
+def _devices(graph, placed, variables, flops, examples):
+    """Per device: tower, slice, ops, FLOPs, variables held."""
+    devices = collections.OrderedDict()
+    for device in sorted(set(placed.values())):
+        devices[device] = {'tower': None, 'examples': 0, 'ops': 0, 'flops': 0,
+                           'variables': 0, 'variable_bytes': 0}
+    for name, device in placed.items():
+        devices[device]['ops'] += 1
+        devices[device]['flops'] += int(flops.get(name, 0))
+    for i, tower in enumerate(graph.towers):
+        device = placed.get(tower.loss.op.name, short_device(tower.device))
+        entry = devices.setdefault(device, {'tower': None, 'examples': 0, 'ops': 0, 'flops': 0,
+                                            'variables': 0, 'variable_bytes': 0})
+        entry['tower'] = 'tower_%d' % i
+        entry['examples'] = examples[i]
+    for var in variables:
+        device = placed.get(var.op.name) or _requested(var)
+        entry = devices.setdefault(device, {'tower': None, 'examples': 0, 'ops': 0, 'flops': 0,
+                                            'variables': 0, 'variable_bytes': 0})
+        entry['variables'] += 1
+        entry['variable_bytes'] += var.shape.num_elements() * var.dtype.base_dtype.size
+    return devices
+
+
+def _requested(var):
+    return short_device(tf.DeviceSpec.from_string(var.device).to_string()) \
+        if var.device else '/cpu:0'
+
+
+def _transfers(metadata):
+    """Bytes each _Send put on the wire, by device pair and kind."""
+    sizes = {}
+    for device in metadata.step_stats.dev_stats:
+        for node in device.node_stats:
+            for slot in node.output:
+                shape = tf.TensorShape(slot.tensor_description.shape)
+                dtype = tf.as_dtype(slot.tensor_description.dtype)
+                if shape.is_fully_defined() and dtype != tf.resource:
+                    sizes[(node.node_name, slot.slot)] = shape.num_elements() * dtype.size
+    pairs = {}
+    for partition in metadata.partition_graphs:
+        for node in partition.node:
+            if node.op not in ('_Send', '_HostSend'):
+                continue
+            producer, _, slot = node.input[0].partition(':')
+            size = sizes.get((producer, int(slot or 0)))
+            if size is None:
+                continue  # a resource handle or a control edge: no data
+            key = (short_device(node.attr['send_device'].s.decode()),
+                   short_device(node.attr['recv_device'].s.decode()))
+            entry = pairs.setdefault(key, {'from': key[0], 'to': key[1], 'bytes': 0,
+                                           'kinds': collections.Counter()})
+            entry['bytes'] += size
+            entry['kinds'][_kind(producer)] += size
+    transfers = [dict(e, kinds=dict(e['kinds'])) for _, e in sorted(pairs.items())]
+    return {'transfers': transfers, 'bytes_per_step': sum(t['bytes'] for t in transfers)}
+
+
+def _kind(producer):
+    if producer.endswith('ReadVariableOp') or '/read' in producer:
+        return 'variables'
+    if '/gradients/' in producer or producer.startswith(('gradients/', 'all_reduce')):
+        return 'gradients'
+    if producer.startswith(('split_batch', 'synthetic_')):
+        return 'input'
+    return 'other'
+
+
+def report_lines(report, title):
+    """The human-readable report."""
+    lines = [title]
+    for device, entry in report['devices'].items():
+        what = ('%s, %d of %d examples' % (entry['tower'], entry['examples'],
+                                           report['batch_size'])
+                if entry['tower'] else 'no tower')
+        roles = [r for r, devices in (('gradient averaging', report['averaging']),
+                                      ('apply', report['apply'])) if device in devices]
+        lines.append('%-8s %s; %d ops, %s; %d variables, %s%s' % (
+            device, what, entry['ops'], _flops_text(entry['flops']), entry['variables'],
+            _bytes_text(entry['variable_bytes']), '; ' + ', '.join(roles) if roles else ''))
+    lines.append('between devices per step: %s' % _bytes_text(report['bytes_per_step']))
+    for transfer in report['transfers']:
+        kinds = ', '.join('%s %s' % (k, _bytes_text(b)) for k, b in
+                          sorted(transfer['kinds'].items(), key=lambda kv: -kv[1]))
+        lines.append('  %s -> %s: %s (%s)' % (transfer['from'], transfer['to'],
+                                              _bytes_text(transfer['bytes']), kinds))
+    return lines
+
+
+def _bytes_text(size):
+    for unit, scale in (('MB', 1e6), ('kB', 1e3)):
+        if size >= scale:
+            return '%.2f %s' % (size / scale, unit)
+    return '%d B' % size
+
+
+def _flops_text(flops):
+    for unit, scale in (('GFLOP', 1e9), ('MFLOP', 1e6), ('kFLOP', 1e3)):
+        if flops >= scale:
+            return '%.2f %s' % (flops / scale, unit)
+    return '%d FLOP' % flops
