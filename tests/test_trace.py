@@ -29,10 +29,12 @@ def test_train_traces_the_first_step_after_warm_up(tmp_path):
                                       rng.randint(0, 10, 60)), None, None)
     path = str(tmp_path / 'step.json')
     lines = []
+    picture = tmp_path / 'step.png'
     train(TrainConfig(tower_devices=['/cpu:0', '/cpu:1', '/cpu:2'], batch_size=12, steps=6,
-                      warmup_steps=3, trace=path, log_every=100),
+                      warmup_steps=3, trace=path, trace_plot=str(picture), log_every=100),
           models.build_model('small_convnet', SHAPE, 10), sets, SHAPE, log=lines.append)
     assert _devices_with_events(path) >= {'/cpu:0', '/cpu:1', '/cpu:2'}
+    assert picture.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
     start = lines.index('trace of step 4: %s (open it in ui.perfetto.dev or chrome://tracing)'
                         % path)
     step = re.fullmatch(r'step ([\d.]+) ms; averaging ([\d.]+) ms, apply ([\d.]+) ms',

@@ -129,6 +129,8 @@ def build_parser():
     train.add_argument('--trace', default=None, metavar='FILE.json',
                        help='write one step, fully traced, as a Chrome trace (Perfetto, '
                             'chrome://tracing) and print where the time went')
+    train.add_argument('--trace-plot', default=None, metavar='FILE.png',
+                       help='with --trace: also draw that step as a timeline, a row per device')
     train.add_argument('--trace-step', type=int, default=None,
                        help='the step --trace records (default: the first after warm-up)')
     train.add_argument('--quiet', action='store_true',

@@ -119,7 +119,7 @@ def _train(args, log):
         checkpoint_every=args.checkpoint_every, keep_checkpoints=args.keep_checkpoints,
         eval_every=args.eval_every, best_metric=args.best_metric,
         tensorboard=not args.no_tensorboard, histograms=args.histograms, quiet=args.quiet,
-        trace=args.trace, trace_step=args.trace_step,
+        trace=args.trace, trace_step=args.trace_step, trace_plot=args.trace_plot,
         seed=args.seed, input=args.input or ('dataset' if from_records else 'feed'),
         mean=_float_list(args.mean, '--mean'), std=_float_list(args.std, '--std'))
     config.validate()  # before any data is read

@@ -48,6 +48,7 @@ class TrainConfig:
     quiet: bool = False
     trace: str = None  # --trace FILE: one step as a Chrome trace
     trace_step: int = None
+    trace_plot: str = None  # --trace-plot FILE.png: that step as a timeline picture
     warmup_steps: int = 10
     seed: int = 0
     input: str = 'feed'
@@ -81,6 +82,7 @@ class TrainConfig:
              % self.clip_norm),
             (self.ema is None or 0 < self.ema < 1, '--ema must lie between 0 and 1 (e.g. '
              '0.999), got %s' % self.ema),
+            (self.trace_plot is None or self.trace, '--trace-plot goes with --trace'),
             (self.trace_step is None or self.trace_step >= 1, '--trace-step must be at least 1, '
              'got %s' % self.trace_step),
             (self.best_metric in ('accuracy', 'loss'), "--best-metric %r is not a metric of "
@@ -102,7 +104,7 @@ class TrainConfig:
             best_metric=self.best_metric, tensorboard=self.tensorboard,
             histograms=self.histograms, data=data)
         if self.trace:
-            callbacks.append(Trace(self.trace, self.trace_step))
+            callbacks.append(Trace(self.trace, self.trace_step, self.trace_plot))
         return callbacks
 
 

@@ -223,12 +223,13 @@ class Trace(Callback):
       path: the .json file to write.
       step: the global step to trace; None: the first after warm-up (or the
         run's last, if it is shorter).
+      plot: also draw the step as a PNG timeline there (needs matplotlib).
     """
 
     order = 45
 
-    def __init__(self, path, step=None):
-        self.path, self.step = path, step
+    def __init__(self, path, step=None, plot=None):
+        self.path, self.step, self.plot = path, step, plot
 
     def before_train(self, trainer):
         self.at = self.step or min(trainer.step + trainer.warmup_steps + 1, trainer.num_steps)
@@ -239,6 +240,9 @@ class Trace(Callback):
     def after_step(self, trainer, values):
         if 'run_metadata' in values:
             trace.write_trace(values['run_metadata'], self.path)
+            if self.plot:
+                trace.plot_timeline(values['run_metadata'], self.plot, 'step %d on %d tower(s)'
+                                    % (trainer.step, len(trainer.tower_devices)))
             for line in trace.summary_lines(trace.summarize(values['run_metadata']), self.path,
                                             trainer.step):
                 trainer.log(line)

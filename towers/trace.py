@@ -8,12 +8,14 @@ summary says the step time, how long each device was busy (the union of its
 ops' intervals) and idle, and how long the averaging and the apply took.
 """
 import json
+import os
 import re
 
 import tensorflow as tf
 from tensorflow.python.client import timeline
 
 from data.atomic import atomic_output
+from towers.errors import TowersError
 
 tf1 = tf.compat.v1
 
@@ -95,3 +97,42 @@ def _union(spans):
             total += end - reach
             reach = end
     return total
+
+
+def plot_timeline(run_metadata, path, title='one training step'):
+    """A PNG of the step: one row per device, a bar per op, coloured by what it does."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise TowersError('--trace-plot needs matplotlib: pip install matplotlib') from None
+    matplotlib.use('Agg')
+    from matplotlib import pyplot
+    colours = {'tower compute': '#4c72b0', 'gradient averaging': '#dd8452',
+               'apply': '#55a868', 'other': '#b0b0b0'}
+    rows = {}
+    for device in run_metadata.step_stats.dev_stats:
+        if '/device:' not in device.device or 'stream' in device.device:
+            continue
+        for node in device.node_stats:
+            kind = ('gradient averaging' if node.node_name.startswith(_AVERAGE) else
+                    'apply' if _APPLY.search(node.timeline_label) else
+                    'tower compute' if node.node_name.startswith('tower_') else 'other')
+            rows.setdefault(short_device(device.device), []).append(
+                (node.all_start_micros, max(node.all_end_rel_micros, 1), kind))
+    start = min(s for spans in rows.values() for s, _, _ in spans)
+    figure, axes = pyplot.subplots(figsize=(9, 1 + 0.7 * len(rows)))
+    for y, device in enumerate(sorted(rows, reverse=True)):
+        for kind, colour in colours.items():
+            bars = [((s - start) / 1e3, d / 1e3) for s, d, k in rows[device] if k == kind]
+            axes.broken_barh(bars, (y - 0.35, 0.7), facecolors=colour,
+                             label=kind if y == 0 else None)
+    axes.set_yticks(range(len(rows)))
+    axes.set_yticklabels(sorted(rows, reverse=True))
+    axes.set_xlabel('ms since the step began')
+    axes.set_title(title)
+    axes.legend(loc='upper center', bbox_to_anchor=(0.5, -0.35), ncol=4, fontsize=8,
+                frameon=False)
+    figure.tight_layout()
+    with atomic_output(os.path.abspath(path), suffix='.png') as out:
+        figure.savefig(out, format='png', dpi=90)
+    pyplot.close(figure)
