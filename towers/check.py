@@ -20,13 +20,15 @@ from towers.tower import build_towers
 tf1 = tf.compat.v1
 
 CheckResult = collections.namedtuple(
-    'CheckResult', ['gradient_diff', 'gradient_var', 'variable_diff', 'variable_var', 'scale'])
+    'CheckResult', ['gradient_diff', 'gradient_var', 'variable_diff', 'variable_var', 'scale',
+                    'gradient_scale'])
 CheckResult.__doc__ = """Largest absolute differences between N towers and one device.
 
   gradient_diff, gradient_var: over the first batch's averaged gradients, and
     the variable it is the gradient of.
   variable_diff, variable_var: over the variables after all steps.
-  scale: the largest absolute variable value, to read the differences against.
+  scale: the largest absolute variable value, to read variable_diff against.
+  gradient_scale: the largest absolute gradient value, to read gradient_diff against.
 """
 
 
@@ -91,10 +93,12 @@ def check_towers(model_fn, input_shape, num_towers, batches, learning_rate=0.01,
         after_one = one.sess.run(one.variables)
         variable_var, variable_diff = _largest(after_one, many.sess.run(many.variables))
         scale = max(float(np.max(np.abs(v))) for v in after_one.values())
+        gradient_scale = max(float(np.max(np.abs(g))) for g in grads_one.values())
     finally:
         one.sess.close()
         many.sess.close()
-    return (CheckResult(gradient_diff, gradient_var, variable_diff, variable_var, scale),
+    return (CheckResult(gradient_diff, gradient_var, variable_diff, variable_var, scale,
+                        gradient_scale),
             one.has_batch_norm)
 
 

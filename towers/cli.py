@@ -191,8 +191,8 @@ def build_parser():
     check.add_argument('--steps', type=int, default=5, help='SGD steps (default: 5)')
     check.add_argument('--lr', type=float, default=0.01, help='learning rate (default: 0.01)')
     check.add_argument('--tolerance', type=float, default=1e-5,
-                       help='largest difference allowed, relative to the largest variable '
-                            '(default: 1e-05)')
+                       help='largest difference allowed, relative to the largest gradient or '
+                            'variable (default: 1e-05)')
     check.add_argument('--sync-bn', action='store_true',
                        help='pool batch-norm moments over the towers (models with batch norm '
                             'differ from one device without it)')

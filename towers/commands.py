@@ -265,18 +265,21 @@ def _check(args, log):
            '/'.join(map(str, shares)), args.steps, ', dropout off' if options else ''))
     result, has_batch_norm = check.check_towers(model_fn, info.input_shape, args.towers,
                                                 batches, args.lr, sync_bn=args.sync_bn)
-    log('largest gradient difference: %.3g (%s)' % (result.gradient_diff, result.gradient_var))
+    log('largest gradient difference: %.3g (%s); gradients reach %.3g'
+        % (result.gradient_diff, result.gradient_var, result.gradient_scale))
     log('largest variable difference after %d steps: %.3g (%s); variables reach %.3g'
         % (args.steps, result.variable_diff, result.variable_var, result.scale))
-    limit = args.tolerance * max(1.0, result.scale)
-    worst = max(result.gradient_diff, result.variable_diff)
-    if worst > limit:
+    # Relative to the size of what is compared (at least 1): float32 rounding
+    # grows with the magnitude of the numbers.
+    relative = max(result.gradient_diff / max(1.0, result.gradient_scale),
+                   result.variable_diff / max(1.0, result.scale))
+    if relative > args.tolerance:
         hint = ('; the model has batch norm: add --sync-bn' if has_batch_norm
                 and not args.sync_bn else '')
-        raise TowersError('%d towers differ from one device by %.3g, more than the tolerance '
-                          '%.3g%s' % (args.towers, worst, limit, hint))
-    log('within tolerance %.3g: %d towers train the same model as one device'
-        % (limit, args.towers))
+        raise TowersError('%d towers differ from one device by %.3g (relative), more than the '
+                          'tolerance %.3g%s' % (args.towers, relative, args.tolerance, hint))
+    log('within tolerance %.3g (largest relative difference %.3g): %d towers train the same '
+        'model as one device' % (args.tolerance, relative, args.towers))
 
 
 def _explain(args, log):
