@@ -10,7 +10,7 @@ import tensorflow as tf
 import data
 import models
 from models import layers
-from towers import compare
+from towers import compare, peers
 from towers.gradients import average_gradients
 
 tf1 = tf.compat.v1
@@ -22,7 +22,7 @@ def test_the_tutorials_average_is_towers_average_on_equal_shares():
     with tf.Graph().as_default():
         var = tf1.get_variable('v', [3], initializer=tf1.zeros_initializer())
         grads = [[(tf.constant([1.0, 2.0, 3.0]), var)], [(tf.constant([3.0, 0.0, -1.0]), var)]]
-        (tutorial, _), = compare.tutorial_average_gradients(grads)
+        (tutorial, _), = peers.tutorial_average_gradients(grads)
         (ours, _), = average_gradients(grads)
         with tf1.Session() as sess:
             tutorial, ours = sess.run([tutorial, ours])
@@ -44,8 +44,8 @@ def test_a_large_matmul_reaches_some_gflops():
 
 
 def test_keras_twins_exist_for_the_simple_nets_only():
-    assert compare.keras_twin('resnet20', (32, 32, 3), 10) is None
-    twin = compare.keras_twin('mnist_convnet', SHAPE, 10)()
+    assert peers.keras_twin('resnet20', (32, 32, 3), 10) is None
+    twin = peers.keras_twin('mnist_convnet', SHAPE, 10)()
     # The same parameters as towers' mnist_convnet: 3,274,634.
     assert twin.count_params() == 3_274_634
 

@@ -11,144 +11,27 @@ where there are some), at each tower count:
   keras mirrored            tf.distribute.MirroredStrategy with Keras
                             model.fit on the same net (tf.data input)
 
-Every row is timed in turns with the others (bench.measure_interleaved), and
-given as a ratio to towers' best at that tower count, and as training GFLOP/s:
-the model's FLOPs per image, counted by TensorFlow's profiler on the real
-graph, times images/sec, next to what a large matmul reaches on the same
-devices: how close the training gets to what the hardware gives TensorFlow.
+The peers are in peers.py. Every row is timed in turns with the others
+(bench.measure_interleaved), and given as a ratio to towers' best at that
+tower count, and as training GFLOP/s: the model's FLOPs per image, counted by
+TensorFlow's profiler on the real graph, times images/sec, next to what a
+large matmul reaches on the same devices: how close the training gets to what
+the hardware gives TensorFlow.
 """
 import functools
 import os
 import time
-import warnings
 
 import tensorflow as tf
 
 from data.sampler import EpochSampler
+from towers import peers
 from towers.bench import measure_interleaved
 from towers.devices import resolve_devices, session_config
 from towers.errors import TowersError
 from towers.inputs import make_input
-from towers.tower import variables_on
 
 tf1 = tf.compat.v1
-
-
-class _Textbook:
-    """The classic tutorial's multi-GPU loop, as printed there, stepped a block at a time."""
-
-    def __init__(self, model_fn, input_shape, tower_devices, dataset, batch_size, num_steps):
-        self.dataset, self.sampler = dataset, EpochSampler(dataset.num_examples, batch_size)
-        self.graph = tf.Graph()
-        with self.graph.as_default():
-            tf1.set_random_seed(0)
-            self.images = tf1.placeholder(tf.float32, [batch_size] + list(input_shape))
-            self.labels = tf1.placeholder(tf.int64, [batch_size])
-            opt = tf1.train.GradientDescentOptimizer(0.01)
-            image_splits = tf.split(self.images, len(tower_devices))
-            label_splits = tf.split(self.labels, len(tower_devices))
-            tower_grads = []
-            with tf1.variable_scope(tf1.get_variable_scope()):
-                for i, device in enumerate(tower_devices):
-                    # _variable_on_cpu: the variables on /cpu:0, the compute on the tower.
-                    with tf1.device(variables_on('/cpu:0', device)), \
-                            tf1.name_scope('tower_%d' % i):
-                        logits = model_fn(image_splits[i], True)
-                        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
-                            labels=label_splits[i], logits=logits))
-                        tf1.get_variable_scope().reuse_variables()
-                        tower_grads.append(opt.compute_gradients(loss))
-            with tf.device('/cpu:0'):
-                self.train_op = opt.apply_gradients(tutorial_average_gradients(tower_grads))
-            init = tf1.global_variables_initializer()
-        self.sess = tf1.Session(graph=self.graph, config=session_config(tower_devices))
-        self.sess.run(init)
-        self.step, self.rates, self.batch_size = 0, [], batch_size
-
-    def run(self, steps, clock, timed=True):
-        for _ in range(steps):
-            start = clock()
-            index = self.sampler.indices(self.step)
-            if len(index) < self.batch_size:  # tf.split needs the full batch
-                index = self.sampler.indices(self.step + 1)
-            self.sess.run(self.train_op, {self.images: self.dataset.images[index],
-                                          self.labels: self.dataset.labels[index]})
-            elapsed = clock() - start
-            self.step += 1
-            if timed:
-                self.rates.append(self.batch_size / elapsed)
-
-    def close(self):
-        self.sess.close()
-
-
-def tutorial_average_gradients(tower_grads):
-    """cifar10_multi_gpu_train.py's average_gradients, line for line."""
-    average_grads = []
-    for grad_and_vars in zip(*tower_grads):
-        grads = [tf.expand_dims(g, 0) for g, _ in grad_and_vars]
-        grad = tf.reduce_mean(tf.concat(axis=0, values=grads), 0)
-        average_grads.append((grad, grad_and_vars[0][1]))
-    return average_grads
-
-
-def keras_twin(model_name, input_shape, num_classes):
-    """The Keras layers of a registry model, for MirroredStrategy; None if it has no twin."""
-    import keras
-    layers = keras.layers
-    body = {
-        'mnist_convnet': lambda: [
-            layers.Conv2D(32, 5, padding='same', activation='relu'),
-            layers.MaxPooling2D(2, padding='same'),
-            layers.Conv2D(64, 5, padding='same', activation='relu'),
-            layers.MaxPooling2D(2, padding='same'), layers.Flatten(),
-            layers.Dense(1024, activation='relu'), layers.Dropout(0.5)],
-        'small_convnet': lambda: [layers.Conv2D(32, 3, activation='relu'),
-                                  layers.MaxPooling2D(2), layers.Flatten()],
-    }.get(model_name)
-    if body is None:
-        return None
-    return lambda: keras.Sequential([keras.Input(tuple(input_shape))] + body()
-                                    + [layers.Dense(num_classes)])
-
-
-class _Mirrored:
-    """Keras model.fit under MirroredStrategy, each batch timed by a callback."""
-
-    def __init__(self, build, tower_devices, dataset, batch_size, num_steps):
-        import keras
-        # On CPUs the default all-reduce is collective ops, whose group keys every
-        # MirroredStrategy in a process numbers from 1: a second strategy with
-        # another device count would collide. Reducing to one device is what
-        # MirroredStrategy does without NCCL; on GPUs its default (NCCL) stays.
-        gpus = all(d.startswith('/gpu') for d in tower_devices)
-        self.strategy = tf.distribute.MirroredStrategy(
-            devices=tower_devices,
-            cross_device_ops=None if gpus else tf.distribute.ReductionToOneDevice())
-        with self.strategy.scope():
-            self.model = build()
-            self.model.compile(optimizer=keras.optimizers.SGD(0.01),
-                               loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-        self.data = tf.data.Dataset.from_tensor_slices(
-            (dataset.images, dataset.labels)).repeat().batch(
-                batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
-        self.rates, self.batch_size, self._starts = [], batch_size, []
-
-    def run(self, steps, clock, timed=True):
-        import keras
-        elapsed = []
-        callback = keras.callbacks.LambdaCallback(
-            on_train_batch_begin=lambda batch, logs: self._starts.append(clock()),
-            on_train_batch_end=lambda batch, logs: elapsed.append(clock() - self._starts[-1]))
-        with warnings.catch_warnings():  # Keras notes that a tf.data input is not reshuffled
-            warnings.simplefilter('ignore')
-            self.model.fit(self.data, epochs=1, steps_per_epoch=steps, verbose=0,
-                           callbacks=[callback])
-        if timed:
-            self.rates.extend(self.batch_size / e for e in elapsed)
-
-    def close(self):
-        pass
 
 
 def training_flops_per_image(model_fn, input_shape, num_classes, batch=8):
@@ -174,7 +57,7 @@ def training_flops_per_image(model_fn, input_shape, num_classes, batch=8):
     return profile.total_float_ops / batch
 
 
-def matmul_gflops(devices, size=1024, repeats=10, steps=5):
+def matmul_gflops(devices, size=2048, repeats=3, steps=3):
     """GFLOP/s of `repeats` chained size x size matmuls on every device at once."""
     graph = tf.Graph()
     with graph.as_default():
@@ -209,7 +92,7 @@ def run_compare(model_name, model_fn, input_shape, num_classes, tower_counts, ba
     """
     if batch_size < 1 or timed_steps < 2 or warmup_steps < 0:
         raise TowersError('bench needs --batch-size >= 1, --window >= 2 and --warmup >= 0')
-    twin = keras_twin(model_name, input_shape, num_classes)
+    twin = peers.keras_twin(model_name, input_shape, num_classes)
     _logical_cpus(max(tower_counts))
     if xla and 'tf_xla_cpu_global_jit' not in os.environ.get('TF_XLA_FLAGS', ''):
         # On a CPU, TensorFlow clusters for XLA only with this flag; it is read
@@ -236,7 +119,7 @@ def run_compare(model_name, model_fn, input_shape, num_classes, tower_counts, ba
                                                   num_classes)))
         if batch_size % count == 0:
             rows.append({'config': 'textbook', 'towers': count})
-            configs.append(functools.partial(_Textbook, model_fn, input_shape, devices, dataset,
+            configs.append(functools.partial(peers.Textbook, model_fn, input_shape, devices, dataset,
                                              batch_size))
         else:
             log('textbook at %d towers: skipped (tf.split needs the batch to divide evenly)'
@@ -246,7 +129,7 @@ def run_compare(model_name, model_fn, input_shape, num_classes, tower_counts, ba
                 'devices; run the bench in a fresh process)' % count)
         elif twin is not None:
             rows.append({'config': 'keras mirrored', 'towers': count})
-            configs.append(functools.partial(_Mirrored, twin, devices, dataset, batch_size))
+            configs.append(functools.partial(peers.Mirrored, twin, devices, dataset, batch_size))
     if twin is None:
         log('keras mirrored: skipped (%s has no Keras twin here)' % model_name)
     flops = training_flops_per_image(model_fn, input_shape, num_classes)

@@ -1,0 +1,135 @@
+"""The peers `towers bench --compare` times towers against, as bench runners.
+
+Each has what bench.measure_interleaved steps: run(steps, clock, timed), rates
+(images/sec of each timed step) and close().
+
+  Textbook   the classic CIFAR-10 multi-GPU tutorial's loop, as printed there
+  Mirrored   Keras model.fit under tf.distribute.MirroredStrategy, on a Keras
+             twin of the registry model (keras_twin)
+"""
+import warnings
+
+import tensorflow as tf
+
+from data.sampler import EpochSampler
+from towers.devices import session_config
+from towers.tower import variables_on
+
+tf1 = tf.compat.v1
+
+
+class Textbook:
+    """The classic tutorial's multi-GPU loop, as printed there, stepped a block at a time."""
+
+    def __init__(self, model_fn, input_shape, tower_devices, dataset, batch_size, num_steps):
+        self.dataset, self.sampler = dataset, EpochSampler(dataset.num_examples, batch_size)
+        self.graph = tf.Graph()
+        with self.graph.as_default():
+            tf1.set_random_seed(0)
+            self.images = tf1.placeholder(tf.float32, [batch_size] + list(input_shape))
+            self.labels = tf1.placeholder(tf.int64, [batch_size])
+            opt = tf1.train.GradientDescentOptimizer(0.01)
+            image_splits = tf.split(self.images, len(tower_devices))
+            label_splits = tf.split(self.labels, len(tower_devices))
+            tower_grads = []
+            with tf1.variable_scope(tf1.get_variable_scope()):
+                for i, device in enumerate(tower_devices):
+                    # _variable_on_cpu: the variables on /cpu:0, the compute on the tower.
+                    with tf1.device(variables_on('/cpu:0', device)), \
+                            tf1.name_scope('tower_%d' % i):
+                        logits = model_fn(image_splits[i], True)
+                        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+                            labels=label_splits[i], logits=logits))
+                        tf1.get_variable_scope().reuse_variables()
+                        tower_grads.append(opt.compute_gradients(loss))
+            with tf.device('/cpu:0'):
+                self.train_op = opt.apply_gradients(tutorial_average_gradients(tower_grads))
+            init = tf1.global_variables_initializer()
+        self.sess = tf1.Session(graph=self.graph, config=session_config(tower_devices))
+        self.sess.run(init)
+        self.step, self.rates, self.batch_size = 0, [], batch_size
+
+    def run(self, steps, clock, timed=True):
+        for _ in range(steps):
+            start = clock()
+            index = self.sampler.indices(self.step)
+            if len(index) < self.batch_size:  # tf.split needs the full batch
+                index = self.sampler.indices(self.step + 1)
+            self.sess.run(self.train_op, {self.images: self.dataset.images[index],
+                                          self.labels: self.dataset.labels[index]})
+            elapsed = clock() - start
+            self.step += 1
+            if timed:
+                self.rates.append(self.batch_size / elapsed)
+
+    def close(self):
+        self.sess.close()
+
+
+def tutorial_average_gradients(tower_grads):
+    """cifar10_multi_gpu_train.py's average_gradients, line for line."""
+    average_grads = []
+    for grad_and_vars in zip(*tower_grads):
+        grads = [tf.expand_dims(g, 0) for g, _ in grad_and_vars]
+        grad = tf.reduce_mean(tf.concat(axis=0, values=grads), 0)
+        average_grads.append((grad, grad_and_vars[0][1]))
+    return average_grads
+
+
+def keras_twin(model_name, input_shape, num_classes):
+    """The Keras layers of a registry model, for MirroredStrategy; None if it has no twin."""
+    import keras
+    layers = keras.layers
+    body = {
+        'mnist_convnet': lambda: [
+            layers.Conv2D(32, 5, padding='same', activation='relu'),
+            layers.MaxPooling2D(2, padding='same'),
+            layers.Conv2D(64, 5, padding='same', activation='relu'),
+            layers.MaxPooling2D(2, padding='same'), layers.Flatten(),
+            layers.Dense(1024, activation='relu'), layers.Dropout(0.5)],
+        'small_convnet': lambda: [layers.Conv2D(32, 3, activation='relu'),
+                                  layers.MaxPooling2D(2), layers.Flatten()],
+    }.get(model_name)
+    if body is None:
+        return None
+    return lambda: keras.Sequential([keras.Input(tuple(input_shape))] + body()
+                                    + [layers.Dense(num_classes)])
+
+
+class Mirrored:
+    """Keras model.fit under MirroredStrategy, each batch timed by a callback."""
+
+    def __init__(self, build, tower_devices, dataset, batch_size, num_steps):
+        import keras
+        # On CPUs the default all-reduce is collective ops, whose group keys every
+        # MirroredStrategy in a process numbers from 1: a second strategy with
+        # another device count would collide. Reducing to one device is what
+        # MirroredStrategy does without NCCL; on GPUs its default (NCCL) stays.
+        gpus = all(d.startswith('/gpu') for d in tower_devices)
+        self.strategy = tf.distribute.MirroredStrategy(
+            devices=tower_devices,
+            cross_device_ops=None if gpus else tf.distribute.ReductionToOneDevice())
+        with self.strategy.scope():
+            self.model = build()
+            self.model.compile(optimizer=keras.optimizers.SGD(0.01),
+                               loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        self.data = tf.data.Dataset.from_tensor_slices(
+            (dataset.images, dataset.labels)).repeat().batch(
+                batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+        self.rates, self.batch_size, self._starts = [], batch_size, []
+
+    def run(self, steps, clock, timed=True):
+        import keras
+        elapsed = []
+        callback = keras.callbacks.LambdaCallback(
+            on_train_batch_begin=lambda batch, logs: self._starts.append(clock()),
+            on_train_batch_end=lambda batch, logs: elapsed.append(clock() - self._starts[-1]))
+        with warnings.catch_warnings():  # Keras notes that a tf.data input is not reshuffled
+            warnings.simplefilter('ignore')
+            self.model.fit(self.data, epochs=1, steps_per_epoch=steps, verbose=0,
+                           callbacks=[callback])
+        if timed:
+            self.rates.extend(self.batch_size / e for e in elapsed)
+
+    def close(self):
+        pass
