@@ -13,7 +13,7 @@ from towers.errors import TowersError
 from towers.config import TrainConfig, train
 from towers.graph import build_training_graph
 from towers.model import ClassifierModel
-from towers.callbacks import evaluate
+from towers.evaluation import evaluate
 from towers.trainer import total_steps
 
 tf1 = tf.compat.v1

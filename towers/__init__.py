@@ -57,7 +57,7 @@ _API = {
     'FreezeVariables': 'towers.gradients',
     'train': 'towers.config',
     'TrainConfig': 'towers.config',
-    'evaluate': 'towers.callbacks',
+    'evaluate': 'towers.evaluation',
     'TowersError': 'towers.errors',
 }
 

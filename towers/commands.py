@@ -190,7 +190,7 @@ def _eval(args, log):
     import tensorflow as tf
     import data
     from towers import devices, export, graph
-    from towers.callbacks import evaluate, format_metrics
+    from towers.evaluation import evaluate, format_metrics
     from towers.model import ClassifierModel
     if args.batch_size < 1:
         from towers.errors import TowersError

@@ -14,7 +14,8 @@ import tqdm
 
 from data.atomic import atomic_output
 from towers import trace
-from towers.callbacks import Callback, Throughput, format_metrics
+from towers.callbacks import Callback, Throughput
+from towers.evaluation import format_metrics
 
 tf1 = tf.compat.v1
 

@@ -17,6 +17,7 @@ import tensorflow as tf
 
 from data.sampler import EpochSampler
 from towers import callbacks as cb
+from towers import evaluation
 from towers import monitors
 from towers.devices import resolve_devices, resolve_param_device, session_config
 from towers.errors import TowersError
@@ -144,7 +145,7 @@ class Trainer:
         """{'loss': ..., metrics...} over data.<split> at this step (computed once per step)."""
         key = (split, self.step)
         if key not in self._evaluated:
-            self._evaluated[key] = cb.evaluate(self.sess, self.graph, getattr(self.data, split),
+            self._evaluated[key] = evaluation.evaluate(self.sess, self.graph, getattr(self.data, split),
                                             self.batch_size)
         return self._evaluated[key]
 
@@ -291,14 +292,14 @@ class Trainer:
             self.log('cleaning dropped %d of the %d records read (every pass reads and cleans '
                      'again)' % cleaning)
         test = None
-        if not self.stopped and cb.split_size(self.data, 'test'):
+        if not self.stopped and evaluation.split_size(self.data, 'test'):
             test = self.evaluate('test')
         rate = overall.take()
         if rate:
             self.log('trained to step %d: %.1f images/sec after warm-up' % (self.step, rate))
         if test is not None:
-            self.log('test: %s (%d images)' % (cb.format_metrics(test),
-                                               cb.split_size(self.data, 'test')))
+            self.log('test: %s (%d images)' % (evaluation.format_metrics(test),
+                                               evaluation.split_size(self.data, 'test')))
         checkpoint = next((c.last_saved for c in self.callbacks
                            if isinstance(c, cb.Checkpoint)), None)
         return {'steps': self.step, 'test': test,
@@ -324,7 +325,7 @@ def default_callbacks(logdir=None, log_every=50, checkpoint_every=500, keep=5, q
     TensorBoard events and the JSON-lines stats file.
     """
     callbacks = [cb.NaNGuard(), monitors.Progress(log_every, quiet=quiet)]
-    held_out = data is None or cb.split_size(data, 'validation') or cb.split_size(data, 'test')
+    held_out = data is None or evaluation.split_size(data, 'validation') or evaluation.split_size(data, 'test')
     if eval_every and held_out:
         callbacks.append(cb.Evaluate(every_epochs=eval_every, best_metric=best_metric))
     if logdir:
