@@ -20,7 +20,11 @@ The Trainer, built from those:
     LearningRate                       learning-rate schedules in epochs
     WeightDecay, ClipGlobalNorm,       what happens to the averaged gradients
     ScaleGradient, FreezeVariables
+    Trace                              one step as a Chrome trace (--trace)
     train, TrainConfig, evaluate       a CLI run in one call; exact evaluation
+    make_strategy                      --variable-update: parameter_server, replicated,
+                                       independent
+    check_towers                       N towers against one device (towers check)
     TowersError                        what bad input raises
 
 Names are imported on first use, so `import towers` (and `towers --help`) does
@@ -50,6 +54,9 @@ _API = {
     'Progress': 'towers.monitors',
     'TensorBoard': 'towers.monitors',
     'StatsFile': 'towers.monitors',
+    'Trace': 'towers.monitors',
+    'make_strategy': 'towers.variables',
+    'check_towers': 'towers.check',
     'LearningRate': 'towers.schedules',
     'WeightDecay': 'towers.gradients',
     'ClipGlobalNorm': 'towers.gradients',
