@@ -190,9 +190,10 @@ def dropout(x, rate, training, seed=None):
         rate: drop probability in [0, 1).
         training: Python bool; when False (or rate == 0) `x` is returned unchanged,
             so eval graphs contain no random ops.
-        seed: optional op-level seed. In a graph with a global step the mask
-            is stateless, drawn from (graph seed, name scope, seed, step), so
-            that a resumed run continues with the masks it would have had.
+        seed: optional op-level seed. In a graph with a global step (the
+            trainer's, found in its graph collection) the mask is stateless,
+            drawn from (graph seed, this call's unique name scope, seed, step),
+            so that a resumed run continues with the masks it would have had.
 
     Returns:
         Tensor of the same shape and dtype as `x`.
@@ -208,11 +209,12 @@ def dropout(x, rate, training, seed=None):
     # In a training graph the mask is a function of (graph seed, this op's name
     # scope, global step): a run resumed from a checkpoint at step k draws the
     # masks an uninterrupted run draws at k, and each tower (its own scope) its own.
-    graph_seed = tf1.get_default_graph().seed or 0
-    scope = zlib.crc32(tf1.get_default_graph().get_name_scope().encode()) ^ (seed or 0)
-    stateless_seed = tf.stack([tf.constant((graph_seed * 7919 + scope) % 2**31, tf.int64),
-                               tf.cast(step, tf.int64)])
-    return tf.nn.experimental.stateless_dropout(x, rate=rate, seed=stateless_seed)
+    with tf1.name_scope('dropout') as scope:  # unique per call: dropout, dropout_1, ...
+        graph_seed = tf1.get_default_graph().seed or 0
+        key = zlib.crc32(scope.encode()) ^ (seed or 0)
+        stateless_seed = tf.stack([tf.constant((graph_seed * 7919 + key) % 2**31, tf.int64),
+                                   tf.cast(step, tf.int64)])
+        return tf.nn.experimental.stateless_dropout(x, rate=rate, seed=stateless_seed)
 
 
 def batch_norm(x, training, decay=0.997, epsilon=1e-5, name='batch_norm'):

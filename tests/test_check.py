@@ -74,3 +74,9 @@ def test_the_command_fails_beyond_the_tolerance(capsys):
     err = capsys.readouterr().err
     assert 'towers: error: 2 towers differ from one device by ' in err
     assert 'more than the tolerance' in err
+
+
+def test_the_command_refuses_more_examples_than_the_dataset_has(capsys):
+    assert main(['check', '--batch-size', '100', '--steps', '41']) == 1
+    assert ('check takes --steps batches of --batch-size distinct examples: 41 x 100 is more '
+            'than the 4000 of mnist_sample') in capsys.readouterr().err

@@ -232,3 +232,22 @@ def test_batch_norm_shares_variables_under_reuse():
         with tf1.variable_scope(tf1.get_variable_scope(), reuse=True):
             layers.batch_norm(x, training=False)
         assert len(tf1.global_variables()) == 4
+
+
+def test_dropout_in_a_training_graph_is_stateless_and_each_call_draws_its_own_mask():
+    with tf.Graph().as_default() as graph:
+        graph.seed = 3
+        step = tf1.train.get_or_create_global_step()
+        x = tf.ones([4, 64])
+        first, second = layers.dropout(x, 0.5, True), layers.dropout(x, 0.5, True)
+        with tf1.Session() as sess:
+            sess.run(tf1.global_variables_initializer())
+            a1, b1 = sess.run([first, second])
+            a2 = sess.run(first)
+            step.load(1, sess)
+            a3 = sess.run(first)
+    # Two calls in one scope: two masks. The same step: the same mask, run after run
+    # (a resumed run sees it again). The next step: another.
+    assert not np.array_equal(a1 == 0, b1 == 0)
+    np.testing.assert_array_equal(a1, a2)
+    assert not np.array_equal(a1, a3)

@@ -41,7 +41,13 @@ def test_train_traces_the_first_step_after_warm_up(tmp_path):
                         lines[start + 1])
     assert step, lines[start + 1]
     step_ms, average_ms, apply_ms = map(float, step.groups())
-    assert step_ms > 0 and average_ms > 0 and apply_ms > 0
+    assert step_ms > 0 and 0 <= average_ms <= step_ms and 0 <= apply_ms <= step_ms
+    # The averaging and the apply are in the trace (their times may print as 0.0 ms).
+    with open(path) as f:
+        names = {e.get('args', {}).get('name', '') for e in json.load(f)['traceEvents']}
+    assert any(n.startswith('average_gradients') for n in names)
+    with open(path) as f:
+        assert any('Apply' in e.get('name', '') for e in json.load(f)['traceEvents'])
     for i, device in enumerate(['/cpu:0', '/cpu:1', '/cpu:2']):
         busy = re.fullmatch(r'  %s +busy ([\d.]+) ms \((\d+)%%\), idle ([\d.]+) ms' % device,
                             lines[start + 2 + i])
@@ -62,3 +68,18 @@ def test_busy_time_is_the_union_of_the_intervals():
     assert trace._union([(0, 10), (5, 15), (20, 25), (21, 22)]) == 20
     assert trace._union([]) == 0
     assert trace.short_device('/job:localhost/replica:0/task:0/device:GPU:3') == '/gpu:3'
+
+
+def test_a_trace_step_outside_the_run_and_an_unwritable_path_are_errors(tmp_path):
+    from towers.errors import TowersError
+    rng = np.random.RandomState(0)
+    sets = data.Datasets(data.DataSet(rng.rand(20, *SHAPE).astype(np.float32),
+                                      rng.randint(0, 10, 20)), None, None)
+    model_fn = models.build_model('small_convnet', SHAPE, 10)
+    with pytest.raises(TowersError, match=r'--trace-step 50 is not among the steps this run '
+                                          r'takes \(1 to 3\)'):
+        train(TrainConfig(batch_size=10, steps=3, trace=str(tmp_path / 't.json'),
+                          trace_step=50), model_fn, sets, SHAPE, log=lambda line: None)
+    with pytest.raises(TowersError, match='--trace .*: folder .* does not exist'):
+        train(TrainConfig(batch_size=10, steps=3, trace=str(tmp_path / 'no' / 't.json')),
+              model_fn, sets, SHAPE, log=lambda line: None)

@@ -144,3 +144,57 @@ def test_a_checkpoint_moves_between_strategies(tmp_path):
 def test_an_unknown_variable_update_is_named():
     with pytest.raises(TowersError, match="unknown --variable-update 'ring'; choose one of"):
         make_strategy('ring', THREE)
+
+
+class _ReplicasEqualMaster:
+    """After training, every replica variable equals its master (the Trainer syncs them)."""
+
+    order = 99
+
+    def setup_graph(self, trainer):
+        with trainer.graph.graph.as_default():
+            variables = {v.op.name: v for v in tf1.global_variables()}
+        self.pairs = [(v, variables[name.split('/', 1)[1]]) for name, v in variables.items()
+                      if name.startswith('replica_')]
+
+    def fetches(self, trainer):
+        return {}
+
+    def wants_trace(self, trainer):
+        return False
+
+    def before_train(self, trainer):
+        self.unequal = [r.op.name for r, m in self.pairs
+                        if not np.array_equal(*trainer.sess.run([r, m]))]
+
+    def after_step(self, trainer, values):
+        pass
+
+    def after_epoch(self, trainer):
+        pass
+
+    def after_train(self, trainer):
+        pass
+
+    def close(self):
+        pass
+
+
+def test_the_trainer_starts_replicas_from_the_masters_values():
+    rng = np.random.RandomState(0)
+    sets = data.Datasets(data.DataSet(rng.rand(16, *SHAPE).astype(np.float32),
+                                      rng.randint(0, 10, 16)), None, None)
+    probe = _ReplicasEqualMaster()
+    Trainer(_model(), sets, towers=THREE, max_steps=1, batch_size=8, callbacks=[probe],
+            log=lambda line: None, variable_update='replicated').train()
+    assert probe.pairs and probe.unequal == []
+
+
+def test_spread_variables_train_and_evaluate_through_the_command_line(tmp_path, capsys):
+    from towers.cli import main
+    logdir = str(tmp_path / 'run')
+    assert main(['train', '--model', 'small_convnet', '--towers', '2', '--param-device',
+                 'spread', '--steps', '3', '--logdir', logdir, '--quiet']) == 0
+    test_line = capsys.readouterr().out.splitlines()[-1]
+    assert main(['eval', '--logdir', logdir, '--towers', '2', '--param-device', 'spread']) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == test_line

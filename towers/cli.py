@@ -180,6 +180,7 @@ def build_parser():
                          help='as for train (default: feed)')
     explain.add_argument('--optimizer', default='sgd', choices=['sgd', 'momentum', 'adam'],
                          help='its slots are variables too (default: sgd)')
+    explain.add_argument('--sync-bn', action='store_true', help='as for train')
     explain.add_argument('--json', action='store_true', help='the report as JSON')
 
     check = commands.add_parser('check', help='N towers against one device on the same batches: '
@@ -255,6 +256,12 @@ def _import_tensorflow_quietly():
 def main(argv=None):
     args = build_parser().parse_args(argv)
     os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+    if getattr(args, 'xla', False) and 'tf_xla_cpu_global_jit' not in os.environ.get(
+            'TF_XLA_FLAGS', ''):
+        # On a CPU, TensorFlow clusters for XLA only with this flag, read once
+        # when TensorFlow starts: it must be set before the import below.
+        os.environ['TF_XLA_FLAGS'] = (os.environ.get('TF_XLA_FLAGS', '')
+                                      + ' --tf_xla_cpu_global_jit').strip()
     try:
         if not args.debug:
             _import_tensorflow_quietly()

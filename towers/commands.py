@@ -37,6 +37,10 @@ def _bench(args, log):
     log('bench: model %s on %s images, global batch %d, %d warm-up + %d timed steps per row'
         % (args.model, 'x'.join(map(str, info.input_shape)), args.batch_size, args.warmup,
            args.window))
+    from towers.trace import check_output
+    for path, flag in ((args.trace, '--trace'), (args.plot, '--plot')):
+        if path:
+            check_output(path, flag)
     if args.compare:
         from towers import compare, variables
         updates = [u.strip() for u in args.variable_update.split(',') if u.strip()]
@@ -49,6 +53,7 @@ def _bench(args, log):
             train_set = data.load_dataset(args.dataset).train  # the textbook and Keras feed it
         compare.run_compare(args.model, model_fn, info.input_shape, info.num_classes, counts,
                             args.batch_size, train_set, modes, updates, xla=args.xla,
+                            param_device=args.param_device,
                             warmup_steps=args.warmup, timed_steps=args.window, plot=args.plot,
                             trace=args.trace, log=log)
         return
@@ -245,7 +250,7 @@ def _check(args, log):
     import inspect
     import data
     import models
-    from towers import check, devices, explain
+    from towers import check, devices
     from towers.errors import TowersError
     if args.towers < 1 or args.batch_size < 1 or args.steps < 1 or args.tolerance <= 0:
         raise TowersError('check needs --towers, --batch-size and --steps of at least 1 and a '
@@ -256,10 +261,15 @@ def _check(args, log):
         models.MODELS[args.model]).parameters else {}) if args.model in models.MODELS else {}
     model_fn = models.build_model(args.model, info.input_shape, info.num_classes, **options)
     train = data.load_dataset(args.dataset).train
+    if args.batch_size * args.steps > train.num_examples:
+        raise TowersError('check takes --steps batches of --batch-size distinct examples: %d x %d '
+                          'is more than the %d of %s' % (args.steps, args.batch_size,
+                                                         train.num_examples, args.dataset))
     batches = [(train.images[i:i + args.batch_size], train.labels[i:i + args.batch_size])
                for i in range(0, args.batch_size * args.steps, args.batch_size)]
     tower_devices = devices.resolve_devices(args.towers)
-    shares = explain.shares(args.batch_size, args.towers)
+    base, extra = divmod(args.batch_size, args.towers)  # as tower.split_sizes cuts it
+    shares = [base + 1] * extra + [base] * (args.towers - extra)
     log('check: %s on %d tower(s) %s against 1 device, global batch %d (%s), %d SGD steps%s'
         % (args.model, args.towers, ','.join(tower_devices), args.batch_size,
            '/'.join(map(str, shares)), args.steps, ', dropout off' if options else ''))
@@ -297,7 +307,7 @@ def _explain(args, log):
     param_device = devices.resolve_param_device(args.param_device, tower_devices)
     report = explain.explain(model_fn, info.input_shape, info.num_classes, tower_devices,
                              param_device, args.batch_size, args.variable_update,
-                             args.input or 'feed', args.optimizer)
+                             args.input or 'feed', args.optimizer, args.sync_bn)
     if args.json:
         log(json.dumps(report, indent=1))
         return

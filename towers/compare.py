@@ -4,7 +4,9 @@ On one model, one global batch and the same devices (virtual CPUs here, GPUs
 where there are some), at each tower count:
 
   towers <update>/<input>   each --variable-update with each --input asked for
-  towers ... +xla           with --xla: the best of those again, XLA-clustered
+  towers ... +xla           with --xla: the first of those again, XLA-clustered
+                            (on a CPU that needs TF_XLA_FLAGS=--tf_xla_cpu_global_jit
+                            before TensorFlow starts, which `towers bench --xla` sets)
   textbook                  the classic CIFAR-10 multi-GPU tutorial's loop:
                             feed_dict, tf.split, variables on /cpu:0, the
                             expand_dims/concat/reduce_mean average, one apply
@@ -27,7 +29,7 @@ import tensorflow as tf
 from data.sampler import EpochSampler
 from towers import peers
 from towers.bench import measure_interleaved
-from towers.devices import resolve_devices, session_config
+from towers.devices import resolve_devices, resolve_param_device, session_config
 from towers.errors import TowersError
 from towers.inputs import make_input
 
@@ -83,31 +85,28 @@ def matmul_gflops(devices, size=2048, repeats=3, steps=3):
 
 def run_compare(model_name, model_fn, input_shape, num_classes, tower_counts, batch_size,
                 dataset, modes=('synthetic',), variable_updates=('parameter_server', 'replicated'),
-                xla=False, warmup_steps=10, timed_steps=50, plot=None, trace=None, log=print):
+                xla=False, warmup_steps=10, timed_steps=50, plot=None, trace=None, log=print,
+                param_device='cpu'):
     """Measure towers and its peers at each tower count; print one table.
 
     Returns:
       list of dicts: config, towers, mean, stderr, vs_best (images/sec over
-      towers' best at that count) and gflops (training GFLOP/s).
+      towers' best at that count, +xla rows aside) and gflops (training GFLOP/s).
     """
     if batch_size < 1 or timed_steps < 2 or warmup_steps < 0:
         raise TowersError('bench needs --batch-size >= 1, --window >= 2 and --warmup >= 0')
     twin = peers.keras_twin(model_name, input_shape, num_classes)
     _logical_cpus(max(tower_counts))
-    if xla and 'tf_xla_cpu_global_jit' not in os.environ.get('TF_XLA_FLAGS', ''):
-        # On a CPU, TensorFlow clusters for XLA only with this flag; it is read
-        # when XLA is first used, which is after this point.
-        os.environ['TF_XLA_FLAGS'] = (os.environ.get('TF_XLA_FLAGS', '')
-                                      + ' --tf_xla_cpu_global_jit').strip()
     sampler = EpochSampler(dataset.num_examples, batch_size)
     rows, configs = [], []
     for count in tower_counts:
         devices = resolve_devices(num_towers=count)
+        params = resolve_param_device(param_device, devices)
         for update in variable_updates:
             for mode in modes:
                 rows.append({'config': 'towers %s/%s' % (update, mode), 'towers': count})
                 configs.append(dict(model_fn=model_fn, input_shape=input_shape,
-                                    tower_devices=devices, param_device='/cpu:0',
+                                    tower_devices=devices, param_device=params,
                                     variable_update=update,
                                     source=make_input(mode, dataset, sampler, batch_size,
                                                       num_classes)))
@@ -164,7 +163,7 @@ def _eager_has(devices):
 def _report(rows, flops, tower_counts, log):
     best = {}
     for row in rows:
-        if row['config'].startswith('towers'):
+        if row['config'].startswith('towers') and not row['config'].endswith('+xla'):
             best[row['towers']] = max(best.get(row['towers'], 0), row['mean'])
     log('training FLOPs per image: %.2f MFLOP (counted on the graph)' % (flops / 1e6))
     log('%-40s %-7s %-20s %-9s %s' % ('config', 'towers', 'images/sec', 'vs best', 'GFLOP/s'))

@@ -10,6 +10,7 @@ from towers.gradients import check_pattern
 from towers.model import ClassifierModel
 from towers.monitors import Trace
 from towers.schedules import LearningRate
+from towers.trace import check_output
 from towers.trainer import Trainer, default_callbacks
 
 
@@ -93,6 +94,9 @@ class TrainConfig:
         self.schedule()  # its own one-line errors
         if self.freeze is not None:
             check_pattern(self.freeze, '--freeze')
+        for path, flag in ((self.trace, '--trace'), (self.trace_plot, '--trace-plot')):
+            if path:
+                check_output(path, flag)
 
     def schedule(self):
         return LearningRate.parse(self.learning_rate, self.lr_schedule, self.warmup_epochs)

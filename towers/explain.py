@@ -22,22 +22,22 @@ import tensorflow as tf
 
 import data
 from towers.devices import session_config
+from towers.errors import TowersError
 from towers.graph import build_training_graph
 from towers.inputs import make_input
 from towers.model import ClassifierModel
-from towers.trace import short_device
+from towers.trace import AVERAGE_SCOPES, short_device
 from data.sampler import EpochSampler
 
 tf1 = tf.compat.v1
 
 _APPLY_TYPE = re.compile(r'(Resource)?(Sparse)?Apply')
-_AVERAGE = ('average_gradients', 'all_reduce')
 _TRANSFER = ('_Send', '_Recv', '_HostSend', '_HostRecv')
 
 
 def explain(model_fn, input_shape, num_classes, tower_devices, param_device='/cpu:0',
             batch_size=100, variable_update='parameter_server', input_mode='feed',
-            optimizer='sgd'):
+            optimizer='sgd', sync_bn=False):
     """Build the training graph, run one step, and say where everything ran.
 
     Returns:
@@ -46,15 +46,16 @@ def explain(model_fn, input_shape, num_classes, tower_devices, param_device='/cp
       [{from, to, bytes, kinds {kind: bytes}}], bytes_per_step, batch_size.
     """
     if input_mode not in ('feed', 'synthetic'):
-        raise data.DataError('explain runs --input feed or synthetic (where the input comes '
-                             'from changes only the input transfers), not %s' % input_mode)
+        raise TowersError('explain runs --input feed or synthetic (where the input comes '
+                          'from changes only the input transfers), not %s' % input_mode)
     images = np.zeros([batch_size] + list(input_shape), np.float32)
     fake = data.DataSet(images, np.zeros([batch_size], np.int64), num_classes=num_classes)
     source = make_input(input_mode, fake, EpochSampler(batch_size, batch_size), batch_size,
                         num_classes)
     model = ClassifierModel(model_fn, input_shape, num_classes, optimizer=optimizer)
     graph = build_training_graph(model, tower_devices, param_device, seed=0, source=source,
-                                 learning_rate=0.01, variable_update=variable_update)
+                                 learning_rate=0.01, variable_update=variable_update,
+                                 sync_bn=sync_bn)
     options = tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE,
                              output_partition_graphs=True)
     metadata = tf1.RunMetadata()
@@ -67,7 +68,9 @@ def explain(model_fn, input_shape, num_classes, tower_devices, param_device='/cp
         sess.run(graph.sync_op)
         source.start(sess, 0, 1)
         extra, feed = source.step(0)
-        sess.run([graph.train_op] + extra, feed, options=options, run_metadata=metadata)
+        # Each tower's count of real examples, from the graph itself.
+        examples = sess.run([graph.train_op, [t.count for t in graph.towers]] + extra, feed,
+                            options=options, run_metadata=metadata)[1]
     with graph.graph.as_default():
         variables = tf1.global_variables()
     placed = _placement(metadata)
@@ -75,8 +78,8 @@ def explain(model_fn, input_shape, num_classes, tower_devices, param_device='/cp
             'devices': _devices(graph, placed, variables,
                                 _flops(model, tower_devices, param_device, batch_size,
                                        num_classes, variable_update),
-                                shares(batch_size, len(tower_devices))),
-            'averaging': sorted({d for n, d in placed.items() if n.startswith(_AVERAGE)}),
+                                [int(n) for n in examples]),
+            'averaging': sorted({d for n, d in placed.items() if n.startswith(AVERAGE_SCOPES)}),
             'apply': sorted({placed[op.name] for op in graph.graph.get_operations()
                              if _APPLY_TYPE.match(op.type) and op.name in placed}),
             **_transfers(metadata)}
@@ -115,33 +118,25 @@ def _flops(model, tower_devices, param_device, batch_size, num_classes, variable
     return flops
 
 
-def shares(batch_size, num_towers):
-    """Each tower's examples, as split_batch cuts the batch (100 over 3: 34/33/33)."""
-    base, extra = divmod(batch_size, num_towers)
-    return [base + 1] * extra + [base] * (num_towers - extra)
-
-
 def _devices(graph, placed, variables, flops, examples):
     """Per device: tower, slice, ops, FLOPs, variables held."""
     devices = collections.OrderedDict()
+
+    def entry(device):
+        return devices.setdefault(device, {'tower': None, 'examples': 0, 'ops': 0, 'flops': 0,
+                                           'variables': 0, 'variable_bytes': 0})
     for device in sorted(set(placed.values())):
-        devices[device] = {'tower': None, 'examples': 0, 'ops': 0, 'flops': 0,
-                           'variables': 0, 'variable_bytes': 0}
+        entry(device)
     for name, device in placed.items():
-        devices[device]['ops'] += 1
-        devices[device]['flops'] += int(flops.get(name, 0))
+        entry(device)['ops'] += 1
+        entry(device)['flops'] += int(flops.get(name, 0))
     for i, tower in enumerate(graph.towers):
         device = placed.get(tower.loss.op.name, short_device(tower.device))
-        entry = devices.setdefault(device, {'tower': None, 'examples': 0, 'ops': 0, 'flops': 0,
-                                            'variables': 0, 'variable_bytes': 0})
-        entry['tower'] = 'tower_%d' % i
-        entry['examples'] = examples[i]
+        entry(device).update(tower='tower_%d' % i, examples=examples[i])
     for var in variables:
-        device = placed.get(var.op.name) or _requested(var)
-        entry = devices.setdefault(device, {'tower': None, 'examples': 0, 'ops': 0, 'flops': 0,
-                                            'variables': 0, 'variable_bytes': 0})
-        entry['variables'] += 1
-        entry['variable_bytes'] += var.shape.num_elements() * var.dtype.base_dtype.size
+        holder = entry(placed.get(var.op.name) or _requested(var))
+        holder['variables'] += 1
+        holder['variable_bytes'] += var.shape.num_elements() * var.dtype.base_dtype.size
     return devices
 
 

@@ -16,7 +16,7 @@ from towers.gradients import variable_name
 from towers.inputs import FeedInput
 from towers.schedules import LearningRate
 from towers.tower import build_towers_from_slices, split_batch
-from towers.variables import make_strategy
+from towers.variables import LeastLoaded, make_strategy
 
 tf1 = tf.compat.v1
 
@@ -207,6 +207,8 @@ EvalGraph.__doc__ = """An inference-only graph over the towers, for `evaluate` a
 
 def build_eval_graph(model, tower_devices, param_device='/cpu:0', ema=False):
     """A fresh tf.Graph with only the inference-mode towers."""
+    if param_device == 'spread':
+        param_device = LeastLoaded(tower_devices)
     graph = tf.Graph()
     with graph.as_default():
         evaluation = _eval_towers(model, tower_devices, param_device, reuse=False)

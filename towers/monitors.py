@@ -15,6 +15,7 @@ import tqdm
 from data.atomic import atomic_output
 from towers import trace
 from towers.callbacks import Callback, Throughput
+from towers.errors import TowersError
 from towers.evaluation import format_metrics
 
 tf1 = tf.compat.v1
@@ -234,6 +235,9 @@ class Trace(Callback):
 
     def before_train(self, trainer):
         self.at = self.step or min(trainer.step + trainer.warmup_steps + 1, trainer.num_steps)
+        if not trainer.step < self.at <= trainer.num_steps:
+            raise TowersError('--trace-step %d is not among the steps this run takes (%d to %d)'
+                              % (self.at, trainer.step + 1, trainer.num_steps))
 
     def wants_trace(self, trainer):
         return trainer.step + 1 == self.at

@@ -19,8 +19,17 @@ from towers.errors import TowersError
 
 tf1 = tf.compat.v1
 
-_APPLY = re.compile(r'= (Resource)?(Sparse)?Apply\w*\(')
-_AVERAGE = ('average_gradients', 'all_reduce')
+APPLY_LABEL = re.compile(r'= (Resource)?(Sparse)?Apply\w*\(')  # in a timeline label
+AVERAGE_SCOPES = ('average_gradients', 'all_reduce')  # where the towers' gradients meet
+
+
+def check_output(path, flag):
+    """Raise TowersError now, not after training, if path cannot be written."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise TowersError('%s %s: folder %s does not exist' % (flag, path, folder))
+    if not os.access(folder, os.W_OK):
+        raise TowersError('%s %s: folder %s is not writable' % (flag, path, folder))
 
 
 def trace_options():
@@ -30,7 +39,7 @@ def trace_options():
 
 def short_device(name):
     """'/job:localhost/replica:0/task:0/device:CPU:1' -> '/cpu:1' (other names unchanged)."""
-    match = re.search(r'device:([A-Za-z]+):(\d+)$', name)
+    match = re.search(r'device:([A-Za-z]+):(\d+)(/stream:all)?$', name)
     return '/%s:%s' % (match.group(1).lower(), match.group(2)) if match else name
 
 
@@ -51,17 +60,15 @@ def summarize(run_metadata):
       apply ops); devices are the compute devices (not memcpy streams).
     """
     intervals, average, apply = {}, [], []
-    for device in run_metadata.step_stats.dev_stats:
-        if '/device:' not in device.device or 'stream' in device.device:
-            continue
+    for device in _compute_rows(run_metadata):
         name = short_device(device.device)
         for node in device.node_stats:
             start = node.all_start_micros
             end = start + max(node.all_end_rel_micros, 1)
             intervals.setdefault(name, []).append((start, end))
-            if node.node_name.startswith(_AVERAGE):
+            if node.node_name.startswith(AVERAGE_SCOPES):
                 average.append((start, end))
-            elif _APPLY.search(node.timeline_label):
+            elif APPLY_LABEL.search(node.timeline_label):
                 apply.append((start, end))
     if not intervals:
         return {'step_ms': 0.0, 'busy_ms': {}, 'idle_ms': {}, 'average_ms': 0.0, 'apply_ms': 0.0}
@@ -84,6 +91,19 @@ def summary_lines(summary, path, step):
         lines.append('  %-8s busy %.1f ms (%.0f%%), idle %.1f ms'
                      % (device, busy, 100 * share, summary['idle_ms'][device]))
     return lines
+
+
+def _compute_rows(run_metadata):
+    """The step stats rows where ops' compute time is: a device's own row, or, on a GPU,
+    its 'stream:all' row (its own row then holds the kernel launches)."""
+    rows = {}
+    for device in run_metadata.step_stats.dev_stats:
+        base = device.device.split('/stream')[0]
+        if '/device:' not in base or '/memcpy' in device.device:
+            continue
+        if device.device.endswith('/stream:all') or base not in rows:
+            rows[base] = device
+    return [rows[base] for base in sorted(rows)]
 
 
 def _union(spans):
@@ -110,12 +130,10 @@ def plot_timeline(run_metadata, path, title='one training step'):
     colours = {'tower compute': '#4c72b0', 'gradient averaging': '#dd8452',
                'apply': '#55a868', 'other': '#b0b0b0'}
     rows = {}
-    for device in run_metadata.step_stats.dev_stats:
-        if '/device:' not in device.device or 'stream' in device.device:
-            continue
+    for device in _compute_rows(run_metadata):
         for node in device.node_stats:
-            kind = ('gradient averaging' if node.node_name.startswith(_AVERAGE) else
-                    'apply' if _APPLY.search(node.timeline_label) else
+            kind = ('gradient averaging' if node.node_name.startswith(AVERAGE_SCOPES) else
+                    'apply' if APPLY_LABEL.search(node.timeline_label) else
                     'tower compute' if node.node_name.startswith('tower_') else 'other')
             rows.setdefault(short_device(device.device), []).append(
                 (node.all_start_micros, max(node.all_end_rel_micros, 1), kind))

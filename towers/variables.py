@@ -12,7 +12,10 @@ Small classes behind one narrow interface, as tf_cnn_benchmarks has them:
                     Each variable's weighted gradient sum is formed on one
                     device (spread by bytes) and copied to every tower, and every
                     tower applies that same update to its copy with its own
-                    optimizer, so the copies stay bit-equal. Only the master
+                    optimizer, so the trained copies stay bit-equal. Batch-norm
+                    moving averages are kept on the master only, from tower 0
+                    as with parameter_server (evaluation and checkpoints read
+                    the master; the replicas' are never used). Only the master
                     copies are saved, under the names parameter_server uses, so
                     a checkpoint restores into either strategy.
   independent       one copy per tower, each trained on its own slice with no
