@@ -7,6 +7,7 @@ import pytest
 import tensorflow as tf
 
 import data
+import easy_digits
 import models
 from towers.devices import session_config
 from towers.errors import TowersError
@@ -42,14 +43,7 @@ class _Counting:
     batches = property(lambda self: len(self.fed))
 
 
-def _images_and_labels(num, rng):
-    """Easy digits: class c lights one 7x7 cell of a 4x4 grid on faint noise."""
-    labels = rng.randint(0, 10, num)
-    images = rng.rand(num, *SHAPE).astype(np.float32) * 0.1
-    for image, label in zip(images, labels):
-        row, col = divmod(label, 4)
-        image[row * 7:row * 7 + 7, col * 7:col * 7 + 7] += 0.9
-    return images, labels
+_images_and_labels = easy_digits.images_and_labels
 
 
 def _datasets(seed=0):

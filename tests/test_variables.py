@@ -5,6 +5,7 @@ import tensorflow as tf
 
 import data
 import models
+from towers.callbacks import Callback
 from towers.devices import session_config
 from towers.errors import TowersError
 from towers.graph import build_training_graph
@@ -146,8 +147,8 @@ def test_an_unknown_variable_update_is_named():
         make_strategy('ring', THREE)
 
 
-class _ReplicasEqualMaster:
-    """After training, every replica variable equals its master (the Trainer syncs them)."""
+class _ReplicasEqualMaster(Callback):
+    """After the Trainer's set-up, every replica variable equals its master."""
 
     order = 99
 
@@ -157,27 +158,9 @@ class _ReplicasEqualMaster:
         self.pairs = [(v, variables[name.split('/', 1)[1]]) for name, v in variables.items()
                       if name.startswith('replica_')]
 
-    def fetches(self, trainer):
-        return {}
-
-    def wants_trace(self, trainer):
-        return False
-
     def before_train(self, trainer):
         self.unequal = [r.op.name for r, m in self.pairs
                         if not np.array_equal(*trainer.sess.run([r, m]))]
-
-    def after_step(self, trainer, values):
-        pass
-
-    def after_epoch(self, trainer):
-        pass
-
-    def after_train(self, trainer):
-        pass
-
-    def close(self):
-        pass
 
 
 def test_the_trainer_starts_replicas_from_the_masters_values():
