@@ -24,7 +24,7 @@ import data
 from towers.devices import session_config
 from towers.errors import TowersError
 from towers.graph import build_training_graph
-from towers.inputs import make_input
+from towers.inputs import SyntheticInput, make_input
 from towers.model import ClassifierModel
 from towers.trace import AVERAGE_SCOPES, short_device
 from data.sampler import EpochSampler
@@ -77,7 +77,7 @@ def explain(model_fn, input_shape, num_classes, tower_devices, param_device='/cp
     return {'batch_size': batch_size,
             'devices': _devices(graph, placed, variables,
                                 _flops(model, tower_devices, param_device, batch_size,
-                                       num_classes, variable_update),
+                                       num_classes, variable_update, sync_bn),
                                 [int(n) for n in examples]),
             'averaging': sorted({d for n, d in placed.items() if n.startswith(AVERAGE_SCOPES)}),
             'apply': sorted({placed[op.name] for op in graph.graph.get_operations()
@@ -95,17 +95,18 @@ def _placement(metadata):
     return placed
 
 
-def _flops(model, tower_devices, param_device, batch_size, num_classes, variable_update):
+def _flops(model, tower_devices, param_device, batch_size, num_classes, variable_update,
+           sync_bn):
     """op name -> FLOPs, by TensorFlow's profiler.
 
     Its FLOP counts need static shapes, which a fed batch does not have; the
     same graph over a synthetic input has them (each tower's slice a fixed
     [n_i, H, W, C]), and names its ops alike.
     """
-    from towers.inputs import SyntheticInput
     graph = build_training_graph(model, tower_devices, param_device, seed=0,
                                  source=SyntheticInput(batch_size, num_classes),
-                                 learning_rate=0.01, variable_update=variable_update)
+                                 learning_rate=0.01, variable_update=variable_update,
+                                 sync_bn=sync_bn)
     options = tf1.profiler.ProfileOptionBuilder.float_operation()
     options['output'] = 'none'
     root = tf1.profiler.profile(graph.graph, options=options)
