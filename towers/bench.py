@@ -56,8 +56,7 @@ class _Trainer:
         options, metadata = tracing.trace_options()
         run_step(self.sess, self.source, self.step, [self.graph.train_op], options, metadata)
         self.step += 1
-        tracing.write_trace(metadata, path)
-        for line in tracing.summary_lines(tracing.summarize(metadata), path, self.step):
+        for line in tracing.report(metadata, path, self.step):
             log(line)
 
     def run(self, steps, clock, timed=True):

@@ -250,7 +250,7 @@ def _check(args, log):
     import inspect
     import data
     import models
-    from towers import check, devices
+    from towers import check, devices, tower
     from towers.errors import TowersError
     if args.towers < 1 or args.batch_size < 1 or args.steps < 1 or args.tolerance <= 0:
         raise TowersError('check needs --towers, --batch-size and --steps of at least 1 and a '
@@ -268,8 +268,7 @@ def _check(args, log):
     batches = [(train.images[i:i + args.batch_size], train.labels[i:i + args.batch_size])
                for i in range(0, args.batch_size * args.steps, args.batch_size)]
     tower_devices = devices.resolve_devices(args.towers)
-    base, extra = divmod(args.batch_size, args.towers)  # as tower.split_sizes cuts it
-    shares = [base + 1] * extra + [base] * (args.towers - extra)
+    shares = tower.split_sizes(args.batch_size, args.towers).numpy()  # eager: as it cuts
     log('check: %s on %d tower(s) %s against 1 device, global batch %d (%s), %d SGD steps%s'
         % (args.model, args.towers, ','.join(tower_devices), args.batch_size,
            '/'.join(map(str, shares)), args.steps, ', dropout off' if options else ''))

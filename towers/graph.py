@@ -16,7 +16,7 @@ from towers.gradients import variable_name
 from towers.inputs import FeedInput
 from towers.schedules import LearningRate
 from towers.tower import build_towers_from_slices, split_batch
-from towers.variables import LeastLoaded, make_strategy
+from towers.variables import host_device, make_strategy, variable_placement
 
 tf1 = tf.compat.v1
 
@@ -108,8 +108,7 @@ def build_training_graph(model, tower_devices, param_device='/cpu:0', seed=None,
         if seed is not None:
             tf1.set_random_seed(seed)
         strategy = make_strategy(variable_update, tower_devices, param_device)
-        host = param_device if isinstance(param_device, str) and param_device != 'spread' \
-            else '/cpu:0'
+        host = host_device(param_device)
         slices = source.build(model.input_shape, tower_devices)
         with tf.device(host):
             global_step = tf1.train.get_or_create_global_step()
@@ -207,8 +206,7 @@ EvalGraph.__doc__ = """An inference-only graph over the towers, for `evaluate` a
 
 def build_eval_graph(model, tower_devices, param_device='/cpu:0', ema=False):
     """A fresh tf.Graph with only the inference-mode towers."""
-    if param_device == 'spread':
-        param_device = LeastLoaded(tower_devices)
+    param_device = variable_placement(param_device, tower_devices)
     graph = tf.Graph()
     with graph.as_default():
         evaluation = _eval_towers(model, tower_devices, param_device, reuse=False)

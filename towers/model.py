@@ -153,8 +153,7 @@ class ClassifierModel(ModelDesc):
     def tower_loss(self, images, labels, count, training):
         # With the count, a stand-in example of an empty share is masked out:
         # the tower reports loss 0 and accuracy 0 for it (its weight is 0 anyway).
-        cost, metrics = tower_loss(self.model_fn, images, labels, count, training)
-        return cost, metrics
+        return tower_loss(self.model_fn, images, labels, count, training)
 
     def optimizer(self, learning_rate):
         return make_optimizer(self._optimizer, learning_rate, self._momentum)

@@ -244,10 +244,7 @@ class Trace(Callback):
 
     def after_step(self, trainer, values):
         if 'run_metadata' in values:
-            trace.write_trace(values['run_metadata'], self.path)
-            if self.plot:
-                trace.plot_timeline(values['run_metadata'], self.plot, 'step %d on %d tower(s)'
-                                    % (trainer.step, len(trainer.tower_devices)))
-            for line in trace.summary_lines(trace.summarize(values['run_metadata']), self.path,
-                                            trainer.step):
+            title = 'step %d on %d tower(s)' % (trainer.step, len(trainer.tower_devices))
+            for line in trace.report(values['run_metadata'], self.path, trainer.step,
+                                     self.plot, title):
                 trainer.log(line)

@@ -81,6 +81,14 @@ def summarize(run_metadata):
             'average_ms': _union(average) / 1e3, 'apply_ms': _union(apply) / 1e3}
 
 
+def report(run_metadata, path, step, plot=None, title=None):
+    """Write the step's Chrome trace (and, with plot, its timeline PNG); return the summary lines."""
+    write_trace(run_metadata, path)
+    if plot:
+        plot_timeline(run_metadata, plot, title or 'step %d' % step)
+    return summary_lines(summarize(run_metadata), path, step)
+
+
 def summary_lines(summary, path, step):
     lines = ['trace of step %d: %s (open it in ui.perfetto.dev or chrome://tracing)'
              % (step, path),

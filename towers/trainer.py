@@ -19,13 +19,14 @@ from data.sampler import EpochSampler
 from towers import callbacks as cb
 from towers import evaluation
 from towers import monitors
-from towers.devices import SPREAD, resolve_devices, resolve_param_device, session_config
+from towers.devices import resolve_devices, resolve_param_device, session_config
 from towers.errors import TowersError
 from towers.export import restore, write_run
 from towers.graph import build_training_graph
 from towers.inputs import InputSource, make_input, run_step
 from towers.schedules import LearningRate
 from towers.trace import trace_options
+from towers.variables import host_device
 
 tf1 = tf.compat.v1
 
@@ -156,8 +157,7 @@ class Trainer:
             steps_per_epoch=self.steps_per_epoch, ema_decay=self.ema_decay, finalize=False,
             variable_update=self.variable_update, sync_bn=self.sync_bn)
         with graph.graph.as_default():
-            host = '/cpu:0' if self.param_device == SPREAD else self.param_device
-            with tf.device(host), tf1.variable_scope('data_order'):
+            with tf.device(host_device(self.param_device)), tf1.variable_scope('data_order'):
                 # The data order's inputs, saved with every checkpoint so that a
                 # resume which would see other batches is refused.
                 order = [tf1.get_variable(name, initializer=tf.constant(value, tf.int64),

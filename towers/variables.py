@@ -30,6 +30,7 @@ import contextlib
 
 import tensorflow as tf
 
+from towers.devices import SPREAD
 from towers.errors import TowersError
 from towers.gradients import build_train_op, combine, variable_name
 from towers.tower import tower_update_ops
@@ -64,6 +65,19 @@ class LeastLoaded:
         return self.place(_bytes(op))
 
 
+def variable_placement(param_device, tower_devices):
+    """Where variables go for a --param-device: that device, or for 'spread' a
+    LeastLoaded chooser over the tower devices (a device function)."""
+    return LeastLoaded(tower_devices) if param_device == SPREAD else param_device
+
+
+def host_device(param_device):
+    """Where single ops such as the step counter go: the parameter device, or /cpu:0
+    when the variables are spread."""
+    return '/cpu:0' if param_device == SPREAD or not isinstance(param_device, str) \
+        else param_device
+
+
 class ParameterServer:
     """One copy of each variable, on param_device or spread over the towers ('spread')."""
 
@@ -72,8 +86,7 @@ class ParameterServer:
 
     def __init__(self, tower_devices, param_device='/cpu:0'):
         self.tower_devices = list(tower_devices)
-        self.param_device = (LeastLoaded(tower_devices) if param_device == 'spread'
-                             else param_device)
+        self.param_device = variable_placement(param_device, tower_devices)
 
     def tower_variables(self, index, device):
         """(variable scope name or None for the shared one, device for its variables)."""
