@@ -1,6 +1,12 @@
 """towers: TF1-style graph-mode multi-tower (data-parallel) training on tf.compat.v1."""
 from setuptools import find_packages, setup
 
+# The repository keeps the nets and the datasets in top-level folders, but they
+# install (and import) as towers.models and towers.data: top-level `data` and
+# `models` packages would collide with any other package of those names, and
+# with a user's own data/ folder when `python -m towers` runs from it.
+PACKAGE_DIR = {'towers': 'towers', 'towers.data': 'data', 'towers.models': 'models'}
+
 setup(
     name='towers',
     version='0.1.0',
@@ -8,10 +14,10 @@ setup(
     long_description=open('README.md', encoding='utf-8').read(),
     long_description_content_type='text/markdown',
     python_requires='>=3.9',
-    packages=find_packages(include=['towers', 'towers.*', 'models', 'models.*',
-                                    'data', 'data.*']),
-    # The embedded digits sample ships inside the `data` package.
-    package_data={'data': ['mnist_sample/*.gz']},
+    package_dir=PACKAGE_DIR,
+    packages=find_packages(include=['towers', 'towers.*']) + ['towers.data', 'towers.models'],
+    # The embedded digits sample ships inside the `towers.data` package.
+    package_data={'towers': ['docs/*.png'], 'towers.data': ['mnist_sample/*.gz']},
     install_requires=['numpy', 'tqdm>=4.60'],  # tqdm: the training progress bar
     # TensorFlow comes as an extra so that CPU machines get the small CPU build
     # and GPU machines the CUDA one; both provide the same `tensorflow` module.
@@ -19,7 +25,7 @@ setup(
         'cpu': ['tensorflow-cpu>=2.16'],
         'gpu': ['tensorflow[and-cuda]>=2.16'],
         'plot': ['matplotlib'],  # towers bench --compare --plot
-        'test': ['pytest', 'matplotlib'],
+        'test': ['pytest', 'matplotlib', 'ruff'],
     },
     entry_points={'console_scripts': ['towers = towers.cli:main']},
 )

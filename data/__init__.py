@@ -15,15 +15,15 @@ Public API:
     extract_folder(archive, folder, dest)  safe, all-or-nothing tar extraction
     DataError and its subclasses           every error this package raises
 """
-from data.archive import ArchiveError, extract_folder
-from data.cifar10 import CifarFormatError
-from data.cifar10 import read_batch as read_cifar10_batch
-from data.dataset import DataSet, Datasets, read_data_sets
-from data.download import download
-from data.errors import (ChecksumError, DataError, DatasetNotFoundError, DownloadError,
+from towers.data.archive import ArchiveError, extract_folder
+from towers.data.cifar10 import CifarFormatError
+from towers.data.cifar10 import read_batch as read_cifar10_batch
+from towers.data.dataset import DataSet, Datasets, read_data_sets
+from towers.data.download import download
+from towers.data.errors import (ChecksumError, DataError, DatasetNotFoundError, DownloadError,
                          IdxFormatError)
-from data.idx import read_idx, write_idx
-from data.registry import (DATASETS, DEFAULT_DATASET, class_names, dataset_info, find_dataset,
+from towers.data.idx import read_idx, write_idx
+from towers.data.registry import (DATASETS, DEFAULT_DATASET, class_names, dataset_info, find_dataset,
                            load_dataset)
 
 __all__ = [

@@ -14,7 +14,7 @@ import tarfile
 import tempfile
 import zlib
 
-from data.errors import DataError
+from towers.data.errors import DataError
 
 _CHUNK_BYTES = 1 << 20
 

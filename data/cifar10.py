@@ -10,12 +10,12 @@ import os
 
 import numpy as np
 
-from data.archive import extract_folder
-from data.dataset import split_datasets
-from data.download import download as download_file, mirror_urls, missing_reason
-from data.errors import DataError, DatasetNotFoundError, DownloadError
-from data.locate import describe_search
-from data.mnist import FileSpec
+from towers.data.archive import extract_folder
+from towers.data.dataset import split_datasets
+from towers.data.download import download as download_file, mirror_urls, missing_reason
+from towers.data.errors import DataError, DatasetNotFoundError, DownloadError
+from towers.data.locate import describe_search
+from towers.data.mnist import FileSpec
 
 # SHA-256 from tensorflow/datasets, tensorflow_datasets/url_checksums/cifar10.txt, with the
 # official size; the same value appears beside the official MD5 (c32a1d4a...) in other projects.

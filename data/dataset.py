@@ -8,9 +8,9 @@ import collections
 
 import numpy as np
 
-from data import mnist
-from data.errors import DataError, IdxFormatError
-from data.idx import read_images, read_labels
+from towers.data import mnist
+from towers.data.errors import DataError, IdxFormatError
+from towers.data.idx import read_images, read_labels
 
 Datasets = collections.namedtuple('Datasets', ['train', 'validation', 'test'])
 

@@ -11,8 +11,8 @@ import os
 import urllib.error
 import urllib.request
 
-from data.atomic import atomic_output
-from data.errors import ChecksumError, DownloadError
+from towers.data.atomic import atomic_output
+from towers.data.errors import ChecksumError, DownloadError
 
 _CHUNK_BYTES = 1 << 16
 _USER_AGENT = 'towers-data/0.1 (+urllib)'

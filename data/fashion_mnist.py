@@ -3,7 +3,7 @@
 Read with data.read_data_sets(folder, files=FILES, mirrors=MIRRORS) or, with
 the search order of data.locate, data.load_dataset('fashion_mnist').
 """
-from data.mnist import FileSpec, IdxSource, MnistPaths
+from towers.data.mnist import FileSpec, IdxSource, MnistPaths
 
 # SHA-256 and sizes from tensorflow/datasets, tensorflow_datasets/url_checksums/fashion_mnist.txt
 # (the same values appear in many other public projects). Debian's dataset-fashion-mnist holds

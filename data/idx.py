@@ -15,8 +15,8 @@ import zlib
 
 import numpy as np
 
-from data.atomic import atomic_output
-from data.errors import IdxFormatError
+from towers.data.atomic import atomic_output
+from towers.data.errors import IdxFormatError
 
 # IDX type byte -> on-disk dtype (IDX data is always big-endian).
 _DTYPES = {

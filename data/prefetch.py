@@ -19,8 +19,8 @@ import time
 import traceback
 import warnings
 
-from data.errors import DataError
-from data.prefetch_worker import IDLE, STARTING, signal_name, work
+from towers.data.errors import DataError
+from towers.data.prefetch_worker import IDLE, STARTING, signal_name, work
 
 # Workers are started with 'spawn': each is a fresh interpreter that inherits nothing from the
 # consumer. 'fork' copies a process that may hold TensorFlow's thread pools and locks mid-state,

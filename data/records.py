@@ -23,10 +23,10 @@ import os
 import numpy as np
 import tensorflow as tf
 
-from data.atomic import atomic_output
-from data.download import sha256_of_file
-from data.errors import DataError
-from data.pipeline import CHUNK
+from towers.data.atomic import atomic_output
+from towers.data.download import sha256_of_file
+from towers.data.errors import DataError
+from towers.data.pipeline import CHUNK
 
 tf1 = tf.compat.v1
 

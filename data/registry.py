@@ -10,10 +10,10 @@ import collections
 import os
 import types
 
-from data import cifar10, fashion_mnist, mnist, sample
-from data.dataset import read_data_sets
-from data.errors import DataError
-from data.locate import locate
+from towers.data import cifar10, fashion_mnist, mnist, sample
+from towers.data.dataset import read_data_sets
+from towers.data.errors import DataError
+from towers.data.locate import locate
 
 DatasetInfo = collections.namedtuple('DatasetInfo', [
     'name', 'input_shape', 'num_classes', 'num_train', 'num_test', 'default_validation_size',

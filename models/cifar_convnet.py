@@ -8,8 +8,8 @@ model alike.
 """
 import tensorflow as tf
 
-from models import layers
-from models.errors import ModelError, check_inputs
+from towers.models import layers
+from towers.models.errors import ModelError, check_inputs
 
 tf1 = tf.compat.v1
 

@@ -27,7 +27,7 @@ def check_inputs(images, training, input_shape, model):
         ModelError: wrong dtype, rank or image shape.
         TypeError: `training` is not a Python bool.
     """
-    from models.layers import CrossTowerStats
+    from towers.models.layers import CrossTowerStats
     if not isinstance(training, (bool, CrossTowerStats)):
         raise TypeError(f'{model}: training must be a Python bool, got {training!r}')
     images = tf.convert_to_tensor(images)

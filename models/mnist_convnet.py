@@ -5,8 +5,8 @@ For 28x28x1 and 10 classes it has 3,274,634 trainable parameters.
 """
 import tensorflow as tf
 
-from models import layers
-from models.errors import ModelError, check_inputs
+from towers.models import layers
+from towers.models.errors import ModelError, check_inputs
 
 tf1 = tf.compat.v1
 

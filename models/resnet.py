@@ -14,8 +14,8 @@ UPDATE_OPS, which the trainer runs from tower 0 once per step.
 """
 import tensorflow as tf
 
-from models import layers
-from models.errors import ModelError, check_inputs
+from towers.models import layers
+from towers.models.errors import ModelError, check_inputs
 
 tf1 = tf.compat.v1
 

@@ -5,8 +5,8 @@ in the tutorial's Keras defaults: 28x28x1 -> 26x26 -> 13x13, 32x32x3 -> 30x30 ->
 """
 import tensorflow as tf
 
-from models import layers
-from models.errors import ModelError, check_inputs
+from towers.models import layers
+from towers.models.errors import ModelError, check_inputs
 
 # Smallest side that survives a 3x3 VALID conv and then a 2x2 VALID pool.
 _MIN_SIDE = 4

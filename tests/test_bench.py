@@ -4,8 +4,8 @@ import math
 import numpy as np
 import pytest
 
-import data
-import models
+from towers import data
+from towers import models
 from towers.bench import mean_stderr, measure, measure_interleaved, run_bench
 from towers.inputs import INPUT_MODES, SyntheticInput
 from towers.devices import resolve_devices

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import data
+from towers import data
 import easy_digits
-import models
+from towers import models
 from towers import callbacks as cb
 from towers import monitors
 from towers.errors import TowersError

@@ -2,9 +2,9 @@
 import pytest
 import tensorflow as tf
 
-import data
-import models
-from models import layers
+from towers import data
+from towers import models
+from towers.models import layers
 from towers.check import check_towers
 from towers.cli import main
 from towers.gradients import average_gradients

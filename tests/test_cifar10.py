@@ -7,10 +7,10 @@ import tarfile
 import numpy as np
 import pytest
 
-from data import (ArchiveError, CifarFormatError, DatasetNotFoundError, class_names,
+from towers.data import (ArchiveError, CifarFormatError, DatasetNotFoundError, class_names,
                   extract_folder, load_dataset, read_cifar10_batch)
-from data import cifar10, locate
-from data.mnist import FileSpec
+from towers.data import cifar10, locate
+from towers.data.mnist import FileSpec
 
 RECORD = 3073
 

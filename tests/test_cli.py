@@ -9,8 +9,8 @@ import time
 import pytest
 import tensorflow as tf
 
-import data
-import models
+from towers import data
+from towers import models
 from towers.cli import main
 
 tf1 = tf.compat.v1
@@ -136,7 +136,7 @@ def test_debug_in_a_real_process_shows_the_traceback(tmp_path):
     assert process.returncode == 1
     assert 'Traceback (most recent call last)' in process.stderr
     assert process.stderr.rstrip().splitlines()[-1] == (
-        "models.errors.ModelError: unknown model 'nope'; known models: "
+        "towers.models.errors.ModelError: unknown model 'nope'; known models: "
         + ', '.join(models.model_names()))
     assert 'towers: error' not in process.stderr
 

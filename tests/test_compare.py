@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import data
-import models
-from models import layers
+from towers import data
+from towers import models
+from towers.models import layers
 from towers import compare, peers
 from towers.gradients import average_gradients
 

@@ -2,9 +2,9 @@
 import numpy as np
 import pytest
 
-from data import DataError, DataSet, DatasetNotFoundError, IdxFormatError, read_data_sets
-from data import mnist
-from data.idx import write_idx
+from towers.data import DataError, DataSet, DatasetNotFoundError, IdxFormatError, read_data_sets
+from towers.data import mnist
+from towers.data.idx import write_idx
 
 
 def _make(num_examples=10, seed=0, **kwargs):

@@ -8,13 +8,13 @@ import socket
 import numpy as np
 import pytest
 
-from data import (ChecksumError, DatasetNotFoundError, DownloadError, download,
+from towers.data import (ChecksumError, DatasetNotFoundError, DownloadError, download,
                   read_data_sets)
-from data import mnist
-from data.idx import write_idx
+from towers.data import mnist
+from towers.data.idx import write_idx
 
 # `data.download` the attribute is the function; the module is reached this way.
-download_module = importlib.import_module('data.download')
+download_module = importlib.import_module('towers.data.download')
 
 
 def _sha(payload):

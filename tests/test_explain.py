@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from models import layers
+from towers.models import layers
 from towers.cli import main
 from towers.explain import explain, report_lines
 

@@ -11,7 +11,7 @@ import textwrap
 import numpy as np
 import pytest
 
-import data
+from towers import data
 from towers.cli import main
 
 

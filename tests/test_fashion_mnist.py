@@ -5,9 +5,9 @@ import os
 import numpy as np
 import pytest
 
-from data import DatasetNotFoundError, find_dataset, load_dataset, read_data_sets
-from data import fashion_mnist, locate, mnist
-from data.idx import write_idx
+from towers.data import DatasetNotFoundError, find_dataset, load_dataset, read_data_sets
+from towers.data import fashion_mnist, locate, mnist
+from towers.data.idx import write_idx
 
 
 @pytest.fixture(autouse=True)

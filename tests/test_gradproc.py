@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import models
+from towers import models
 from towers.devices import session_config
 from towers.errors import TowersError
 from towers.gradients import (ClipGlobalNorm, FreezeVariables, ScaleGradient, WeightDecay,

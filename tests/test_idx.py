@@ -7,9 +7,9 @@ import struct
 import numpy as np
 import pytest
 
-from data import IdxFormatError, read_idx, write_idx
-from data.atomic import atomic_output
-from data.idx import read_images, read_labels
+from towers.data import IdxFormatError, read_idx, write_idx
+from towers.data.atomic import atomic_output
+from towers.data.idx import read_images, read_labels
 
 DTYPES = [np.uint8, np.int8, np.int16, np.int32, np.float32, np.float64]
 

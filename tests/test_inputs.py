@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import data
-import models
-from data.sampler import EpochSampler
+from towers import data
+from towers import models
+from towers.data.sampler import EpochSampler
 from towers.devices import session_config
 from towers.errors import TowersError
 from towers.config import TrainConfig, train
@@ -296,7 +296,7 @@ def test_training_on_a_dataset_input_stops_at_the_end_of_its_epochs():
 
 
 def test_augmentations_draw_independently():
-    from data.pipeline import augment_color_image
+    from towers.data.pipeline import augment_color_image
     # A left-to-right ramp: the flip shows in the sign of the slope, the
     # brightness in the mean; no padding so the crop changes nothing.
     ramp = np.tile(np.linspace(0.3, 0.7, 32, dtype=np.float32)[None, :, None], (32, 1, 3))

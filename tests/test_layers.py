@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from models import layers
+from towers.models import layers
 
 tf1 = tf.compat.v1
 

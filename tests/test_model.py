@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import data
-from models import layers
+from towers import data
+from towers.models import layers
 from towers.errors import TowersError
 from towers.model import ModelDesc
 from towers.schedules import LearningRate

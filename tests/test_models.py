@@ -3,8 +3,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import models
-from models import ModelError, build_model
+from towers import models
+from towers.models import ModelError, build_model
 
 tf1 = tf.compat.v1
 
@@ -227,7 +227,7 @@ def test_resnet_runs_each_batch_norm_update_once_per_call_and_halves_twice():
 
 
 def test_resnet_option_a_shortcut_subsamples_and_zero_pads():
-    from models.resnet import _shortcut
+    from towers.models.resnet import _shortcut
     x = np.arange(2 * 4 * 4 * 2, dtype=np.float32).reshape(2, 4, 4, 2)
     out = _shortcut(tf.constant(x), 6, 2).numpy()
     assert out.shape == (2, 2, 2, 6)

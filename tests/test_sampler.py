@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from data.sampler import EpochSampler
+from towers.data.sampler import EpochSampler
 
 
 def test_every_example_exactly_once_per_epoch_with_a_short_last_batch():

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from models import layers
+from towers.models import layers
 from towers.devices import session_config
 from towers.graph import build_training_graph
 from towers.model import ClassifierModel

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import models
+from towers import models
 from towers.devices import session_config
 from towers.gradients import build_train_op
 from towers.model import make_optimizer

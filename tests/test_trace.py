@@ -5,8 +5,8 @@ import re
 import numpy as np
 import pytest
 
-import data
-import models
+from towers import data
+from towers import models
 from towers import trace
 from towers.bench import run_bench
 from towers.config import TrainConfig, train

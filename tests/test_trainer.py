@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import data
+from towers import data
 import easy_digits
-import models
+from towers import models
 from towers.devices import session_config
 from towers.errors import TowersError
 from towers.config import TrainConfig, train

@@ -3,8 +3,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import data
-import models
+from towers import data
+from towers import models
 from towers.callbacks import Callback
 from towers.devices import session_config
 from towers.errors import TowersError

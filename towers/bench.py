@@ -14,7 +14,7 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from data.sampler import EpochSampler
+from towers.data.sampler import EpochSampler
 from towers.devices import resolve_devices, resolve_param_device, session_config
 from towers import trace as tracing
 from towers.errors import TowersError

@@ -20,7 +20,7 @@ import os
 import numpy as np
 import tensorflow as tf
 
-from data.atomic import atomic_output
+from towers.data.atomic import atomic_output
 from towers.errors import TowersError
 from towers.evaluation import format_metrics, split_size
 from towers.export import save

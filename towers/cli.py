@@ -10,7 +10,7 @@ import argparse
 import os
 import sys
 
-from data import DEFAULT_DATASET  # data/ is numpy-only: --help stays instant
+from towers.data import DEFAULT_DATASET  # data/ is numpy-only: --help stays instant
 
 DEFAULT_MODEL = 'mnist_convnet'
 
@@ -271,8 +271,8 @@ def main(argv=None):
               "pip install -e '.[cpu]' on a CPU-only machine or '.[gpu]' with GPUs" % e,
               file=sys.stderr)
         return 1
-    import data
-    import models
+    from towers import data
+    from towers import models
     from towers.errors import TowersError, op_error_summary
     if not args.debug:
         # TensorFlow's Python deprecation notices are for us, not for users.

@@ -9,8 +9,8 @@ import signal
 
 
 def _models(args, log):
-    import data
-    import models
+    from towers import data
+    from towers import models
     log('models: %s' % ', '.join(models.model_names()))
     log('datasets: %s' % ', '.join(sorted(data.DATASETS)))
 
@@ -24,8 +24,8 @@ def _devices(args, log):
 
 
 def _bench(args, log):
-    import data
-    import models
+    from towers import data
+    from towers import models
     from towers import bench
     info = data.dataset_info(args.dataset)
     counts = _int_list(args.towers, '--towers')
@@ -67,8 +67,8 @@ def _bench(args, log):
 
 def _load_records(args):
     """--dataset records:DIR: the train split stays on disk, the test split is read in."""
-    import data
-    from data import records
+    from towers import data
+    from towers.data import records
     folder = args.dataset.split(':', 1)[1]
     train_set = records.RecordSet(folder, 'train', num_workers=args.num_workers,
                                   worker_index=args.worker_index,
@@ -84,16 +84,16 @@ def _load_records(args):
 
 def _records_test_set(folder, num_classes, skip_bad_shards=False):
     """The test split of a records folder, in memory: (DataSet, skipped shards)."""
-    import data
-    from data import records
+    from towers import data
+    from towers.data import records
     test = records.RecordSet(folder, 'test', skip_bad_shards=skip_bad_shards)
     images, labels = records.read_all(test, test.input_shape)
     return data.DataSet(images, labels, num_classes=num_classes), test.skipped
 
 
 def _train(args, log):
-    import data
-    import models
+    from towers import data
+    from towers import models
     from towers import config as run_config, devices
     from towers.errors import TowersError
     from_records = args.dataset.startswith('records:')
@@ -173,7 +173,7 @@ class _StopOnSignal:
 
 def _saved_run(args):
     """(run.json, model_fn, checkpoint) of --logdir, for eval and export."""
-    import models
+    from towers import models
     from towers import export
     from towers.errors import TowersError
     run = export.read_run(args.logdir)
@@ -193,7 +193,7 @@ def _saved_run(args):
 def _eval(args, log):
     """towers eval: a checkpoint's loss and accuracy over the whole test set."""
     import tensorflow as tf
-    import data
+    from towers import data
     from towers import devices, export, graph
     from towers.evaluation import evaluate, format_metrics
     from towers.model import ClassifierModel
@@ -232,8 +232,8 @@ def _export(args, log):
 def _convert(args, log):
     """towers data convert: a dataset -> TFRecord shards and a manifest."""
     import numpy as np
-    import data
-    from data import records
+    from towers import data
+    from towers.data import records
     datasets = data.load_dataset(args.dataset, data_dir=args.data_dir, validation_size=0)
     # DataSet holds images as float32 x/255; rint recovers the bytes exactly.
     splits = {name: (np.rint(split.images * 255).astype(np.uint8), split.labels)
@@ -248,8 +248,8 @@ def _convert(args, log):
 def _check(args, log):
     """towers check: N towers against one device on the same batches."""
     import inspect
-    import data
-    import models
+    from towers import data
+    from towers import models
     from towers import check, devices, tower
     from towers.errors import TowersError
     if args.towers < 1 or args.batch_size < 1 or args.steps < 1 or args.tolerance <= 0:
@@ -294,8 +294,8 @@ def _check(args, log):
 def _explain(args, log):
     """towers explain: where each part of a training step runs, from the real graph."""
     import json
-    import data
-    import models
+    from towers import data
+    from towers import models
     from towers import devices, explain
     from towers.errors import TowersError
     if args.batch_size < 1:

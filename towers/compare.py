@@ -26,7 +26,7 @@ import time
 
 import tensorflow as tf
 
-from data.sampler import EpochSampler
+from towers.data.sampler import EpochSampler
 from towers import peers
 from towers.bench import measure_interleaved
 from towers.devices import resolve_devices, resolve_param_device, session_config
@@ -193,7 +193,7 @@ def plot_rows(rows, path, title):
         raise TowersError('--plot needs matplotlib: pip install matplotlib') from None
     matplotlib.use('Agg')
     from matplotlib import pyplot
-    from data.atomic import atomic_output
+    from towers.data.atomic import atomic_output
     figure, axes = pyplot.subplots(figsize=(7, 4.5))
     for config in dict.fromkeys(r['config'] for r in rows):
         mine = [r for r in rows if r['config'] == config]

@@ -20,14 +20,14 @@ import re
 import numpy as np
 import tensorflow as tf
 
-import data
+from towers import data
 from towers.devices import session_config
 from towers.errors import TowersError
 from towers.graph import build_training_graph
 from towers.inputs import SyntheticInput, make_input
 from towers.model import ClassifierModel
 from towers.trace import AVERAGE_SCOPES, short_device
-from data.sampler import EpochSampler
+from towers.data.sampler import EpochSampler
 
 tf1 = tf.compat.v1
 

@@ -12,7 +12,7 @@ import tempfile
 
 import tensorflow as tf
 
-from data.atomic import atomic_output
+from towers.data.atomic import atomic_output
 from towers.errors import TowersError, op_error_summary
 from towers.graph import restore_map
 

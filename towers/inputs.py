@@ -27,7 +27,7 @@ and asks it `end_of_data()` when a step raises OutOfRangeError.
 """
 import tensorflow as tf
 
-from data import pipeline
+from towers.data import pipeline
 
 from towers.errors import TowersError
 from towers.tower import TowerSlice, split_batch

@@ -12,7 +12,7 @@ import uuid
 import tensorflow as tf
 import tqdm
 
-from data.atomic import atomic_output
+from towers.data.atomic import atomic_output
 from towers import trace
 from towers.callbacks import Callback, Throughput
 from towers.errors import TowersError

@@ -11,7 +11,7 @@ import warnings
 
 import tensorflow as tf
 
-from data.sampler import EpochSampler
+from towers.data.sampler import EpochSampler
 from towers.devices import session_config
 from towers.tower import variables_on
 

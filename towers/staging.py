@@ -12,7 +12,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.ops import data_flow_ops
 
-from data.prefetch import Prefetcher
+from towers.data.prefetch import Prefetcher
 from towers.errors import TowersError
 from towers.inputs import InputSource
 from towers.tower import TowerSlice, split_batch

@@ -12,7 +12,7 @@ import functools
 
 import tensorflow as tf
 
-from models.layers import CrossTowerStats
+from towers.models.layers import CrossTowerStats
 
 tf1 = tf.compat.v1
 

@@ -14,7 +14,7 @@ import re
 import tensorflow as tf
 from tensorflow.python.client import timeline
 
-from data.atomic import atomic_output
+from towers.data.atomic import atomic_output
 from towers.errors import TowersError
 
 tf1 = tf.compat.v1

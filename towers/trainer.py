@@ -15,7 +15,7 @@ import time
 
 import tensorflow as tf
 
-from data.sampler import EpochSampler
+from towers.data.sampler import EpochSampler
 from towers import callbacks as cb
 from towers import evaluation
 from towers import monitors
