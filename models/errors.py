@@ -1,6 +1,8 @@
 """The exception the models package raises for bad user input, and its checks."""
 import tensorflow as tf
 
+from towers.context import is_training_flag
+
 
 class ModelError(ValueError):
     """A model name, input shape, class count, option or images the models cannot take.
@@ -14,9 +16,9 @@ def check_inputs(images, training, input_shape, model):
 
     Args:
         images: [batch, H, W, C] float32 tensor (or something convertible to one).
-        training: must be a Python bool (or a layers.CrossTowerStats, which
-            is training): graphs are built separately for training and eval,
-            and a tensor here would always count as True.
+        training: a Python bool, or the tower's towers.context.TowerContext
+            (truthy when training): graphs are built separately for training
+            and eval, and a tensor here would always count as True.
         input_shape: (H, W, C) the model was built for.
         model: model name, for the message.
 
@@ -27,8 +29,7 @@ def check_inputs(images, training, input_shape, model):
         ModelError: wrong dtype, rank or image shape.
         TypeError: `training` is not a Python bool.
     """
-    from towers.models.layers import CrossTowerStats
-    if not isinstance(training, (bool, CrossTowerStats)):
+    if not is_training_flag(training):
         raise TypeError(f'{model}: training must be a Python bool, got {training!r}')
     images = tf.convert_to_tensor(images)
     if images.dtype != tf.float32:

@@ -4,11 +4,16 @@ Every variable is created through `tf1.get_variable`, so the caller's
 `tf1.variable_scope(..., reuse=...)` shares it across towers and the caller's
 device function decides where it lives; nothing here sets a device.
 Images are NHWC: [batch, height, width, channels]; batch may be dynamic.
+`training` is a Python bool, or the tower's towers.context.TowerContext
+(truthy when training), whose sync_bn makes batch_norm pool its moments over
+the towers.
 """
 import math
 import zlib
 
 import tensorflow as tf
+
+from towers.context import is_training_flag
 
 tf1 = tf.compat.v1
 
@@ -21,46 +26,9 @@ def _static_channels(x, layer):
     return int(channels)
 
 
-class CrossTowerStats:
-    """`training` for a tower whose batch norms pool their statistics over all towers.
-
-    Truthy like training=True; batch_norm then all-reduces each batch's sum,
-    sum of squares and count over the num_towers towers (TensorFlow collective
-    ops), so the normalisation uses the moments of the whole global batch:
-    N towers train exactly as one device on it, uneven or empty shares
-    included. The tower builder makes one per training tower (--sync-bn).
-
-    Args:
-        num_towers: how many towers take part.
-        count: scalar int32, the real examples of this tower's slice (the
-            rest, a stand-in for an empty share, is left out).
-        weight: scalar float32, this tower's share of the global batch (its
-            gradient is weighted so; the statistics' gradient is re-weighted
-            to match).
-    """
-
-    GROUP_KEY = 1
-
-    def __init__(self, num_towers, count, weight):
-        self.num_towers, self.count, self.weight = num_towers, count, weight
-        self._layers = 0
-
-    def __bool__(self):
-        return True
-
-    def next_keys(self):
-        """Collective instance keys (forward, backward) of the next batch norm.
-
-        Every tower builds its batch norms in the same order, so the k-th of
-        each meet under the same keys.
-        """
-        self._layers += 1
-        return 2 * self._layers, 2 * self._layers + 1
-
-
 def _check_training(training, layer):
     # A tensor here would silently be truthy and turn eval into training.
-    if not isinstance(training, (bool, CrossTowerStats)):
+    if not is_training_flag(training):
         raise TypeError(f'{layer}: training must be a Python bool, got {training!r}')
 
 
@@ -188,8 +156,8 @@ def dropout(x, rate, training, seed=None):
     Args:
         x: any float tensor.
         rate: drop probability in [0, 1).
-        training: Python bool; when False (or rate == 0) `x` is returned unchanged,
-            so eval graphs contain no random ops.
+        training: Python bool or TowerContext; when false (or rate == 0) `x` is
+            returned unchanged, so eval graphs contain no random ops.
         seed: optional op-level seed. In a graph with a global step (the
             trainer's, found in its graph collection) the mask is stateless,
             drawn from (graph seed, this call's unique name scope, seed, step),
@@ -233,7 +201,9 @@ def batch_norm(x, training, decay=0.997, epsilon=1e-5, name='batch_norm'):
 
     Args:
         x: [batch, ..., C] float32; C static. Training needs a non-empty batch.
-        training: Python bool.
+        training: Python bool, or a TowerContext: with sync_bn the moments are
+            those of every tower's real examples together (all-reduced), so N
+            towers normalise exactly as one device on the whole batch.
         decay: moving-average decay.
         epsilon: added to the variance for numerical stability.
         name: variable scope of the four variables.
@@ -259,7 +229,7 @@ def batch_norm(x, training, decay=0.997, epsilon=1e-5, name='batch_norm'):
             return tf.nn.batch_normalization(x, moving_mean, moving_variance,
                                              beta, gamma, epsilon)
         axes = list(range(x.shape.rank - 1))
-        if isinstance(training, CrossTowerStats):
+        if getattr(training, 'sync_bn', False):
             mean, variance = _pooled_moments(x, axes, training)
         else:
             mean, variance = tf.nn.moments(x, axes=axes)
@@ -269,29 +239,29 @@ def batch_norm(x, training, decay=0.997, epsilon=1e-5, name='batch_norm'):
         return tf.nn.batch_normalization(x, mean, variance, beta, gamma, epsilon)
 
 
-def _pooled_moments(x, axes, stats):
+def _pooled_moments(x, axes, tower):
     """Mean and (biased) variance over every tower's real examples, per channel.
 
     Two passes, as tf.nn.moments: the mean first, then the mean squared
     deviation from it (E[x^2] - E[x]^2 in one pass loses digits to cancellation).
     """
-    real = tf.cast(tf.range(tf.shape(x)[0]) < stats.count, x.dtype)
+    real = tf.cast(tf.range(tf.shape(x)[0]) < tower.count, x.dtype)
     real = tf.reshape(real, [-1] + [1] * (x.shape.rank - 1))
     per_example = tf.cast(tf.reduce_prod(tf.shape(x)[1:-1]), x.dtype)
     channels = x.shape[-1]
     sums = _all_reduce(tf.concat([tf.reduce_sum(x * real, axes),
-                                  [tf.reduce_sum(real) * per_example]], axis=0), stats)
+                                  [tf.reduce_sum(real) * per_example]], axis=0), tower)
     count = tf.maximum(sums[-1], 1.0)
     mean = sums[:channels] / count
-    squares = _all_reduce(tf.reduce_sum(tf.square(x - mean) * real, axes), stats)
+    squares = _all_reduce(tf.reduce_sum(tf.square(x - mean) * real, axes), tower)
     return mean, squares / count
 
 
-def _all_reduce(local, stats):
+def _all_reduce(local, tower):
     """The sum of `local` over the towers, with the gradient a weighted tower needs."""
     from tensorflow.python.ops import collective_ops  # TF's own all-reduce
-    forward, backward = stats.next_keys()
-    weight = tf.cast(stats.weight, local.dtype)
+    forward, backward = tower.next_collective_keys()
+    weight = tf.cast(tower.weight, local.dtype)
 
     @tf.custom_gradient
     def all_reduce(local):
@@ -299,10 +269,10 @@ def _all_reduce(local, stats):
             # Tower i differentiates only its own loss L_i, and its gradient is
             # then weighted by w_i: the statistics' gradient every tower needs is
             # sum_k w_k dL_k/ds, handed back divided by w_i.
-            total = collective_ops.all_reduce(upstream * weight, stats.num_towers,
-                                              stats.GROUP_KEY, backward, 'Add', 'Id')
+            total = collective_ops.all_reduce(upstream * weight, tower.num_towers,
+                                              tower.GROUP_KEY, backward, 'Add', 'Id')
             return tf.math.divide_no_nan(total, weight)
-        return collective_ops.all_reduce(local, stats.num_towers, stats.GROUP_KEY, forward,
+        return collective_ops.all_reduce(local, tower.num_towers, tower.GROUP_KEY, forward,
                                          'Add', 'Id'), grad
 
     return all_reduce(local)

@@ -1,12 +1,13 @@
 """towers bench: timed images/sec per tower count, mean and standard error."""
 import math
+import re
 
 import numpy as np
 import pytest
 
 from towers import data
 from towers import models
-from towers.bench import mean_stderr, measure, measure_interleaved, run_bench
+from towers.tools.bench import mean_stderr, measure, measure_interleaved, run_bench
 from towers.inputs import INPUT_MODES, SyntheticInput
 from towers.devices import resolve_devices
 from towers.errors import TowersError
@@ -87,10 +88,13 @@ def test_run_bench_every_input_mode_and_the_ratios():
         assert fields[6:] == ['%.3f' % row['vs_synthetic'], '%.3f' % row['vs_first']]
 
 
-@pytest.mark.parametrize('batch_size,window,warmup', [(0, 5, 1), (8, 1, 1), (8, 5, -1)])
-def test_run_bench_refuses_numbers_it_cannot_measure(batch_size, window, warmup):
+@pytest.mark.parametrize('batch_size,window,warmup,message', [
+    (0, 5, 1, 'batch_size must be at least 1, got 0'),
+    (8, 1, 1, 'bench needs timed_steps >= 2 and warmup_steps >= 0; got 1 and 1'),
+    (8, 5, -1, 'bench needs timed_steps >= 2 and warmup_steps >= 0; got 5 and -1')])
+def test_run_bench_refuses_numbers_it_cannot_measure(batch_size, window, warmup, message):
     model_fn = models.build_model('small_convnet', SHAPE, 10)
-    with pytest.raises(TowersError, match='bench needs --batch-size >= 1, --window >= 2'):
+    with pytest.raises(TowersError, match='^%s$' % re.escape(message)):
         run_bench(model_fn, SHAPE, 10, [1], batch_size=batch_size, warmup_steps=warmup,
                   timed_steps=window, log=lambda line: None)
 

@@ -16,10 +16,12 @@ from towers import data
 import easy_digits
 from towers import models
 from towers import callbacks as cb
-from towers import monitors
+from towers.callbacks import monitors
 from towers.errors import TowersError
 from towers.model import ClassifierModel
-from towers.trainer import Trainer, default_callbacks
+from towers.callbacks import default_callbacks
+from towers.config import TrainConfig
+from towers.trainer import Trainer
 
 tf1 = tf.compat.v1
 
@@ -151,7 +153,7 @@ def test_checkpoints_at_epoch_ends_and_every_k_steps_keep_the_newest_across_a_re
         tmp_path):
     logdir = str(tmp_path / 'run')
     checkpoint, lines = _SaveRecorder(every_steps=3, keep=2), []
-    result = _trainer([checkpoint], lines, steps_per_epoch=5, max_steps=12,
+    result = _trainer([checkpoint], lines, steps_per_epoch=5, steps=12,
                       logdir=logdir).train()
     # Every 3 steps and at the ends of epochs (5, 10); 12 is both due and the end:
     # one save per step all the same.
@@ -169,7 +171,7 @@ def test_checkpoints_at_epoch_ends_and_every_k_steps_keep_the_newest_across_a_re
 
     # A new process: its Saver learns of the old checkpoints and goes on deleting them.
     checkpoint, lines = _SaveRecorder(every_steps=3, keep=2), []
-    _trainer([checkpoint], lines, steps_per_epoch=5, max_steps=14, logdir=logdir).train()
+    _trainer([checkpoint], lines, steps_per_epoch=5, steps=14, logdir=logdir).train()
     assert 'resumed from %s' % newest in lines
     assert checkpoint.saved == [14]
     assert _index_steps(logdir) == [12, 14]
@@ -179,7 +181,7 @@ def test_checkpoints_at_epoch_ends_and_every_k_steps_keep_the_newest_across_a_re
 def test_a_resume_with_another_data_order_is_refused_and_changes_nothing(tmp_path):
     logdir = str(tmp_path)
     sets = _datasets(validation=NUM_VALIDATION)
-    _trainer(default_callbacks(logdir, log_every=1000, checkpoint_every=2), [], max_steps=3,
+    _trainer(default_callbacks(TrainConfig(logdir=logdir, log_every=1000, checkpoint_every=2)), [], steps=3,
              logdir=logdir, run_info={'model': 'small_convnet'}, datasets=sets).train()
     before = _snapshot(logdir)
     assert {'model.ckpt-3.index', 'stats.jsonl', 'run.json', 'best/best.json'} <= set(before)
@@ -190,28 +192,28 @@ def test_a_resume_with_another_data_order_is_refused_and_changes_nothing(tmp_pat
             (dict(batch_size=20), 'batch_size 20, num_examples 60, seed 0, steps_per_epoch 3, '
                                   'tf_data_order 0')]:
         lines = []
-        trainer = _trainer(default_callbacks(logdir, log_every=1000, checkpoint_every=2),
-                           lines, max_steps=6, logdir=logdir, datasets=sets,
+        trainer = _trainer(default_callbacks(TrainConfig(logdir=logdir, log_every=1000, checkpoint_every=2)),
+                           lines, steps=6, logdir=logdir, datasets=sets,
                            run_info={'model': 'small_convnet'}, **changed)
         with pytest.raises(TowersError) as error:
             trainer.train()
         assert str(error.value) == (
             'the checkpoint in %s was trained with data order batch_size 10, '
             'num_examples 60, seed 0, steps_per_epoch 6, tf_data_order 0, this run asks for '
-            '%s: resuming would train on other batches; use the same --seed, --batch-size, '
-            'dataset and --input, or a new --logdir' % (logdir, asked))
+            '%s: resuming would train on other batches; use the same seed, batch_size, '
+            'dataset and input, or a new logdir' % (logdir, asked))
         assert lines == []
         assert _snapshot(logdir) == before, changed
 
 
 def test_a_resume_refused_for_another_model_leaves_run_json_alone(tmp_path):
     logdir = str(tmp_path)
-    _trainer([cb.Checkpoint()], [], max_steps=2, logdir=logdir,
+    _trainer([cb.Checkpoint()], [], steps=2, logdir=logdir,
              run_info={'model': 'small_convnet'}).train()
     before = _snapshot(logdir)
     other = ClassifierModel(_model_fn('mnist_convnet'), SHAPE, 10, optimizer='sgd')
     with pytest.raises(TowersError, match='does not match this model'):
-        _trainer([cb.Checkpoint()], [], model=other, max_steps=4, logdir=logdir,
+        _trainer([cb.Checkpoint()], [], model=other, steps=4, logdir=logdir,
                  run_info={'model': 'mnist_convnet'}).train()
     assert _snapshot(logdir) == before
     with open(os.path.join(logdir, 'run.json'), encoding='utf-8') as f:
@@ -220,7 +222,7 @@ def test_a_resume_refused_for_another_model_leaves_run_json_alone(tmp_path):
 
 def test_checkpoint_needs_a_logdir():
     with pytest.raises(TowersError, match='the Checkpoint callback needs a logdir'):
-        _trainer([cb.Checkpoint()], [], max_steps=1).train()
+        _trainer([cb.Checkpoint()], [], steps=1).train()
 
 
 # --- Evaluate -----------------------------------------------------------------------------
@@ -249,7 +251,7 @@ def test_evaluate_each_epoch_on_validation_with_exact_numbers(tmp_path):
     logdir, lines = str(tmp_path), []
     sets = _datasets(validation=NUM_VALIDATION)
     _trainer([cb.Evaluate(), cb.Checkpoint(every_steps=0)], lines, datasets=sets,
-             steps_per_epoch=3, max_steps=6, logdir=logdir).train()
+             steps_per_epoch=3, steps=6, logdir=logdir).train()
     evaluated = _eval_lines(lines)
     assert len(evaluated) == 2
     for line, epoch in zip(evaluated, (1, 2)):
@@ -268,7 +270,7 @@ def test_evaluate_falls_back_to_test_and_keeps_no_best_checkpoint_there(tmp_path
     lines = []
     _trainer([cb.Evaluate(best_metric='accuracy')], lines, logdir=str(tmp_path),
              datasets=_datasets(validation=0, test=NUM_TEST), steps_per_epoch=2,
-             max_steps=4).train()
+             steps=4).train()
     assert [line.split(':')[0] for line in _eval_lines(lines)] == [
         'test at epoch 1.00', 'test at epoch 2.00']
     assert _eval_lines(lines)[0].endswith(' (17 images)')
@@ -280,10 +282,10 @@ def test_evaluate_falls_back_to_test_and_keeps_no_best_checkpoint_there(tmp_path
 def test_with_nothing_held_out_the_defaults_skip_evaluation_and_an_explicit_one_refuses():
     lines = []
     sets = _datasets(validation=0, test=0)
-    result = _trainer(None, lines, datasets=sets, steps_per_epoch=2, max_steps=4).train()
+    result = _trainer(None, lines, datasets=sets, steps_per_epoch=2, steps=4).train()
     assert _eval_lines(lines) == [] and result['test'] is None
     with pytest.raises(TowersError, match='cannot evaluate on the test set: it is empty'):
-        _trainer([cb.Evaluate()], [], datasets=sets, max_steps=1).train()
+        _trainer([cb.Evaluate()], [], datasets=sets, steps=1).train()
 
 
 class _ZeroWeightsAt(cb.Callback):
@@ -310,7 +312,7 @@ def test_the_best_checkpoint_is_the_best_epoch_and_the_only_one_kept(tmp_path, m
     recorder = _Recorder(order=25)
     _trainer([cb.Evaluate(best_metric=metric), _ZeroWeightsAt(epoch=3), recorder],
              lines, datasets=sets, optimizer='adam', learning_rate=0.003, steps_per_epoch=3,
-             max_steps=9, logdir=logdir).train()
+             steps=9, logdir=logdir).train()
     values = [stats['validation'][metric] for stats in recorder.epoch_stats]
     assert len(values) == 3
     # The metric got better by training, then worse when the weights were wiped.
@@ -344,7 +346,7 @@ def test_a_resumed_run_still_keeps_one_best_checkpoint(tmp_path):
     def run(steps):
         _trainer([cb.Evaluate(best_metric='loss'), cb.Checkpoint(every_steps=0)], [],
                  datasets=sets, optimizer='adam', learning_rate=0.003, steps_per_epoch=3,
-                 max_steps=steps, logdir=logdir).train()
+                 steps=steps, logdir=logdir).train()
         with open(os.path.join(logdir, 'best', 'best.json'), encoding='utf-8') as f:
             return json.load(f)
 
@@ -358,10 +360,10 @@ def test_a_resumed_run_still_keeps_one_best_checkpoint(tmp_path):
 
 def test_a_best_metric_the_model_lacks_is_an_error_that_names_the_known_ones(tmp_path):
     with pytest.raises(TowersError, match=re.escape(
-            "--best-metric 'top5' is not a metric of this model; choose one of: "
+            "best_metric 'top5' is not a metric of this model; choose one of: "
             'loss, accuracy')):
         _trainer([cb.Evaluate(best_metric='top5')], [], datasets=_datasets(validation=10),
-                 max_steps=1, logdir=str(tmp_path)).train()
+                 steps=1, logdir=str(tmp_path)).train()
 
 
 # --- TensorBoard --------------------------------------------------------------------------
@@ -380,7 +382,7 @@ def test_tensorboard_writes_scalars_the_graph_and_histograms_and_marks_a_resume(
     logdir, lines = str(tmp_path), []
     callbacks = [monitors.TensorBoard(every_steps=2, histograms=True), cb.Evaluate(),
                  cb.Checkpoint(every_steps=0)]
-    _trainer(callbacks, lines, towers=['/cpu:0', '/cpu:1'], steps_per_epoch=3, max_steps=4,
+    _trainer(callbacks, lines, towers=['/cpu:0', '/cpu:1'], steps_per_epoch=3, steps=4,
              logdir=logdir).train()
     files = _event_files(logdir)
     assert len(files) == 1
@@ -428,7 +430,7 @@ def test_tensorboard_writes_scalars_the_graph_and_histograms_and_marks_a_resume(
 
     # A resumed run's file marks the step it restarts from.
     _trainer([monitors.TensorBoard(every_steps=2), cb.Checkpoint(every_steps=0)], [],
-             towers=['/cpu:0', '/cpu:1'], steps_per_epoch=3, max_steps=5,
+             towers=['/cpu:0', '/cpu:1'], steps_per_epoch=3, steps=5,
              logdir=logdir).train()
     resumed = _events(_event_files(logdir)[-1])
     starts = [event.step for event in resumed if event.HasField('session_log')
@@ -486,7 +488,7 @@ def test_stats_file_has_one_line_per_epoch_with_weighted_means_and_survives_a_re
     recorder = _Recorder(order=45)
     started = time.time()
     _trainer([cb.Evaluate(), monitors.StatsFile(), cb.Checkpoint(every_steps=0), recorder],
-             [], datasets=sets, batch_size=20, max_epoch=2, logdir=logdir).train()
+             [], datasets=sets, batch_size=20, epochs=2, logdir=logdir).train()
     finished = time.time()
     stats = _stats_lines(logdir)
     assert [line['step'] for line in stats] == [3, 6]
@@ -517,7 +519,7 @@ def test_stats_file_has_one_line_per_epoch_with_weighted_means_and_survives_a_re
         f.write('{"epoch": 4.0, "st')
     lines = []
     _trainer([cb.Evaluate(), monitors.StatsFile(), cb.Checkpoint(every_steps=0)], lines,
-             datasets=sets, batch_size=20, max_epoch=3, logdir=logdir).train()
+             datasets=sets, batch_size=20, epochs=3, logdir=logdir).train()
     assert 'resumed from %s' % os.path.join(logdir, 'model.ckpt-6') in lines
     resumed = _stats_lines(logdir)
     assert resumed[:2] == stats
@@ -542,7 +544,7 @@ def _step_lines(lines):
 def test_progress_logs_plain_lines_every_k_steps_and_at_the_last():
     stream, lines, recorder = io.StringIO(), [], _Recorder()
     _trainer([monitors.Progress(every=4, stream=stream), recorder], lines,
-             steps_per_epoch=10, max_steps=10).train()
+             steps_per_epoch=10, steps=10).train()
     step_lines = _step_lines(lines)
     assert len(step_lines) == 3
     for line, step in zip(step_lines, (4, 8, 10)):
@@ -560,7 +562,7 @@ def test_progress_draws_a_bar_on_a_terminal_and_other_lines_still_arrive(tmp_pat
     tty, lines = _Tty(), []
     trainer = _trainer([monitors.Progress(every=4, stream=tty), cb.Evaluate(),
                         cb.Checkpoint(every_steps=0)], lines, steps_per_epoch=10,
-                       max_steps=10, logdir=str(tmp_path))
+                       steps=10, logdir=str(tmp_path))
     trainer.train()
     assert '10/10' in tty.getvalue()
     assert _step_lines(lines) == []
@@ -573,7 +575,7 @@ def test_progress_draws_a_bar_on_a_terminal_and_other_lines_still_arrive(tmp_pat
 def test_progress_quiet_logs_plain_lines_even_on_a_terminal():
     tty, lines = _Tty(), []
     _trainer([monitors.Progress(every=5, quiet=True, stream=tty)], lines,
-             steps_per_epoch=10, max_steps=10).train()
+             steps_per_epoch=10, steps=10).train()
     assert [line.split(':')[0] for line in _step_lines(lines)] == [
         'step 5/10 epoch 0.50', 'step 10/10 epoch 1.00']
     assert tty.getvalue() == ''
@@ -586,11 +588,11 @@ def test_a_nan_loss_stops_before_anything_saves_it(tmp_path):
     logdir = str(tmp_path)
     with pytest.raises(TowersError) as error:
         _trainer([cb.NaNGuard(), cb.Checkpoint(every_steps=1, keep=3)], [], learning_rate=1e30,
-                 max_steps=20, logdir=logdir).train()
+                 steps=20, logdir=logdir).train()
     match = re.fullmatch(
-        r'(?:loss is (?:nan|inf) at step (\d+); lower --lr'
-        r'|a gradient is NaN or Inf at step (\d+) \(loss \S+\); lower --lr or clip with '
-        r'--clip-norm) \((\S+), saved before it, is intact\)', str(error.value))
+        r'(?:loss is (?:nan|inf) at step (\d+); lower learning_rate'
+        r'|a gradient is NaN or Inf at step (\d+) \(loss \S+\); lower learning_rate or clip with '
+        r'clip_norm) \((\S+), saved before it, is intact\)', str(error.value))
     assert match, str(error.value)
     bad_step = int(match.group(1) or match.group(2))
     assert bad_step >= 2  # the first step's loss comes from the initial weights
@@ -622,11 +624,11 @@ def test_an_infinite_gradient_with_a_finite_loss_stops_at_its_step(tmp_path):
     logdir = str(tmp_path)
     model = _PoisonedClassifier(_model_fn(), SHAPE, 10, optimizer='sgd')
     with pytest.raises(TowersError) as error:
-        _trainer([cb.NaNGuard(), cb.Checkpoint(every_steps=1)], [], model=model, max_steps=6,
+        _trainer([cb.NaNGuard(), cb.Checkpoint(every_steps=1)], [], model=model, steps=6,
                  logdir=logdir).train()
     newest = os.path.join(logdir, 'model.ckpt-2')
-    assert re.fullmatch(r'a gradient is NaN or Inf at step 3 \(loss \d\.\d+\); lower --lr or '
-                        r'clip with --clip-norm \(%s, saved before it, is intact\)'
+    assert re.fullmatch(r'a gradient is NaN or Inf at step 3 \(loss \d\.\d+\); lower learning_rate or '
+                        r'clip with clip_norm \(%s, saved before it, is intact\)'
                         % re.escape(newest), str(error.value)), str(error.value)
     assert tf1.train.latest_checkpoint(logdir) == newest
     _finite_variables(newest)
@@ -637,10 +639,10 @@ def test_no_checkpoint_with_non_finite_weights_is_called_intact(tmp_path):
     logdir = str(tmp_path)
     with pytest.raises(TowersError) as error:
         _trainer([cb.NaNGuard(), cb.Checkpoint(every_steps=1)], [], learning_rate=1e39,
-                 max_steps=5, logdir=logdir).train()
+                 steps=5, logdir=logdir).train()
     # 1e39 is Inf in float32: step 1's loss and gradients are finite, its update is not.
     assert str(error.value) == ('the weights hold NaN or Inf after step 1, so no checkpoint '
-                                'was written; lower --lr')
+                                'was written; lower learning_rate')
     newest = tf1.train.latest_checkpoint(logdir)
     assert newest is None
 
@@ -650,7 +652,7 @@ def test_no_checkpoint_with_non_finite_weights_is_called_intact(tmp_path):
 
 def test_a_custom_callback_sees_every_hook_in_order():
     recorder = _Recorder(fetch={'doubled_loss': lambda trainer: 2 * trainer.graph.loss})
-    _trainer([recorder], [], steps_per_epoch=2, max_steps=5, learning_rate=0.05).train()
+    _trainer([recorder], [], steps_per_epoch=2, steps=5, learning_rate=0.05).train()
     assert recorder.calls == [
         ('setup_graph', 0), ('fetches', 0), ('before_train', 0),
         ('after_step', 1), ('after_step', 2), ('after_epoch', 2),
@@ -671,7 +673,7 @@ def test_callbacks_run_by_order_and_close_in_reverse_also_when_training_raises()
     late = _Recorder(order=70, fail_at_step=2, journal=journal)
     early = _Recorder(order=5, journal=journal)
     with pytest.raises(RuntimeError, match='failing at step 2 on purpose'):
-        _trainer([late, early], [], steps_per_epoch=10, max_steps=5).train()
+        _trainer([late, early], [], steps_per_epoch=10, steps=5).train()
     expected = [('setup_graph', 0), ('fetches', 0), ('before_train', 0), ('after_step', 1),
                 ('after_step', 2), ('close', None)]
     assert late.calls == expected and early.calls == expected
@@ -684,7 +686,7 @@ def test_a_custom_callbacks_fetches_are_not_reported_as_training_metrics(tmp_pat
     logdir, lines = str(tmp_path / 'scalar'), []
     fetch = {'my_step': lambda trainer: trainer.graph.global_step}
     _trainer([monitors.Progress(every=1, stream=io.StringIO()), monitors.StatsFile(),
-              _Recorder(fetch=fetch)], lines, steps_per_epoch=2, max_steps=2,
+              _Recorder(fetch=fetch)], lines, steps_per_epoch=2, steps=2,
              logdir=logdir).train()
     reported = [line for line in _step_lines(lines) if 'my_step' in line] + [
         key for line in _stats_lines(logdir) for key in line if 'my_step' in key]
@@ -693,7 +695,7 @@ def test_a_custom_callbacks_fetches_are_not_reported_as_training_metrics(tmp_pat
     fetch = {'my_weights': lambda trainer: trainer.graph.graph.get_tensor_by_name(
         'conv1/weights:0')}
     try:
-        _trainer([monitors.StatsFile(), _Recorder(fetch=fetch)], [], max_steps=1,
+        _trainer([monitors.StatsFile(), _Recorder(fetch=fetch)], [], steps=1,
                  logdir=str(tmp_path / 'matrix')).train()
     except TypeError as e:
         reported.append('my_weights crashed the run: %s' % e)
@@ -705,15 +707,15 @@ def test_a_stop_on_an_epochs_last_step_still_finishes_that_epoch(tmp_path):
     logdir, sets = str(tmp_path), _datasets(validation=NUM_VALIDATION)
     stops = iter([None, None, 'SIGTERM'])
     first = []
-    result = _trainer(default_callbacks(logdir, log_every=1000), first, datasets=sets,
-                      steps_per_epoch=3, max_steps=9, logdir=logdir,
+    result = _trainer(default_callbacks(TrainConfig(logdir=logdir, log_every=1000)), first, datasets=sets,
+                      steps_per_epoch=3, steps=9, logdir=logdir,
                       stop_requested=lambda: next(stops)).train()
     assert result['stopped'] == 'SIGTERM' and result['steps'] == 3
     # Epoch 1 ended at the stop: its evaluation ran before the stop was acted on.
     assert [line.split(':')[0] for line in _eval_lines(first)] == ['validation at epoch 1.00']
     second = []
-    _trainer(default_callbacks(logdir, log_every=1000), second, datasets=sets,
-             steps_per_epoch=3, max_steps=9, logdir=logdir).train()
+    _trainer(default_callbacks(TrainConfig(logdir=logdir, log_every=1000)), second, datasets=sets,
+             steps_per_epoch=3, steps=9, logdir=logdir).train()
     assert [line['step'] for line in _stats_lines(logdir)] == [3, 6, 9]
     assert [line.split(':')[0] for line in _eval_lines(second)] == [
         'validation at epoch 2.00', 'validation at epoch 3.00']

@@ -5,7 +5,7 @@ import tensorflow as tf
 from towers import data
 from towers import models
 from towers.models import layers
-from towers.check import check_towers
+from towers.tools.check import check_towers
 from towers.cli import main
 from towers.gradients import average_gradients
 

@@ -10,7 +10,7 @@ import tensorflow as tf
 from towers import data
 from towers import models
 from towers.models import layers
-from towers import compare, peers
+from towers.tools import compare, peers
 from towers.gradients import average_gradients
 
 tf1 = tf.compat.v1

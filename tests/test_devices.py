@@ -59,7 +59,7 @@ def test_a_missing_gpu_is_an_error_never_a_cpu_fallback():
     (dict(devices='/gpu:x', num_gpus=1), 'bad device name'),
     (dict(devices='/gpu:0/gpu:1', num_gpus=2), 'bad device name'),
     (dict(devices=',', num_gpus=0), 'names no device'),
-    (dict(num_towers=3, devices='/cpu:0,/cpu:1', num_gpus=0), '--towers 3 disagrees with 2'),
+    (dict(num_towers=3, devices='/cpu:0,/cpu:1', num_gpus=0), 'towers 3 disagrees with 2'),
     (dict(num_towers=0, num_gpus=0), 'at least 1, got 0'),
     (dict(num_towers=0, num_gpus=2), 'at least 1, got 0'),
     (dict(num_towers=-1, num_gpus=0), 'at least 1, got -1'),

@@ -5,7 +5,7 @@ import pytest
 
 from towers.models import layers
 from towers.cli import main
-from towers.explain import explain, report_lines
+from towers.tools.explain import explain, report_lines
 
 SHAPE = (2, 2, 2)
 

@@ -13,8 +13,8 @@ import tensorflow as tf
 from towers import models
 from towers.devices import session_config
 from towers.errors import TowersError
-from towers.gradients import (ClipGlobalNorm, FreezeVariables, ScaleGradient, WeightDecay,
-                              build_train_op)
+from towers.gradients import build_train_op
+from towers.processors import ClipGlobalNorm, FreezeVariables, ScaleGradient, WeightDecay
 from towers.graph import build_training_graph
 from towers.model import ClassifierModel
 from towers.tower import Tower
@@ -98,7 +98,7 @@ def test_clip_global_norm_leaves_a_smaller_norm_alone():
 
 @pytest.mark.parametrize('max_norm', [0, -1.0])
 def test_clip_norm_must_be_positive(max_norm):
-    with pytest.raises(TowersError, match='^--clip-norm must be positive'):
+    with pytest.raises(TowersError, match='^clip_norm must be positive'):
         ClipGlobalNorm(max_norm)
 
 
@@ -152,12 +152,12 @@ def test_freezing_everything_is_an_error():
     with tf.Graph().as_default():
         a, b = _variable('a/weights', [1.0]), _variable('b/weights', [1.0])
         grads = [(tf.constant([1.0]), a), (None, b)]
-        with pytest.raises(TowersError, match=r"^--freeze '\.' matches every trained variable"):
+        with pytest.raises(TowersError, match=r"^freeze '\.' matches every trained variable"):
             FreezeVariables('.')(grads)
         # What is left has no gradient: nothing would train either.
         with pytest.raises(TowersError, match='nothing would train'):
             FreezeVariables('^a/')(grads)
-    with pytest.raises(TowersError, match=r"^--freeze '\[' is not a valid regular expression"):
+    with pytest.raises(TowersError, match=r"^freeze '\[' is not a valid regular expression"):
         FreezeVariables('[')
 
 
@@ -189,9 +189,9 @@ def test_weight_decay_pattern_and_errors():
         assert not decay.matches(weights) and decay.matches(biases)
         assert _run(decay.loss([weights, biases])) == pytest.approx(0.5 * 4.0 / 2)
         assert _run(WeightDecay(0.5).loss([biases])) == 0.0
-    with pytest.raises(TowersError, match='^--weight-decay must be 0 or more, got -0.1$'):
+    with pytest.raises(TowersError, match='^weight_decay must be 0 or more, got -0.1$'):
         WeightDecay(-0.1)
-    with pytest.raises(TowersError, match=r"^--decay-pattern '\(' is not a valid"):
+    with pytest.raises(TowersError, match=r"^decay_pattern '\(' is not a valid"):
         WeightDecay(0.1, pattern='(')
 
 

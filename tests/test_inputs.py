@@ -15,11 +15,13 @@ from towers import models
 from towers.data.sampler import EpochSampler
 from towers.devices import session_config
 from towers.errors import TowersError
-from towers.config import TrainConfig, train
+from towers.config import TrainConfig
+from towers.trainer import train
 from towers.graph import build_training_graph
 from towers.model import ClassifierModel
-from towers.inputs import DatasetInput, FeedInput, SyntheticInput, run_step
-from towers.staging import PythonInput, StagingInput
+from towers.inputs import DatasetInput, FeedInput, SyntheticInput
+from towers.session import run_step
+from towers.inputs import PythonInput, StagingInput
 
 tf1 = tf.compat.v1
 

@@ -57,7 +57,7 @@ def _datasets(num_train=60, num_test=22, seed=0):
 
 
 def _trainer(**options):
-    settings = dict(towers=['/cpu:0', '/cpu:1'], batch_size=8, max_epoch=3, learning_rate=0.5,
+    settings = dict(towers=['/cpu:0', '/cpu:1'], batch_size=8, epochs=3, learning_rate=0.5,
                     callbacks=[], log=lambda line: None, warmup_steps=0, seed=1)
     settings.update(options)
     model = settings.pop('model', None) or _Linear()
@@ -80,13 +80,13 @@ def test_a_model_desc_trains_and_reports_its_own_metrics():
 
 
 def test_steps_per_epoch_and_max_epoch_set_the_length():
-    assert _trainer(steps_per_epoch=5, max_epoch=2.5).train()['steps'] == 13
-    assert _trainer(steps_per_epoch=5, max_steps=4).train()['steps'] == 4
+    assert _trainer(steps_per_epoch=5, epochs=2.5).train()['steps'] == 13
+    assert _trainer(steps_per_epoch=5, steps=4).train()['steps'] == 4
 
 
 def test_the_optimizer_gets_the_scheduled_rate_tensor():
     seen = []
-    trainer = _trainer(model=_Linear(lr_seen=seen), max_steps=2,
+    trainer = _trainer(model=_Linear(lr_seen=seen), steps=2,
                        learning_rate=LearningRate.parse(0.5, 'piecewise:1=0.1'))
     trainer.train()
     assert len(seen) == 1 and isinstance(seen[0], tf.Tensor)
@@ -95,9 +95,9 @@ def test_the_optimizer_gets_the_scheduled_rate_tensor():
 def test_two_towers_equal_one_device(tmp_path):
     # The same seed gives the same initial weights and batches: the tower count
     # must not change the training.
-    _trainer(towers=['/cpu:0'], max_steps=10, logdir=str(tmp_path / 'one'),
+    _trainer(towers=['/cpu:0'], steps=10, logdir=str(tmp_path / 'one'),
              callbacks=None).train()
-    _trainer(towers=['/cpu:0', '/cpu:1', '/cpu:2'], max_steps=10,
+    _trainer(towers=['/cpu:0', '/cpu:1', '/cpu:2'], steps=10,
              logdir=str(tmp_path / 'three'), callbacks=None).train()
     one, three = _variables(str(tmp_path / 'one')), _variables(str(tmp_path / 'three'))
     assert one.keys() == three.keys()
@@ -107,13 +107,13 @@ def test_two_towers_equal_one_device(tmp_path):
 
 def test_stopped_and_resumed_equals_uninterrupted_exactly(tmp_path):
     straight, resumed = str(tmp_path / 'straight'), str(tmp_path / 'resumed')
-    _trainer(max_steps=13, logdir=straight, callbacks=None).train()
+    _trainer(steps=13, logdir=straight, callbacks=None).train()
     stops = iter([None] * 4 + ['SIGTERM'])
-    first = _trainer(max_steps=13, logdir=resumed, callbacks=None,
+    first = _trainer(steps=13, logdir=resumed, callbacks=None,
                      stop_requested=lambda: next(stops)).train()
     assert first['stopped'] == 'SIGTERM' and first['steps'] == 5 and first['test'] is None
     lines = []
-    second = _trainer(max_steps=13, logdir=resumed, callbacks=None, log=lines.append).train()
+    second = _trainer(steps=13, logdir=resumed, callbacks=None, log=lines.append).train()
     assert 'resumed from %s/model.ckpt-5' % resumed in lines
     assert second['steps'] == 13
     expected, actual = _variables(straight), _variables(resumed)
@@ -126,7 +126,7 @@ def test_stopped_and_resumed_equals_uninterrupted_exactly(tmp_path):
 def test_an_input_source_without_steps_per_epoch_needs_one():
     from towers.inputs import InputSource
     with pytest.raises(TowersError, match='give steps_per_epoch'):
-        _trainer(input=InputSource())
+        _trainer(source=InputSource())
 
 
 @pytest.mark.parametrize('inputs', [
@@ -154,7 +154,7 @@ def test_a_scalar_cost_is_enough():
     model = _Linear()
     build = model.build_graph
     model.build_graph = lambda *a, training: build(*a, training=training)['cost']
-    result = _trainer(model=model, max_steps=3).train()
+    result = _trainer(model=model, steps=3).train()
     assert set(result['test']) == {'loss'} and result['test_accuracy'] is None
 
 
@@ -169,7 +169,7 @@ def test_a_resume_draws_the_dropout_masks_an_uninterrupted_run_draws(tmp_path):
     def run(logdir, stop_after=None):
         stops = iter([None] * (stop_after - 1) + ['SIGTERM']) if stop_after else None
         return _trainer(model=ClassifierModel(_dropout_net, SHAPE, 4, optimizer='sgd'),
-                        max_steps=9, logdir=logdir, callbacks=None,
+                        steps=9, logdir=logdir, callbacks=None,
                         stop_requested=(lambda: next(stops)) if stops else None).train()
 
     straight, resumed = str(tmp_path / 'straight'), str(tmp_path / 'resumed')
@@ -188,7 +188,7 @@ def test_the_default_callbacks_take_a_model_with_a_scalar_cost(tmp_path):
     sets = _datasets()
     sets = data.Datasets(sets.train, sets.test, sets.test)  # a validation set: a best checkpoint
     lines = []
-    _trainer(model=model, data=sets, max_steps=8, logdir=str(tmp_path), callbacks=None,
+    _trainer(model=model, data=sets, steps=8, logdir=str(tmp_path), callbacks=None,
              log=lines.append).train()
     with open(tmp_path / 'best' / 'best.json') as f:
         assert json.load(f)['metric'] == 'loss'  # there is no accuracy to choose by
@@ -201,7 +201,7 @@ def test_a_metric_may_not_take_a_name_the_trainer_uses(name):
     model.build_graph = lambda *a, training: dict(build(*a, training=training),
                                                   **{name: tf.constant(1.0)})
     with pytest.raises(TowersError, match="the model names a metric '%s'" % name):
-        _trainer(model=model, max_steps=1).train()
+        _trainer(model=model, steps=1).train()
 
 
 def test_every_trainer_setting_on_three_towers_equals_one_device(tmp_path):
@@ -212,8 +212,8 @@ def test_every_trainer_setting_on_three_towers_equals_one_device(tmp_path):
         model = ClassifierModel(lambda images, training: layers.dense(images, 4, name='logits'),
                                 SHAPE, 4, optimizer='momentum', weight_decay=0.01,
                                 decay_pattern='weights', clip_norm=1.0)
-        _trainer(model=model, towers=towers, max_steps=12, logdir=logdir, callbacks=None,
-                 ema_decay=0.9, steps_per_epoch=4,
+        _trainer(model=model, towers=towers, steps=12, logdir=logdir, callbacks=None,
+                 ema=0.9, steps_per_epoch=4,
                  learning_rate=LearningRate.parse(0.5, 'piecewise:2=0.05', 1.0)).train()
         return _variables(logdir)
 

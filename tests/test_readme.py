@@ -31,11 +31,10 @@ def test_readme_recipe_runs_and_trains_on_two_towers():
 
 def test_readme_trainer_runs_its_model_desc_with_every_callback(tmp_path):
     block = _python_blocks()[1]
-    assert "max_epoch=3, logdir='/tmp/towers-digits'" in block
+    assert "epochs=3, logdir='/tmp/towers-digits'" in block
     # One short epoch into a temporary folder instead of three into /tmp.
-    block = block.replace("max_epoch=3, logdir='/tmp/towers-digits'",
-                          "max_epoch=3, max_steps=4, steps_per_epoch=2, logdir=%r"
-                          % str(tmp_path))
+    block = block.replace("epochs=3, logdir='/tmp/towers-digits'",
+                          "epochs=3, steps=4, steps_per_epoch=2, logdir=%r" % str(tmp_path))
     namespace = {}
     exec(compile(block, str(README), 'exec'), namespace)
     result = namespace['result']

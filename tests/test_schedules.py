@@ -119,7 +119,7 @@ def test_malformed_spec_is_a_one_line_error_naming_the_option(spec):
     with pytest.raises(TowersError) as error:
         LearningRate.parse(0.1, spec)
     message = str(error.value)
-    assert message.startswith('--lr-schedule wants constant, piecewise:EPOCH=LR,... or '
+    assert message.startswith('lr_schedule wants constant, piecewise:EPOCH=LR,... or '
                               'exponential:FACTOR,EPOCHS, got %r' % spec)
     assert '\n' not in message
 
@@ -127,7 +127,7 @@ def test_malformed_spec_is_a_one_line_error_naming_the_option(spec):
 @pytest.mark.parametrize('spec', ['piecewise:2=nan', 'piecewise:nan=0.1', 'piecewise:inf=0.1',
                                   'exponential:inf,2', 'exponential:0.1,inf'])
 def test_non_finite_numbers_in_a_spec_are_an_error(spec):
-    with pytest.raises(TowersError, match='--lr-schedule'):
+    with pytest.raises(TowersError, match='lr_schedule'):
         _rates(LearningRate.parse(0.1, spec), [0, 100], 10)
 
 
@@ -136,17 +136,17 @@ def test_rate_must_be_positive(base, shown):
     for spec in ('constant', 'piecewise:2=0.01', 'exponential:0.1,2'):
         with pytest.raises(TowersError) as error:
             LearningRate.parse(base, spec)
-        assert str(error.value) == '--lr must be positive, got %s' % shown
+        assert str(error.value) == 'learning_rate must be positive, got %s' % shown
 
 
 def test_warmup_epochs_must_not_be_negative():
-    with pytest.raises(TowersError, match=r'^--warmup-epochs must be 0 or more, got -1$'):
+    with pytest.raises(TowersError, match=r'^warmup_epochs must be 0 or more, got -1$'):
         LearningRate.parse(0.1, 'piecewise:2=0.01', warmup_epochs=-1)
     # 0 is no warm-up at all.
     assert _rates(LearningRate.parse(0.1, warmup_epochs=0), [0], 10) == pytest.approx([0.1])
 
 
 def test_unknown_kind_in_the_constructor_lists_the_kinds():
-    with pytest.raises(TowersError, match='unknown --lr-schedule .cosine.; choose one of: '
+    with pytest.raises(TowersError, match='unknown lr_schedule .cosine.; choose one of: '
                                           'constant, piecewise, exponential'):
         LearningRate(0.1, 'cosine')

@@ -7,9 +7,11 @@ import pytest
 
 from towers import data
 from towers import models
-from towers import trace
-from towers.bench import run_bench
-from towers.config import TrainConfig, train
+from towers.tools import trace
+from towers.tools.trace import Trace
+from towers.tools.bench import run_bench
+from towers.config import TrainConfig
+from towers.trainer import train
 
 SHAPE = (28, 28, 1)
 
@@ -30,9 +32,10 @@ def test_train_traces_the_first_step_after_warm_up(tmp_path):
     path = str(tmp_path / 'step.json')
     lines = []
     picture = tmp_path / 'step.png'
-    train(TrainConfig(tower_devices=['/cpu:0', '/cpu:1', '/cpu:2'], batch_size=12, steps=6,
-                      warmup_steps=3, trace=path, trace_plot=str(picture), log_every=100),
-          models.build_model('small_convnet', SHAPE, 10), sets, SHAPE, log=lines.append)
+    train(TrainConfig(towers=['/cpu:0', '/cpu:1', '/cpu:2'], batch_size=12, steps=6,
+                      warmup_steps=3, log_every=100),
+          models.build_model('small_convnet', SHAPE, 10), sets, SHAPE, log=lines.append,
+          callbacks=[Trace(path, plot=str(picture))])
     assert _devices_with_events(path) >= {'/cpu:0', '/cpu:1', '/cpu:2'}
     assert picture.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
     start = lines.index('trace of step 4: %s (open it in ui.perfetto.dev or chrome://tracing)'
@@ -76,10 +79,9 @@ def test_a_trace_step_outside_the_run_and_an_unwritable_path_are_errors(tmp_path
     sets = data.Datasets(data.DataSet(rng.rand(20, *SHAPE).astype(np.float32),
                                       rng.randint(0, 10, 20)), None, None)
     model_fn = models.build_model('small_convnet', SHAPE, 10)
-    with pytest.raises(TowersError, match=r'--trace-step 50 is not among the steps this run '
+    with pytest.raises(TowersError, match=r'trace_step 50 is not among the steps this run '
                                           r'takes \(1 to 3\)'):
-        train(TrainConfig(batch_size=10, steps=3, trace=str(tmp_path / 't.json'),
-                          trace_step=50), model_fn, sets, SHAPE, log=lambda line: None)
-    with pytest.raises(TowersError, match='--trace .*: folder .* does not exist'):
-        train(TrainConfig(batch_size=10, steps=3, trace=str(tmp_path / 'no' / 't.json')),
-              model_fn, sets, SHAPE, log=lambda line: None)
+        train(TrainConfig(batch_size=10, steps=3), model_fn, sets, SHAPE,
+              log=lambda line: None, callbacks=[Trace(str(tmp_path / 't.json'), step=50)])
+    with pytest.raises(TowersError, match='trace .*: folder .* does not exist'):
+        Trace(str(tmp_path / 'no' / 't.json'))

@@ -11,7 +11,8 @@ import easy_digits
 from towers import models
 from towers.devices import session_config
 from towers.errors import TowersError
-from towers.config import TrainConfig, train
+from towers.config import TrainConfig
+from towers.trainer import train
 from towers.graph import build_training_graph
 from towers.model import ClassifierModel
 from towers.evaluation import evaluate
@@ -113,7 +114,7 @@ def test_two_epochs_feed_every_example_exactly_once_each():
 def test_epochs_run_exactly_the_computed_steps_on_two_towers():
     # 0.5 epoch of 7 steps (200 at 30 per step): ceil(3.5) = 4 steps.
     result, lines, sets = _train(_config(epochs=0.5, batch_size=30,
-                                         tower_devices=['/cpu:0', '/cpu:1']))
+                                         towers=['/cpu:0', '/cpu:1']))
     assert result['steps'] == 4
     assert sets.train.batches == 4
     assert 'training 4 steps on 2 tower(s) /cpu:0,/cpu:1, global batch 30, feed input' in lines
@@ -229,11 +230,11 @@ class _NeverBuilt:
 
 
 @pytest.mark.parametrize('overrides,match', [
-    (dict(batch_size=0), '--batch-size must be at least 1, got 0'),
-    (dict(steps=0), '--steps must be at least 1, got 0'),
-    (dict(epochs=0), '--epochs must be positive, got 0'),
-    (dict(epochs=-1), '--epochs must be positive, got -1'),
-    (dict(batch_size=NUM_TRAIN + 1), '--batch-size 201 exceeds the 200 training examples'),
+    (dict(batch_size=0), 'batch_size must be at least 1, got 0'),
+    (dict(steps=0), 'steps must be at least 1, got 0'),
+    (dict(epochs=0), 'epochs must be positive, got 0'),
+    (dict(epochs=-1), 'epochs must be positive, got -1'),
+    (dict(batch_size=NUM_TRAIN + 1), 'batch_size 201 exceeds the 200 training examples'),
 ], ids=['batch 0', 'steps 0', 'epochs 0', 'epochs -1', 'batch > train set'])
 def test_bad_numbers_are_errors_before_training(overrides, match):
     lines = []
@@ -246,7 +247,7 @@ def test_unwritable_logdir_is_an_error_before_training(tmp_path):
     blocker = tmp_path / 'a_file'
     blocker.write_text('not a folder')
     lines = []
-    with pytest.raises(TowersError, match='cannot create --logdir .*a_file/run'):
+    with pytest.raises(TowersError, match='cannot create logdir .*a_file/run'):
         train(_config(steps=1, logdir=str(blocker / 'run')), _NeverBuilt(), _datasets(), SHAPE,
               log=lines.append)
     assert lines == []
@@ -259,7 +260,7 @@ def test_a_diverging_loss_stops_training_at_the_step_where_it_happens(tmp_path):
         train(_config(steps=20, learning_rate=1e30, log_every=1, checkpoint_every=1,
                       logdir=str(tmp_path)),
               _model(), sets, SHAPE, log=lines.append)
-    match = re.match(r'loss is (nan|inf) at step (\d+); lower --lr \((.*), saved before it, '
+    match = re.match(r'loss is (nan|inf) at step (\d+); lower learning_rate \((.*), saved before it, '
                      r'is intact\)$', str(error.value))
     assert match, str(error.value)
     bad_step = int(match.group(2))
@@ -325,9 +326,9 @@ def test_stopped_and_resumed_equals_uninterrupted(tmp_path):
 
 def test_a_checkpoint_resumes_on_another_number_of_towers(tmp_path):
     logdir = str(tmp_path / 'run')
-    _train(_config(steps=3, logdir=logdir, tower_devices=['/cpu:0', '/cpu:1']))
+    _train(_config(steps=3, logdir=logdir, towers=['/cpu:0', '/cpu:1']))
     result, lines, _ = _train(_config(steps=5, logdir=logdir,
-                                      tower_devices=['/cpu:0', '/cpu:1', '/cpu:2'],
+                                      towers=['/cpu:0', '/cpu:1', '/cpu:2'],
                                       param_device='/cpu:2'))
     assert any(line.startswith('resumed from') for line in lines)
     assert result['steps'] == 5
@@ -349,8 +350,8 @@ def test_a_checkpoint_of_another_model_is_a_readable_error(tmp_path):
 
 
 @pytest.mark.parametrize('field,value,message', [
-    ('log_every', 0, '--log-every must be at least 1, got 0'),
-    ('checkpoint_every', -1, '--checkpoint-every must be 0 (off) or more, got -1')])
+    ('log_every', 0, 'log_every must be at least 1, got 0'),
+    ('checkpoint_every', -1, 'checkpoint_every must be 0 (off) or more, got -1')])
 def test_bad_loop_numbers_are_errors(field, value, message):
     with pytest.raises(TowersError, match=re.escape(message)):
         _train(_config(**{field: value}))

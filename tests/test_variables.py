@@ -131,7 +131,7 @@ def test_a_checkpoint_moves_between_strategies(tmp_path):
     logdir = str(tmp_path)
 
     def run(variable_update, steps, towers):
-        return Trainer(_model(), sets, towers=towers, max_steps=steps, batch_size=8,
+        return Trainer(_model(), sets, towers=towers, steps=steps, batch_size=8,
                        logdir=logdir, callbacks=None, log=lambda line: None, warmup_steps=0,
                        variable_update=variable_update, learning_rate=0.05).train()
 
@@ -143,7 +143,7 @@ def test_a_checkpoint_moves_between_strategies(tmp_path):
 
 
 def test_an_unknown_variable_update_is_named():
-    with pytest.raises(TowersError, match="unknown --variable-update 'ring'; choose one of"):
+    with pytest.raises(TowersError, match="unknown variable_update 'ring'; choose one of"):
         make_strategy('ring', THREE)
 
 
@@ -168,7 +168,7 @@ def test_the_trainer_starts_replicas_from_the_masters_values():
     sets = data.Datasets(data.DataSet(rng.rand(16, *SHAPE).astype(np.float32),
                                       rng.randint(0, 10, 16)), None, None)
     probe = _ReplicasEqualMaster()
-    Trainer(_model(), sets, towers=THREE, max_steps=1, batch_size=8, callbacks=[probe],
+    Trainer(_model(), sets, towers=THREE, steps=1, batch_size=8, callbacks=[probe],
             log=lambda line: None, variable_update='replicated').train()
     assert probe.pairs and probe.unequal == []
 

@@ -9,6 +9,8 @@ The public API, in the order the classic recipe uses it:
     build_train_op                     average_gradients -> one apply_gradients
     make_optimizer                     sgd / momentum / adam by name
     build_training_graph, TrainGraph   all of the above in a fresh tf.Graph
+    TowerContext                       what a tower's layers are told (mode, index, share)
+    open_session, run_steps            the session harness: init, restore, sync; the steps
 
 The Trainer, built from those:
 
@@ -21,11 +23,12 @@ The Trainer, built from those:
     WeightDecay, ClipGlobalNorm,       what happens to the averaged gradients
     ScaleGradient, FreezeVariables
     Trace                              one step as a Chrome trace (--trace)
-    train, TrainConfig, evaluate       a CLI run in one call; exact evaluation
+    TrainConfig                        every setting of a run, checked once
+    train, evaluate                    a CLI run in one call; exact evaluation
     make_strategy                      --variable-update: parameter_server, replicated,
                                        independent
     check_towers                       N towers against one device (towers check)
-    TowersError                        what bad input raises
+    TowersError, SettingError          what bad input raises
 
 Names are imported on first use, so `import towers` (and `towers --help`) does
 not load TensorFlow.
@@ -46,26 +49,30 @@ _API = {
     'ModelDesc': 'towers.model',
     'ClassifierModel': 'towers.model',
     'Trainer': 'towers.trainer',
-    'default_callbacks': 'towers.trainer',
+    'default_callbacks': 'towers.callbacks',
     'Callback': 'towers.callbacks',
     'Checkpoint': 'towers.callbacks',
     'Evaluate': 'towers.callbacks',
     'NaNGuard': 'towers.callbacks',
-    'Progress': 'towers.monitors',
-    'TensorBoard': 'towers.monitors',
-    'StatsFile': 'towers.monitors',
-    'Trace': 'towers.monitors',
+    'Progress': 'towers.callbacks',
+    'TensorBoard': 'towers.callbacks',
+    'StatsFile': 'towers.callbacks',
+    'Trace': 'towers.tools.trace',
     'make_strategy': 'towers.variables',
-    'check_towers': 'towers.check',
+    'check_towers': 'towers.tools.check',
     'LearningRate': 'towers.schedules',
-    'WeightDecay': 'towers.gradients',
-    'ClipGlobalNorm': 'towers.gradients',
-    'ScaleGradient': 'towers.gradients',
-    'FreezeVariables': 'towers.gradients',
-    'train': 'towers.config',
+    'WeightDecay': 'towers.processors',
+    'ClipGlobalNorm': 'towers.processors',
+    'ScaleGradient': 'towers.processors',
+    'FreezeVariables': 'towers.processors',
+    'train': 'towers.trainer',
     'TrainConfig': 'towers.config',
     'evaluate': 'towers.evaluation',
     'TowersError': 'towers.errors',
+    'SettingError': 'towers.errors',
+    'TowerContext': 'towers.context',
+    'open_session': 'towers.session',
+    'run_steps': 'towers.session',
 }
 
 __all__ = sorted(_API)

@@ -1,153 +1,175 @@
-"""TrainConfig: a run as flat settings (the CLI's flags), and train() to run it.
+"""TrainConfig: every setting of a training run, checked once, where it enters.
 
-train() is the Trainer with a ClassifierModel and the default callbacks: the
-command line and the Python API run the same loop (towers/trainer.py).
+The command line builds one from its flags (towers/cli/config.py), a Python
+user writes one by hand, and the Trainer takes it whole. A TrainConfig that
+exists is valid: each field is checked when it is made (and again by
+dataclasses.replace), by the one rule for that setting in RULES, which the
+other commands' own flags (`towers eval --batch-size`) are checked by too.
+Messages name the parameters (`batch_size`); the CLI spells them as flags.
 """
 import dataclasses
+import math
+import numbers
+import re
 
-from towers.errors import TowersError
-from towers.gradients import check_pattern
-from towers.model import ClassifierModel
-from towers.monitors import Trace
-from towers.schedules import LearningRate
-from towers.trace import check_output
-from towers.trainer import Trainer, default_callbacks
+from towers.errors import SettingError
+from towers.names import INPUT_MODES, OPTIMIZERS, VARIABLE_UPDATES
 
 
-@dataclasses.dataclass
-class TrainConfig:
-    """What to train and how; the CLI's flags map one to one onto these fields.
+def _text(value):
+    return '%g' % value if isinstance(value, float) else '%s' % (value,)
 
-    steps, when given, sets the length; otherwise epochs does, an epoch being
-    ceil(N / batch_size) steps with a short last batch. batch_size is the
-    *global* batch, sliced over the towers.
+
+def _is_int(value):
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_number(value):
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) \
+        and math.isfinite(value)
+
+
+def _at_least(low, what='at least %d'):
+    return (lambda v: _is_int(v) and v >= low), 'must be ' + (what % low if '%' in what else what)
+
+
+def _optional(rule):
+    check, text = rule
+    return (lambda v: v is None or check(v)), text
+
+
+def _one_of(names):
+    return (lambda v: v in names), None, names
+
+
+_POSITIVE = (lambda v: _is_number(v) and v > 0), 'must be positive'
+_NON_NEGATIVE = (lambda v: _is_number(v) and v >= 0), 'must be 0 or more'
+
+# setting -> (check(value) -> bool, what a valid value is); a third entry lists
+# the names a choice takes.
+RULES = {
+    'batch_size': _at_least(1),
+    'steps': _optional(_at_least(1)),
+    'epochs': _POSITIVE,
+    'steps_per_epoch': _optional(_at_least(1)),
+    'log_every': _at_least(1),
+    'checkpoint_every': _at_least(0, '0 (off) or more'),
+    'keep_checkpoints': _at_least(1),
+    'eval_every': _at_least(0, '0 (off) or more epochs'),
+    'warmup_steps': _at_least(0, '0 or more'),
+    'weight_decay': _NON_NEGATIVE,
+    'clip_norm': _optional(_POSITIVE),
+    'ema': ((lambda v: v is None or (_is_number(v) and 0 < v < 1)),
+            'must lie between 0 and 1 (e.g. 0.999)'),
+    'momentum': _NON_NEGATIVE,
+    'seed': _at_least(0, '0 or more'),
+    'trace_step': _optional(_at_least(1)),  # towers.tools.trace.Trace
+    'variable_update': _one_of(VARIABLE_UPDATES),
+    'input': _one_of(INPUT_MODES),
+    'optimizer': _one_of(OPTIMIZERS),
+}
+
+
+def check(setting, value):
+    """Raise SettingError unless value is valid for the setting; returns value.
+
+    For the settings of RULES, also where they are a flag of another command.
     """
-    tower_devices: list = dataclasses.field(default_factory=lambda: ['/cpu:0'])
-    param_device: str = '/cpu:0'
-    variable_update: str = 'parameter_server'  # see towers/variables.py
+    rule = RULES[setting]
+    if rule[0](value):
+        return value
+    if len(rule) == 3:
+        raise SettingError('unknown {%s} %%r; choose one of: %s' % (setting, ', '.join(rule[2])),
+                           value)
+    raise SettingError('{%s} %s, got %%s' % (setting, rule[1]), _text(value))
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """What to train on, how long, and what to keep; checked when made.
+
+    The length is `steps` when given, else `epochs` (fractions allowed), an
+    epoch being `steps_per_epoch` steps (default: ceil(N / batch_size), the
+    last batch short). batch_size is the *global* batch, sliced over the
+    towers. optimizer, momentum, weight_decay, clip_norm and freeze describe
+    the ClassifierModel that `towers.train` builds; a ModelDesc of one's own
+    says them itself (its optimizer(), weight_decay(), gradient_processors()).
+    """
+    # Devices and variables (towers/devices.py, towers/variables.py).
+    towers: object = None  # a tower count, device names, or None: every GPU, else one CPU
+    param_device: str = None  # 'cpu' (/cpu:0, as None), 'gpu', 'spread' or a device name
+    variable_update: str = 'parameter_server'
     sync_bn: bool = False
+    # The data (towers/inputs/).
+    input: str = 'feed'
     batch_size: int = 100
+    seed: int = 0  # graph seed and data order, saved with every checkpoint
+    mean: tuple = None  # per-channel normalisation, --input dataset only
+    std: tuple = None
+    # How long.
     epochs: float = 10.0
     steps: int = None
+    steps_per_epoch: int = None
+    # The optimisation (towers/model.py, towers/processors.py, towers/schedules.py).
     optimizer: str = 'adam'
-    learning_rate: float = 1e-3
-    lr_schedule: str = 'constant'  # see towers/schedules.py
+    learning_rate: object = 1e-3  # the base rate, or a towers.schedules.LearningRate
+    lr_schedule: str = 'constant'
     warmup_epochs: float = 0.0
     momentum: float = 0.9
     weight_decay: float = 0.0
     clip_norm: float = None
     freeze: str = None  # regex of variables not to train
     ema: float = None  # decay of the weights' moving average, used to evaluate and export
+    # What the run keeps and says (towers/callbacks.py, towers/monitors.py).
     logdir: str = None
-    log_every: int = 50
     checkpoint_every: int = 500
     keep_checkpoints: int = 5
     eval_every: int = 1  # epochs; 0: only the final test
-    best_metric: str = 'accuracy'
+    best_metric: str = 'auto'  # accuracy when the model has it, else loss
     tensorboard: bool = True
     histograms: bool = False
+    log_every: int = 50
     quiet: bool = False
-    trace: str = None  # --trace FILE: one step as a Chrome trace
-    trace_step: int = None
-    trace_plot: str = None  # --trace-plot FILE.png: that step as a timeline picture
-    warmup_steps: int = 10
-    seed: int = 0
-    input: str = 'feed'
-    mean: list = None  # per-channel, --input dataset only
-    std: list = None
+    warmup_steps: int = 10  # steps left out of images/sec
 
-    def validate(self):
-        """Raise TowersError for numbers no run can use."""
-        checks = [
-            (self.batch_size >= 1, '--batch-size must be at least 1, got %s' % self.batch_size),
-            (self.steps is None or self.steps >= 1, '--steps must be at least 1, got %s'
-             % self.steps),
-            (self.epochs > 0, '--epochs must be positive, got %s' % self.epochs),
-            (self.log_every >= 1, '--log-every must be at least 1, got %s' % self.log_every),
-            (self.checkpoint_every >= 0, '--checkpoint-every must be 0 (off) or more, got %s'
-             % self.checkpoint_every),
-            (self.keep_checkpoints >= 1, '--keep-checkpoints must be at least 1, got %s'
-             % self.keep_checkpoints),
-            (self.eval_every >= 0, '--eval-every must be 0 (off) or more epochs, got %s'
-             % self.eval_every),
-            (self.warmup_steps >= 0, 'warmup_steps must be 0 or more, got %s'
-             % self.warmup_steps),
-            ((self.mean is None) == (self.std is None), '--mean and --std go together'),
-            (self.mean is None or self.input == 'dataset',
-             '--mean/--std normalise in the tf.data pipeline: use them with --input dataset'),
-            (self.std is None or all(s > 0 for s in self.std),
-             '--std values must be positive, got %s' % self.std),
-            (self.weight_decay >= 0, '--weight-decay must be 0 or more, got %s'
-             % self.weight_decay),
-            (self.clip_norm is None or self.clip_norm > 0, '--clip-norm must be positive, got %s'
-             % self.clip_norm),
-            (self.ema is None or 0 < self.ema < 1, '--ema must lie between 0 and 1 (e.g. '
-             '0.999), got %s' % self.ema),
-            (self.trace_plot is None or self.trace, '--trace-plot goes with --trace'),
-            (self.trace_step is None or self.trace_step >= 1, '--trace-step must be at least 1, '
-             'got %s' % self.trace_step),
-            (self.best_metric in ('accuracy', 'loss'), "--best-metric %r is not a metric of "
-             "this model; choose one of: loss, accuracy" % self.best_metric)]
-        for ok, message in checks:
-            if not ok:
-                raise TowersError(message)
-        self.schedule()  # its own one-line errors
+    def __post_init__(self):
+        for name in ('towers', 'mean', 'std'):
+            value = getattr(self, name)
+            if isinstance(value, list):  # a frozen config holds tuples
+                object.__setattr__(self, name, tuple(value))
+        for setting in RULES:
+            if setting in self.__dataclass_fields__:
+                check(setting, getattr(self, setting))
+        self._check_pairs()
+        self.schedule()  # the schedule's own one-line errors
         if self.freeze is not None:
-            check_pattern(self.freeze, '--freeze')
-        for path, flag in ((self.trace, '--trace'), (self.trace_plot, '--trace-plot')):
-            if path:
-                check_output(path, flag)
+            check_pattern(self.freeze, '{freeze}')
+
+    def _check_pairs(self):
+        if (self.mean is None) != (self.std is None):
+            raise SettingError('{mean} and {std} go together')
+        if self.mean is not None and self.input != 'dataset':
+            raise SettingError('{mean}/{std} normalise in the tf.data pipeline: use them with '
+                               '{input} dataset')
+        if self.std is not None and not all(_is_number(s) and s > 0 for s in self.std):
+            raise SettingError('{std} values must be positive, got %s', list(self.std))
 
     def schedule(self):
+        """The towers.schedules.LearningRate this run follows."""
+        from towers.schedules import LearningRate
+        if isinstance(self.learning_rate, LearningRate):
+            return self.learning_rate
         return LearningRate.parse(self.learning_rate, self.lr_schedule, self.warmup_epochs)
 
-    def callbacks(self, data=None):
-        callbacks = default_callbacks(
-            self.logdir, log_every=self.log_every, checkpoint_every=self.checkpoint_every,
-            keep=self.keep_checkpoints, quiet=self.quiet, eval_every=self.eval_every,
-            best_metric=self.best_metric, tensorboard=self.tensorboard,
-            histograms=self.histograms, data=data)
-        if self.trace:
-            callbacks.append(Trace(self.trace, self.trace_step, self.trace_plot))
-        return callbacks
 
-
-def train(config, model_fn, datasets, input_shape, num_classes=10, log=print, source=None,
-          run_info=None, stop_requested=None):
-    """Train model_fn on datasets.train over config.tower_devices; test at the end.
+def check_pattern(pattern, what):
+    """Compile a user's regex, or say which setting holds a bad one.
 
     Args:
-      config: a TrainConfig.
-      model_fn: callable(images, training) -> logits [batch, num_classes].
-      datasets: a data.Datasets; train and test need images [N, H, W, C]
-        float32 and labels [N] int64.
-      input_shape: (H, W, C).
-      num_classes: labels lie in [0, num_classes).
-      log: callable taking one line of text.
-      source: an InputSource to train from instead of config.input over
-        datasets.train (e.g. a towers.staging.PythonInput); it must have
-        steps_per_epoch.
-      run_info: dict written to logdir/run.json (what `towers eval` and
-        `towers export` need to rebuild the model: its name, options, dataset).
-      stop_requested: callable() -> None, or why to stop (e.g. 'SIGTERM'),
-        asked after every step; a stop saves a checkpoint and skips the test.
-    Returns:
-      dict with steps, test (loss and metrics), test_loss, test_accuracy,
-      images_per_sec (mean over the run after warm-up, None if too short),
-      checkpoint (path or None), dropped (records the dataset input's
-      cleaning removed from what it read, else 0) and stopped (None, or what
-      stop_requested said; then the test numbers are None).
+      what: the setting as a message names it, e.g. '{freeze}'.
     """
-    config.validate()
-    model = ClassifierModel(model_fn, input_shape, num_classes, optimizer=config.optimizer,
-                            momentum=config.momentum, weight_decay=config.weight_decay,
-                            clip_norm=config.clip_norm, freeze=config.freeze)
-    trainer = Trainer(
-        model, datasets, towers=config.tower_devices, callbacks=config.callbacks(datasets),
-        max_epoch=config.epochs, max_steps=config.steps, batch_size=config.batch_size,
-        input=source or config.input, param_device=config.param_device,
-        learning_rate=config.schedule(), ema_decay=config.ema, logdir=config.logdir,
-        seed=config.seed, mean=config.mean, std=config.std, log=log,
-        stop_requested=stop_requested, run_info=run_info, warmup_steps=config.warmup_steps,
-        variable_update=config.variable_update, sync_bn=config.sync_bn)
-    return trainer.train()
+    try:
+        return re.compile(pattern)
+    except re.error as e:
+        raise SettingError('%s %%r is not a valid regular expression: %%s' % what,
+                           pattern, e) from None

@@ -11,6 +11,7 @@ import re
 import tensorflow as tf
 
 from towers.errors import DeviceError
+from towers.names import SPREAD
 
 tf1 = tf.compat.v1
 
@@ -79,25 +80,22 @@ def resolve_devices(num_towers=None, devices=None, num_gpus=None):
             raise DeviceError('device list %s mixes CPUs and GPUs; use one kind'
                               % ','.join(devices))
         if num_towers is not None and num_towers != len(parsed):
-            raise DeviceError('--towers %d disagrees with %d devices in %s'
+            raise DeviceError('{towers} %d disagrees with %d devices in %s'
                               % (num_towers, len(parsed), ','.join(devices)))
         require_gpus(parsed, num_gpus)
         return ['/%s:%d' % p for p in parsed]
     if num_towers is not None and num_towers < 1:
-        raise DeviceError('--towers must be at least 1, got %d' % num_towers)
+        raise DeviceError('{towers} must be at least 1, got %d' % num_towers)
     if num_gpus:
         if num_towers is None:
             num_towers = num_gpus
         if num_towers > num_gpus:
             raise DeviceError(
                 'asked for %d towers but this machine has %d visible GPU(s); use '
-                '--towers %d or fewer, or --devices /cpu:0,... for CPU towers'
+                '{towers} %d or fewer, or {devices} /cpu:0,... for CPU towers'
                 % (num_towers, num_gpus, num_gpus))
         return ['/gpu:%d' % i for i in range(num_towers)]
     return ['/cpu:%d' % i for i in range(num_towers or 1)]
-
-
-SPREAD = 'spread'
 
 
 def session_config(tower_devices, param_device='/cpu:0', num_gpus=None, **kwargs):
@@ -155,8 +153,8 @@ def resolve_param_device(choice, tower_devices, num_gpus=None):
         return SPREAD
     if choice == 'gpu':
         if not tower_devices[0].startswith('/gpu'):
-            raise DeviceError("--param-device gpu needs GPU towers, but the towers run on %s; "
-                              "use --param-device cpu" % ','.join(tower_devices))
+            raise DeviceError("{param_device} gpu needs GPU towers, but the towers run on %s; "
+                              "use {param_device} cpu" % ','.join(tower_devices))
         return tower_devices[0]
     parsed = parse_device(choice)
     require_gpus([parsed], num_gpus)

@@ -1,8 +1,36 @@
-"""The exceptions towers raises for problems a user can fix."""
+"""The exceptions towers raises for problems a user can fix.
+
+A message that names a setting writes it as `{name}`, the parameter's name
+(`{batch_size}`): the library prints `batch_size`, and the command line, which
+knows its flags, prints `--batch-size` (towers/cli/config.py). So the core
+never spells a flag, and every message still tells a CLI user what to change.
+"""
+import re
+
+_SETTING = re.compile(r'\{([a-z][a-z0-9_]*)\}')
 
 
 class TowersError(Exception):
-    """Base class: bad configuration or input, with a message that says what to do."""
+    """Base class: bad configuration or input, with a message that says what to do.
+
+    Args:
+      message: one line; `{setting}` marks the name of a parameter.
+      *args: values for the message's %-conversions, put in after the marks are
+        named, so that a value a user gave is printed as it is.
+    """
+
+    def __init__(self, message, *args):
+        self.template, self.args_ = message, args
+        super().__init__(self.named(lambda setting: setting))
+
+    def named(self, name_of):
+        """The message with each `{setting}` spelled by name_of(setting) (e.g. as a flag)."""
+        text = _SETTING.sub(lambda m: name_of(m.group(1)), self.template)
+        return text % self.args_ if self.args_ else text
+
+
+class SettingError(TowersError):
+    """A setting with a value no run can use (a batch size of 0, an unknown strategy)."""
 
 
 class DeviceError(TowersError, ValueError):

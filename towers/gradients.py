@@ -4,15 +4,13 @@
 made exact for any split of the batch: each tower's gradient is weighted by its
 share of the examples, so N towers on an uneven (or partly empty) batch give the
 same update as one device on the whole batch. `build_train_op` then makes the
-tutorial's single `apply_gradients`, after the optional steps that act on the
-averaged gradients: weight decay (added here once, not once per tower) and
-gradient processors (clip by global norm, scale or freeze variables by regex).
+tutorial's single `apply_gradients`, after `process_gradients`, the one place
+where the averaged gradients are changed: weight decay (added here once, not
+once per tower) and gradient processors (towers/processors.py).
 """
-import re
-
 import tensorflow as tf
 
-from towers.errors import GradientError, TowersError
+from towers.errors import GradientError
 from towers.tower import tower_update_ops
 
 
@@ -96,110 +94,24 @@ def average_gradients(tower_grads, weights=None):
     return average
 
 
-_REPLICA = re.compile(r'^replica_\d+/')
-
-
-def variable_name(var):
-    """A variable's name as checkpoints and the user's regexes see it.
-
-    A replicated run's copies (towers/variables.py) are named replica_<i>/NAME;
-    a regex such as ^conv1/ must match them as it matches the master NAME.
-    """
-    return _REPLICA.sub('', var.op.name)
-
-
-def check_pattern(pattern, what):
-    """Compile a user's regex, or say which setting holds a bad one."""
-    try:
-        return re.compile(pattern)
-    except re.error as e:
-        raise TowersError('%s %r is not a valid regular expression: %s' % (what, pattern, e)) \
-            from None
-
-
-class WeightDecay:
-    """L2 weight decay: rate * sum(v**2) / 2 over the variables whose name matches pattern.
-
-    Its gradient, rate * v, is added to the *averaged* gradient of each matched
-    variable, so it counts once per step whatever the number of towers (adding
-    it to every tower's loss would compute it N times). `loss(variables)` is the
-    term itself, for reporting.
-    """
-
-    def __init__(self, rate, pattern=r'(^|/)weights$'):
-        if rate < 0:
-            raise TowersError('--weight-decay must be 0 or more, got %g' % rate)
-        self.rate, self.pattern = rate, check_pattern(pattern, '--decay-pattern')
-
-    def matches(self, var):
-        return self.pattern.search(variable_name(var)) is not None
-
-    def loss(self, variables):
-        """Scalar float32: the decay term over the matched variables (0 if none)."""
-        terms = [tf.nn.l2_loss(v) for v in variables if self.matches(v)]
-        return self.rate * tf.add_n(terms) if terms else tf.constant(0.0)
-
-    def __call__(self, grads_and_vars):
-        out = []
-        with tf.name_scope('weight_decay'):
-            for grad, var in grads_and_vars:
-                if grad is not None and self.matches(var):
-                    with tf.device(var.device):
-                        grad = tf.convert_to_tensor(grad) + self.rate * var.value()
-                out.append((grad, var))
-        return out
-
-
-class ClipGlobalNorm:
-    """Scale all gradients down together so their global norm is at most max_norm."""
-
-    def __init__(self, max_norm):
-        if max_norm <= 0:
-            raise TowersError('--clip-norm must be positive, got %g' % max_norm)
-        self.max_norm = max_norm
-
-    def __call__(self, grads_and_vars):
-        grads = [g for g, _ in grads_and_vars]
-        with tf.name_scope('clip_global_norm'):
-            clipped, _ = tf.clip_by_global_norm(grads, self.max_norm)
-        return list(zip(clipped, [v for _, v in grads_and_vars]))
-
-
-class ScaleGradient:
-    """Multiply the gradients of variables matched by each regex by its factor.
+def process_gradients(grads_and_vars, weight_decay=None, processors=()):
+    """What happens to the averaged gradients before they are applied, in this order.
 
     Args:
-      rules: [(pattern, factor)]; the first matching rule wins.
+      grads_and_vars: num_vars x (grad, var), the towers' average.
+      weight_decay: a towers.processors.WeightDecay (its gradient added once,
+        not once per tower), or None.
+      processors: callables grads_and_vars -> grads_and_vars, applied in order
+        after the decay (towers/processors.py: ClipGlobalNorm, ScaleGradient,
+        FreezeVariables).
+    Returns:
+      num_vars x (grad, var), what the optimizer applies.
     """
-
-    def __init__(self, rules):
-        self.rules = [(check_pattern(p, 'gradient scale pattern'), float(f)) for p, f in rules]
-
-    def __call__(self, grads_and_vars):
-        out = []
-        for grad, var in grads_and_vars:
-            factor = next((f for p, f in self.rules if p.search(variable_name(var))), 1.0)
-            if grad is not None and factor != 1.0:
-                if isinstance(grad, tf.IndexedSlices):
-                    grad = tf.IndexedSlices(grad.values * factor, grad.indices, grad.dense_shape)
-                else:
-                    grad = grad * factor
-            out.append((grad, var))
-        return out
-
-
-class FreezeVariables:
-    """Drop the gradients of variables whose name matches pattern: they are not updated."""
-
-    def __init__(self, pattern):
-        self.pattern = check_pattern(pattern, '--freeze')
-
-    def __call__(self, grads_and_vars):
-        kept = [(g, v) for g, v in grads_and_vars if not self.pattern.search(variable_name(v))]
-        if not any(g is not None for g, _ in kept):
-            raise TowersError('--freeze %r matches every trained variable; nothing would train'
-                              % self.pattern.pattern)
-        return kept
+    if weight_decay is not None:
+        grads_and_vars = weight_decay(grads_and_vars)
+    for process in processors:
+        grads_and_vars = process(grads_and_vars)
+    return grads_and_vars
 
 
 def build_train_op(towers, optimizer, global_step, weight_decay=None, processors=()):
@@ -209,18 +121,13 @@ def build_train_op(towers, optimizer, global_step, weight_decay=None, processors
       towers: Towers built with the optimizer (grads_and_vars set).
       optimizer: the optimizer that computed them.
       global_step: incremented by the apply.
-      weight_decay: a WeightDecay, or None.
-      processors: callables grads_and_vars -> grads_and_vars, applied in order
-        after the decay (e.g. ClipGlobalNorm, ScaleGradient, FreezeVariables).
+      weight_decay, processors: see process_gradients.
     Returns:
       (train_op, the grads_and_vars that were applied).
     """
     grads = average_gradients([t.grads_and_vars for t in towers],
                               weights=[t.weight for t in towers])
-    if weight_decay is not None:
-        grads = weight_decay(grads)
-    for process in processors:
-        grads = process(grads)
+    grads = process_gradients(grads, weight_decay, processors)
     apply_op = optimizer.apply_gradients(grads, global_step=global_step)
     # Batch-norm moving averages from tower 0 only: once per step, not N times.
     return tf.group(apply_op, *tower_update_ops(towers[0]), name='train_op'), grads

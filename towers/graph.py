@@ -1,6 +1,6 @@
 """The whole training graph in a fresh tf.Graph, wired as the classic recipe.
 
-input source (inputs.py) -> towers (tower.py, one per device, each running the
+input source (inputs/) -> towers (tower.py, one per device, each running the
 ModelDesc's build_graph) -> build_train_op (gradients.py: the average, weight
 decay and gradient processors, the one apply_gradients) -> evaluation towers
 sharing the variables. The learning rate follows its schedule (schedules.py);
@@ -11,12 +11,12 @@ import collections
 
 import tensorflow as tf
 
-from towers.errors import TowersError
-from towers.gradients import variable_name
-from towers.inputs import FeedInput
+from towers.checkpoints import restore_map
+from towers.config import check
+from towers.inputs.feed import FeedInput
 from towers.schedules import LearningRate
 from towers.tower import build_towers_from_slices, split_batch
-from towers.variables import host_device, make_strategy, variable_placement
+from towers.variables import host_device, make_strategy, variable_name, variable_placement
 
 tf1 = tf.compat.v1
 
@@ -28,7 +28,7 @@ TrainGraph = collections.namedtuple(
 TrainGraph.__doc__ = """Handles on a built training graph.
 
   graph: the tf.Graph holding everything.
-  source: the InputSource the training towers read (towers/inputs.py).
+  source: the InputSource the training towers read (towers/inputs/).
   towers: the training Towers.
   train_op: runs one synchronous step over all towers.
   loss: scalar float32, the global batch's mean cost (towers weighted by
@@ -101,8 +101,7 @@ def build_training_graph(model, tower_devices, param_device='/cpu:0', seed=None,
     source = source or FeedInput()
     schedule = learning_rate if isinstance(learning_rate, LearningRate) else \
         LearningRate(learning_rate)
-    if ema_decay is not None and not 0 < ema_decay < 1:
-        raise TowersError('--ema must lie between 0 and 1 (e.g. 0.999), got %g' % ema_decay)
+    check('ema', ema_decay)
     graph = tf.Graph()
     with graph.as_default():
         if seed is not None:
@@ -123,21 +122,9 @@ def build_training_graph(model, tower_devices, param_device='/cpu:0', seed=None,
         train_op, applied = strategy.build_train_op(towers, optimizers, global_step, decay,
                                                     model.gradient_processors())
         masters = [v for v in tf1.trainable_variables() if variable_name(v) == v.op.name]
-        ema = None
-        if ema_decay is not None:
-            # As the tutorial: the average follows each apply, and num_updates
-            # lets it move fast early on.
-            ema = tf1.train.ExponentialMovingAverage(ema_decay, num_updates=global_step)
-            with tf.control_dependencies([train_op]):
-                train_op = tf.group(ema.apply(masters), name='train_op_ema')
+        train_op, ema = _moving_average(train_op, masters, global_step, ema_decay)
         evaluation = _eval_towers(model, tower_devices, host, reuse=True, ema=ema)
-        with tf.device('/cpu:0'):
-            loss = weighted_loss(towers)
-            if decay is not None:
-                loss = tf.add(loss, decay.loss(masters), name='total_loss')
-            metrics = weighted_metrics(towers)
-            batch = tf.add_n([t.count for t in towers], name='batch')
-            finite = _all_finite([loss] + [g for g, _ in applied if g is not None])
+        loss, metrics, batch, finite = _step_results(towers, decay, masters, applied)
         sync_op = strategy.sync_op()
         init_op = saver = None
         if finalize:  # else the caller adds variables of its own, then makes these
@@ -147,6 +134,29 @@ def build_training_graph(model, tower_devices, param_device='/cpu:0', seed=None,
             graph.finalize()
     return TrainGraph(graph, source, towers, train_op, loss, metrics, batch, global_step, rate,
                       finite, ema, *evaluation, init_op, saver, strategy, sync_op)
+
+
+def _moving_average(train_op, masters, global_step, ema_decay):
+    """(train_op that also updates the average, the ExponentialMovingAverage), or as given."""
+    if ema_decay is None:
+        return train_op, None
+    # As the tutorial: the average follows each apply, and num_updates lets
+    # it move fast early on.
+    ema = tf1.train.ExponentialMovingAverage(ema_decay, num_updates=global_step)
+    with tf.control_dependencies([train_op]):
+        return tf.group(ema.apply(masters), name='train_op_ema'), ema
+
+
+def _step_results(towers, decay, masters, applied):
+    """What a step reports: (loss, metrics, batch, finite), see TrainGraph."""
+    with tf.device('/cpu:0'):
+        loss = weighted_loss(towers)
+        if decay is not None:
+            loss = tf.add(loss, decay.loss(masters), name='total_loss')
+        metrics = weighted_metrics(towers)
+        batch = tf.add_n([t.count for t in towers], name='batch')
+        finite = _all_finite([loss] + [g for g, _ in applied if g is not None])
+    return loss, metrics, batch, finite
 
 
 def _all_finite(tensors):
@@ -214,14 +224,3 @@ def build_eval_graph(model, tower_devices, param_device='/cpu:0', ema=False):
         saver = tf1.train.Saver(variables)
     graph.finalize()
     return EvalGraph(graph, *evaluation, saver, variables)
-
-
-def restore_map(ema):
-    """Checkpoint name -> variable for the default graph's variables.
-
-    With ema, each trainable variable is read from its moving average's name
-    in the checkpoint (how the tutorial's cifar10_eval restores).
-    """
-    if ema:
-        return tf1.train.ExponentialMovingAverage(0.0).variables_to_restore()
-    return {v.op.name: v for v in tf1.global_variables()}

@@ -12,13 +12,12 @@ cost is the mean softmax cross-entropy and the metric is accuracy.
 """
 import tensorflow as tf
 
+from towers import processors
+from towers.config import check
 from towers.errors import TowersError
-from towers import gradients
 from towers.tower import tower_loss
 
 tf1 = tf.compat.v1
-
-OPTIMIZERS = ('sgd', 'momentum', 'adam')
 
 
 def make_optimizer(name, learning_rate, momentum=0.9):
@@ -26,15 +25,12 @@ def make_optimizer(name, learning_rate, momentum=0.9):
 
     learning_rate may be a float or a scalar tensor (a schedule, towers/schedules.py).
     """
-    if isinstance(learning_rate, (int, float)) and learning_rate <= 0:
-        raise TowersError('--lr must be positive, got %g' % learning_rate)
+    check('optimizer', name)
     if name == 'sgd':
         return tf1.train.GradientDescentOptimizer(learning_rate)
     if name == 'momentum':
         return tf1.train.MomentumOptimizer(learning_rate, momentum)
-    if name == 'adam':
-        return tf1.train.AdamOptimizer(learning_rate)
-    raise TowersError('unknown optimizer %r; choose one of: %s' % (name, ', '.join(OPTIMIZERS)))
+    return tf1.train.AdamOptimizer(learning_rate)
 
 
 class ModelDesc:
@@ -57,7 +53,8 @@ class ModelDesc:
         Args:
           images: [m, H, W, C] float32, the tower's slice.
           labels: [m] int64.
-          training: Python bool; False for the evaluation towers.
+          training: the tower's towers.context.TowerContext: truthy in training,
+            false for the evaluation towers; pass it on to the layers.
         Returns:
           The cost, a scalar float32 mean over the slice; or a dict with 'cost'
           and named metrics, each a scalar float32 mean over the slice (towers
@@ -72,11 +69,11 @@ class ModelDesc:
         raise NotImplementedError
 
     def gradient_processors(self):
-        """Processors for the averaged gradients, in order (towers/gradients.py)."""
+        """Processors for the averaged gradients, in order (towers/processors.py)."""
         return []
 
     def weight_decay(self):
-        """A towers.gradients.WeightDecay added once to the averaged gradients, or None."""
+        """A towers.processors.WeightDecay added once to the averaged gradients, or None."""
         return None
 
     # What the Trainer uses; built from the methods above.
@@ -130,16 +127,21 @@ class ClassifierModel(ModelDesc):
                  weight_decay=0.0, decay_pattern=r'(^|/)weights$', clip_norm=None, freeze=None):
         self.model_fn, self.num_classes = model_fn, num_classes
         self._input_shape = tuple(input_shape)
-        self._optimizer, self._momentum = optimizer, momentum
-        if optimizer not in OPTIMIZERS:
-            raise TowersError('unknown optimizer %r; choose one of: %s'
-                              % (optimizer, ', '.join(OPTIMIZERS)))
-        self._decay = gradients.WeightDecay(weight_decay, decay_pattern) if weight_decay else None
+        self._optimizer, self._momentum = check('optimizer', optimizer), momentum
+        self._decay = processors.WeightDecay(weight_decay, decay_pattern) if weight_decay \
+            else None
         self._processors = []
         if freeze:
-            self._processors.append(gradients.FreezeVariables(freeze))
+            self._processors.append(processors.FreezeVariables(freeze))
         if clip_norm:
-            self._processors.append(gradients.ClipGlobalNorm(clip_norm))
+            self._processors.append(processors.ClipGlobalNorm(clip_norm))
+
+    @classmethod
+    def from_config(cls, model_fn, input_shape, num_classes, config):
+        """The classifier a TrainConfig describes (its optimizer and gradient settings)."""
+        return cls(model_fn, input_shape, num_classes, optimizer=config.optimizer,
+                   momentum=config.momentum, weight_decay=config.weight_decay,
+                   clip_norm=config.clip_norm, freeze=config.freeze)
 
     def inputs(self):
         return [tf.TensorSpec([None] + list(self._input_shape), tf.float32, 'images'),

@@ -14,13 +14,8 @@ et al. 2017), in front of any schedule.
 """
 import math
 
-import tensorflow as tf
-
-from towers.errors import TowersError
-
-tf1 = tf.compat.v1
-
-KINDS = ('constant', 'piecewise', 'exponential')
+from towers.errors import SettingError
+from towers.names import SCHEDULES
 
 
 class LearningRate:
@@ -37,48 +32,50 @@ class LearningRate:
     def __init__(self, base, kind='constant', points=(), factor=None, every=None,
                  warmup_epochs=0.0):
         if not (base > 0 and math.isfinite(base)):
-            raise TowersError('--lr must be positive, got %g' % base)
+            raise SettingError('{learning_rate} must be positive, got %g', base)
         if not (warmup_epochs >= 0 and math.isfinite(warmup_epochs)):
-            raise TowersError('--warmup-epochs must be 0 or more, got %g' % warmup_epochs)
-        if kind not in KINDS:
-            raise TowersError('unknown --lr-schedule %r; choose one of: %s'
-                              % (kind, ', '.join(KINDS)))
+            raise SettingError('{warmup_epochs} must be 0 or more, got %g', warmup_epochs)
+        if kind not in SCHEDULES:
+            raise SettingError('unknown {lr_schedule} %r; choose one of: %s', kind,
+                               ', '.join(SCHEDULES))
         self.base, self.kind, self.points = float(base), kind, list(points)
         self.factor, self.every, self.warmup_epochs = factor, every, float(warmup_epochs)
 
     @classmethod
     def parse(cls, base, spec='constant', warmup_epochs=0.0):
-        """A LearningRate from the --lr-schedule text; TowersError naming what is wrong."""
+        """A LearningRate from the --lr-schedule text; SettingError naming what is wrong."""
         kind, _, args = (spec or 'constant').partition(':')
-        usage = ('--lr-schedule wants constant, piecewise:EPOCH=LR,... or '
-                 'exponential:FACTOR,EPOCHS, got %r' % spec)
+        usage = ('{lr_schedule} wants constant, piecewise:EPOCH=LR,... or '
+                 'exponential:FACTOR,EPOCHS, got %r')
         try:
             if kind == 'constant' and not args:
                 return cls(base, warmup_epochs=warmup_epochs)
             numbers = [float(v) for v in args.replace('=', ',').split(',')] if args else []
             if not all(math.isfinite(v) for v in numbers):
-                raise TowersError('%s: every number must be finite' % usage)
+                raise SettingError(usage + ': every number must be finite', spec)
             if kind == 'piecewise':
                 points = [(float(e), float(r)) for e, r in
                           (item.split('=') for item in args.split(','))]
                 epochs = [e for e, _ in points]
                 if not points or epochs != sorted(set(epochs)) or epochs[0] <= 0 \
                         or min(r for _, r in points) <= 0:
-                    raise TowersError('%s: epochs must increase from above 0 and rates be '
-                                      'positive' % usage)
+                    raise SettingError(usage + ': epochs must increase from above 0 and rates '
+                                       'be positive', spec)
                 return cls(base, 'piecewise', points=points, warmup_epochs=warmup_epochs)
             if kind == 'exponential':
                 factor, every = (float(v) for v in args.split(','))
                 if not 0 < factor or not every > 0:
-                    raise TowersError('%s: FACTOR and EPOCHS must be positive' % usage)
+                    raise SettingError(usage + ': FACTOR and EPOCHS must be positive', spec)
                 return cls(base, 'exponential', factor=factor, every=every,
                            warmup_epochs=warmup_epochs)
         except ValueError:
             pass
-        raise TowersError(usage)
+        raise SettingError(usage, spec)
 
     def build(self, global_step, steps_per_epoch):
         """Scalar float32 tensor: the rate for the step global_step is about to take."""
+        import tensorflow as tf  # only here: a schedule is parsed without TensorFlow
+        tf1 = tf.compat.v1
         with tf1.name_scope('learning_rate'):
             step = tf.cast(global_step, tf.int64)
             if self.kind == 'piecewise':

@@ -12,7 +12,7 @@ import functools
 
 import tensorflow as tf
 
-from towers.models.layers import CrossTowerStats
+from towers.context import EVAL, TRAIN, TowerContext
 
 tf1 = tf.compat.v1
 
@@ -114,7 +114,8 @@ def tower_loss(model_fn, images, labels, count, training):
       labels: [m] int64.
       count: scalar int32, how many of the m examples are real (the rest are
         stand-ins for an empty slice, see split_batch).
-      training: Python bool (dropout, batch-norm mode).
+      training: Python bool or the tower's TowerContext (dropout, batch-norm
+        mode), handed to model_fn.
     Returns:
       (loss, metrics): scalar float32, the mean cross-entropy over the real
       examples (0 for none, never NaN); {'accuracy': scalar float64}, the
@@ -147,7 +148,8 @@ def build_towers(model_fn, images, labels, tower_devices, param_device='/cpu:0',
       param_device: where the variables live.
       optimizer: a tf.compat.v1.train.Optimizer; when given, each tower computes
         its gradients (on its own device) into Tower.grads_and_vars.
-      training: Python bool passed to model_fn.
+      training: Python bool: training towers, or inference-mode ones. Each
+        tower's model gets a towers.context.TowerContext for it.
       reuse: True when the variables already exist (e.g. an evaluation copy of
         a training graph); tower 0 then reuses them too.
       sync_bn: batch norms use the whole batch's moments (build_towers_from_slices).
@@ -169,16 +171,16 @@ def build_towers_from_slices(loss_fn, slices, tower_devices, param_device='/cpu:
     """build_towers for input already cut per tower (e.g. staged on each device).
 
     Args:
-      loss_fn: callable(images, labels, count, training) -> (loss, metrics),
-        run once per tower: tower_loss over a model_fn, or a ModelDesc's
-        tower_loss (towers/model.py).
+      loss_fn: callable(images, labels, count, context) -> (loss, metrics),
+        run once per tower with its TowerContext (truthy when training):
+        tower_loss over a model_fn, or a ModelDesc's tower_loss (towers/model.py).
       slices: one TowerSlice per tower device.
       strategy: a towers/variables.py strategy saying where tower i's
         variables go (a replicated one gives each tower copies of its own);
         None shares one copy on param_device, as build_towers does.
-      sync_bn: in training, hand each tower a models.layers.CrossTowerStats
-        as `training`, so that its batch norms use the whole global batch's
-        moments (pooled over the towers) instead of its own slice's.
+      sync_bn: in training, the towers' contexts ask their batch norms to
+        use the whole global batch's moments (pooled over the towers) instead
+        of each slice's own.
       The other arguments are those of build_towers.
     Returns:
       A list of Tower, one per device.
@@ -199,9 +201,9 @@ def build_towers_from_slices(loss_fn, slices, tower_devices, param_device='/cpu:
             weight = tf.math.divide(tf.cast(piece.count, tf.float32),
                                     tf.cast(tf.maximum(piece.batch, 1), tf.float32),
                                     name='weight')
-            mode = (CrossTowerStats(len(tower_devices), piece.count, weight)
-                    if sync_bn and training else training)
-            loss, metrics = loss_fn(piece.images, piece.labels, piece.count, mode)
+            context = TowerContext(TRAIN if training else EVAL, i, len(tower_devices),
+                                   piece.count, weight, sync_bn=sync_bn)
+            loss, metrics = loss_fn(piece.images, piece.labels, piece.count, context)
             grads_and_vars = None
             if optimizer is not None:
                 # A tower with copies of its own differentiates only those.

@@ -1,118 +1,83 @@
 """The Trainer: the one Session loop, with callbacks around each step.
 
 Built from the teaching layer: build_training_graph (towers/graph.py) makes the
-towers, average_gradients and the one apply_gradients; the loop below runs
-`sess.run(train_op)` through the InputSource's run_step, and everything else
-that happens around a step (checkpoints, evaluation, TensorBoard, the progress
-bar, the stats file, the NaN guard) is a Callback (towers/callbacks.py). The
-CLI's `towers train` is `train(TrainConfig, ...)`, which makes a
-ClassifierModel and the default callbacks and runs this same loop.
+towers, average_gradients and the one apply_gradients; the session harness
+(towers/session.py) opens the Session and runs `sess.run(train_op)` through
+the InputSource; everything else that happens around a step (checkpoints,
+evaluation, TensorBoard, the progress bar, the stats file, the NaN guard) is
+a Callback (towers/callbacks/). The settings come whole
+in a TrainConfig (towers/config.py). `train()` is what `towers train` runs:
+a ClassifierModel over a registry model_fn, the default callbacks, this loop.
 """
 import fractions
 import math
-import os
-import time
 
 import tensorflow as tf
 
+from towers import checkpoints, evaluation
+from towers.callbacks import Checkpoint, Throughput, default_callbacks
+from towers.config import TrainConfig
 from towers.data.sampler import EpochSampler
-from towers import callbacks as cb
-from towers import evaluation
-from towers import monitors
 from towers.devices import resolve_devices, resolve_param_device, session_config
-from towers.errors import TowersError
-from towers.export import restore, write_run
+from towers.errors import SettingError, TowersError
 from towers.graph import build_training_graph
-from towers.inputs import InputSource, make_input, run_step
-from towers.schedules import LearningRate
-from towers.trace import trace_options
+from towers.inputs import InputSource, make_input
+from towers.logdir import LogdirLock, prepare_logdir
+from towers.model import ClassifierModel
+from towers.session import open_session, run_steps, trace_options
 from towers.variables import host_device
 
 tf1 = tf.compat.v1
 
 
-def total_steps(max_epoch, max_steps, steps_per_epoch):
+def total_steps(epochs, steps, steps_per_epoch):
     """Steps of a whole run; a fractional epoch count is rounded up to a step."""
-    if max_steps is not None:
-        return max_steps
+    if steps is not None:
+        return steps
     # Fraction: 0.07 epochs of 1,100 steps is 77 steps, not 78 as float ceil says.
-    return max(1, math.ceil(fractions.Fraction(repr(float(max_epoch))) * steps_per_epoch))
-
-
-def prepare_logdir(logdir):
-    try:
-        os.makedirs(logdir, exist_ok=True)
-    except OSError as e:
-        raise TowersError('cannot create --logdir %s: %s' % (logdir, e.strerror)) from e
-    if not os.access(logdir, os.W_OK):
-        raise TowersError('--logdir %s is not writable; choose another folder' % logdir)
+    return max(1, math.ceil(fractions.Fraction(repr(float(epochs))) * steps_per_epoch))
 
 
 class Trainer:
-    """tensorpack's interface on the tower core: a ModelDesc, data, callbacks.
+    """tensorpack's interface on the tower core: a ModelDesc, data, a TrainConfig, callbacks.
 
     Args:
       model: a towers.model.ModelDesc.
-      data: a data.Datasets; train feeds the towers (through `input`),
-        validation and test are what Evaluate and the final test line read.
-      towers: a tower count (virtual CPUs, or that many GPUs) or device names.
-      callbacks: Callbacks; None means default_callbacks(logdir).
-      steps_per_epoch: steps that make an epoch; None means one pass over
-        data.train (ceil(N / batch_size), the last batch short).
-      max_epoch: epochs to train (may be fractional); max_steps overrides it.
-      batch_size: the global batch, sliced over the towers.
-      input: an --input mode ('feed', 'staging', 'dataset', 'synthetic') or
-        an InputSource (e.g. towers.staging.PythonInput; it must have
-        steps_per_epoch unless that is given).
-      param_device: where the variables live; None is the tutorial's /cpu:0,
-        'spread' spreads them over the tower devices.
-      variable_update: 'parameter_server', 'replicated' or 'independent'
-        (towers/variables.py).
-      sync_bn: batch norms use the whole global batch's moments (--sync-bn).
-      learning_rate: a float or a towers.schedules.LearningRate.
-      ema_decay: evaluate (and export) a moving average of the weights, or None.
-      logdir: where checkpoints, run.json, events and stats go; a logdir that
-        holds a checkpoint is resumed.
-      seed: graph seed and data order; the order is saved with each checkpoint.
-      mean, std: per-channel normalisation of the dataset input.
+      data: a towers.data.Datasets; train feeds the towers (through the
+        config's input), validation and test are what Evaluate and the final
+        test line read.
+      config: a TrainConfig; or give its settings as keywords instead
+        (`Trainer(model, data, towers=2, epochs=3)`).
+      callbacks: Callbacks; None means default_callbacks(config, data).
+      source: an InputSource to train from instead of config.input over
+        data.train (e.g. a towers.inputs.PythonInput; it must have
+        steps_per_epoch unless the config says it).
       log: callable taking one line of text.
       stop_requested: callable() -> None, or why to stop (e.g. 'SIGTERM'),
         asked after every step; a stop saves a checkpoint and skips evaluation.
       run_info: dict written to logdir/run.json (what `towers eval` and
         `towers export` need to rebuild the model).
-      warmup_steps: steps left out of images/sec.
     """
 
-    def __init__(self, model, data, towers=None, callbacks=None, steps_per_epoch=None,
-                 max_epoch=10, max_steps=None, batch_size=100, input='feed', param_device=None,
-                 learning_rate=1e-3, ema_decay=None, logdir=None, seed=0, mean=None, std=None,
-                 log=print, stop_requested=None, run_info=None, warmup_steps=10,
-                 variable_update='parameter_server', sync_bn=False):
-        self.model, self.data = model, data
-        self.tower_devices = (list(towers) if isinstance(towers, (list, tuple))
-                              else resolve_devices(towers))
-        self.param_device = resolve_param_device(param_device, self.tower_devices)
-        if batch_size < 1:
-            raise TowersError('--batch-size must be at least 1, got %s' % batch_size)
-        if max_steps is not None and max_steps < 1:
-            raise TowersError('--steps must be at least 1, got %s' % max_steps)
-        if max_steps is None and not max_epoch > 0:
-            raise TowersError('--epochs must be positive, got %s' % max_epoch)
-        if steps_per_epoch is not None and steps_per_epoch < 1:
-            raise TowersError('steps_per_epoch must be at least 1, got %s' % steps_per_epoch)
-        self.batch_size, self.seed, self.logdir = batch_size, seed, logdir
-        self.learning_rate = learning_rate if isinstance(learning_rate, LearningRate) \
-            else LearningRate(learning_rate)
-        self.ema_decay, self.log, self.stop_requested = ema_decay, log, stop_requested
-        self.run_info, self.warmup_steps = run_info, warmup_steps
-        self.variable_update, self.sync_bn = variable_update, sync_bn
-        self.callbacks = sorted(default_callbacks(logdir, data=data) if callbacks is None
+    def __init__(self, model, data, config=None, *, callbacks=None, source=None, log=print,
+                 stop_requested=None, run_info=None, **settings):
+        if config is None:
+            config = TrainConfig(**settings)
+        elif settings:
+            raise TypeError('give a TrainConfig or its settings, not both: %s' % sorted(settings))
+        self.model, self.data, self.config = model, data, config
+        self.tower_devices = (list(config.towers) if isinstance(config.towers, (list, tuple))
+                              else resolve_devices(config.towers))
+        self.param_device = resolve_param_device(config.param_device, self.tower_devices)
+        self.logdir, self.batch_size = config.logdir, config.batch_size
+        self.warmup_steps = config.warmup_steps
+        self.log, self.stop_requested, self.run_info = log, stop_requested, run_info
+        self.callbacks = sorted(default_callbacks(config, data) if callbacks is None
                                 else callbacks, key=lambda c: c.order)
-        self.source, self.sampler = self._make_source(input, steps_per_epoch, max_epoch,
-                                                      max_steps, mean, std)
-        self.steps_per_epoch = steps_per_epoch or (
+        self.source, self.sampler = self._make_source(source)
+        self.steps_per_epoch = config.steps_per_epoch or (
             self.sampler.steps_per_epoch if self.sampler else self.source.steps_per_epoch)
-        self.num_steps = total_steps(max_epoch, max_steps, self.steps_per_epoch)
+        self.num_steps = total_steps(config.epochs, config.steps, self.steps_per_epoch)
         # Set while train() runs; what callbacks read. epoch_stats: split ->
         # {'loss': ..., metric: ...} of the evaluations made at this step.
         self.graph = self.sess = None
@@ -124,45 +89,46 @@ class Trainer:
         """Epochs done so far, fractional mid-epoch."""
         return self.step / self.steps_per_epoch
 
-    def _make_source(self, input, steps_per_epoch, max_epoch, max_steps, mean, std):
-        if isinstance(input, InputSource):
-            if steps_per_epoch is None and not hasattr(input, 'steps_per_epoch'):
-                raise TowersError('give steps_per_epoch for an input source without one')
-            return input, None
+    def _make_source(self, source):
+        config = self.config
+        if source is not None:
+            if not isinstance(source, InputSource):
+                raise TypeError('source must be an InputSource, got %r' % (source,))
+            if config.steps_per_epoch is None and not hasattr(source, 'steps_per_epoch'):
+                raise SettingError('give {steps_per_epoch} for an input source without one')
+            return source, None
         train_set = self.data.train
         if self.batch_size > train_set.num_examples:
-            raise TowersError('--batch-size %d exceeds the %d training examples; use a smaller '
-                              'batch' % (self.batch_size, train_set.num_examples))
-        sampler = EpochSampler(train_set.num_examples, self.batch_size, seed=self.seed)
+            raise SettingError('{batch_size} %d exceeds the %d training examples; use a smaller '
+                               'batch', self.batch_size, train_set.num_examples)
+        sampler = EpochSampler(train_set.num_examples, self.batch_size, seed=config.seed)
         # A dataset pipeline ends after the epochs asked for: when cleaning drops
         # records, its epochs are shorter than the sampler's.
-        epochs = None if (max_steps or steps_per_epoch) else math.ceil(max_epoch)
-        num_classes = getattr(self.model, 'num_classes', None) or train_set.num_classes
+        epochs = None if (config.steps or config.steps_per_epoch) else math.ceil(config.epochs)
         # (DataSet and RecordSet know their class count; a ModelDesc may say it too.)
-        return make_input(input, train_set, sampler, self.batch_size, num_classes,
-                          seed=self.seed, epochs=epochs, mean=mean, std=std), sampler
+        num_classes = getattr(self.model, 'num_classes', None) or train_set.num_classes
+        return make_input(config.input, train_set, sampler, self.batch_size, num_classes,
+                          seed=config.seed, epochs=epochs, mean=config.mean,
+                          std=config.std), sampler
 
     def evaluate(self, split):
         """{'loss': ..., metrics...} over data.<split> at this step (computed once per step)."""
         key = (split, self.step)
         if key not in self._evaluated:
-            self._evaluated[key] = evaluation.evaluate(self.sess, self.graph, getattr(self.data, split),
-                                            self.batch_size)
+            self._evaluated[key] = evaluation.evaluate(
+                self.sess, self.graph, getattr(self.data, split), self.batch_size)
         return self._evaluated[key]
 
     def _build(self):
+        config = self.config
         graph = build_training_graph(
-            self.model, self.tower_devices, self.param_device, seed=self.seed,
-            source=self.source, learning_rate=self.learning_rate,
-            steps_per_epoch=self.steps_per_epoch, ema_decay=self.ema_decay, finalize=False,
-            variable_update=self.variable_update, sync_bn=self.sync_bn)
+            self.model, self.tower_devices, self.param_device, seed=config.seed,
+            source=self.source, learning_rate=config.schedule(),
+            steps_per_epoch=self.steps_per_epoch, ema_decay=config.ema, finalize=False,
+            variable_update=config.variable_update, sync_bn=config.sync_bn)
         with graph.graph.as_default():
-            with tf.device(host_device(self.param_device)), tf1.variable_scope('data_order'):
-                # The data order's inputs, saved with every checkpoint so that a
-                # resume which would see other batches is refused.
-                order = [tf1.get_variable(name, initializer=tf.constant(value, tf.int64),
-                                          trainable=False)
-                         for name, value in self._data_order().items()]
+            self.data_order = checkpoints.DataOrder(self._data_order())
+            self.data_order.build(host_device(self.param_device))
             self.graph = graph
             for callback in self.callbacks:
                 callback.setup_graph(self)
@@ -172,64 +138,60 @@ class Trainer:
             saver = tf1.train.Saver(self.saved, max_to_keep=None)
         graph.graph.finalize()
         self.graph = graph._replace(init_op=init_op, saver=saver)
-        return order
 
     def _data_order(self):
         examples = self.sampler.num_examples if self.sampler else -1
         # feed and staging follow the sampler; dataset shuffles in tf.data: another order.
         pipeline = 1 if self.source.name == 'dataset' else 0
-        return {'seed': self.seed, 'batch_size': self.batch_size, 'num_examples': examples,
-                'tf_data_order': pipeline, 'steps_per_epoch': self.steps_per_epoch}
+        return {'seed': self.config.seed, 'batch_size': self.batch_size,
+                'num_examples': examples, 'tf_data_order': pipeline,
+                'steps_per_epoch': self.steps_per_epoch}
 
-    def _resume(self, order):
-        latest = tf1.train.latest_checkpoint(self.logdir) if self.logdir else None
+    def _resume(self, sess):
+        """Restore the logdir's newest complete checkpoint, if any, and check its data order."""
+        latest = checkpoints.newest_complete(self.logdir) if self.logdir else None
         if not latest:
             return
-        restore(self.sess, self.graph.saver, latest, self.saved)
-        saved = dict(zip(self._data_order(), self.sess.run(order)))
-        if saved != self._data_order():
-            raise TowersError(
-                'the checkpoint in %s was trained with data order %s, this run asks for %s: '
-                'resuming would train on other batches; use the same --seed, --batch-size, '
-                'dataset and --input, or a new --logdir' % (self.logdir, _pairs(saved),
-                                                       _pairs(self._data_order())))
+        checkpoints.restore(sess, self.graph.saver, latest, self.saved)
+        self.data_order.check(sess, self.logdir)
         self.log('resumed from %s' % latest)
 
     def train(self):
         """Run the loop to num_steps (or a stop); returns a dict (see `train`)."""
-        if self.logdir:
-            prepare_logdir(self.logdir)
-        order = self._build()
-        overall = cb.Throughput(self.warmup_steps)
+        if not self.logdir:
+            return self._train()
+        prepare_logdir(self.logdir)
+        with LogdirLock(self.logdir):  # before anything is written there
+            return self._train()
+
+    def _train(self):
+        self._build()
+        overall = Throughput(self.warmup_steps)
         config = session_config(self.tower_devices, self.param_device)
         fetches = self._fetches()
-        names = sorted(fetches)
         try:
-            with tf1.Session(graph=self.graph.graph, config=config) as self.sess:
-                self.sess.run(self.graph.init_op)  # also what a checkpoint does not hold
-                self._resume(order)
-                self.sess.run(self.graph.sync_op)  # replicas take the master's values
+            with open_session(self.graph, config, load=self._resume) as self.sess:
                 if self.logdir and self.run_info is not None:
                     # Only once the checkpoint there (if any) fits this run: a refused
                     # resume leaves the logdir's record of its model as it was.
-                    write_run(self.logdir, input_shape=list(self.model.input_shape),
-                              num_classes=getattr(self.model, 'num_classes', None),
-                              ema=self.ema_decay is not None, **self.run_info)
+                    checkpoints.write_run(
+                        self.logdir, input_shape=list(self.model.input_shape),
+                        num_classes=getattr(self.model, 'num_classes', None),
+                        ema=self.config.ema is not None, **self.run_info)
                 self.step = int(self.sess.run(self.graph.global_step))
                 self.log('training %d steps on %d tower(s) %s, global batch %d, %s input'
                          % (self.num_steps, len(self.tower_devices),
                             ','.join(self.tower_devices), self.batch_size, self.source.name))
                 for callback in self.callbacks:
                     callback.before_train(self)
-                self._loop(names, [fetches[n] for n in names], overall)
+                self._loop(fetches, overall)
                 for callback in self.callbacks:
                     callback.after_train(self)
-                result = self._result(overall)
+                return self._result(overall)
         finally:
             for callback in reversed(self.callbacks):
                 callback.close()
             self.sess = None
-        return result
 
     def _fetches(self):
         """What each step runs: the train op, loss, metrics, ... and the callbacks' fetches."""
@@ -248,22 +210,16 @@ class Trainer:
                 fetches[name] = tensor
         return fetches
 
-    def _loop(self, names, fetches, overall):
-        try:
-            self.source.start(self.sess, self.step, self.num_steps)
-            while self.step < self.num_steps:
-                options = metadata = None
-                if any(c.wants_trace(self) for c in self.callbacks):
-                    options, metadata = trace_options()
-                start = time.perf_counter()
-                values = run_step(self.sess, self.source, self.step, fetches, options, metadata)
-                if values is None:
-                    break  # a finite dataset input ended
-                values = dict(zip(names, values), seconds=time.perf_counter() - start)
-                if metadata is not None:
-                    values['run_metadata'] = metadata
+    def _run_options(self, step):
+        """Trace the coming step when a callback wants it (--trace)."""
+        return trace_options() if any(c.wants_trace(self) for c in self.callbacks) else None
+
+    def _loop(self, fetches, overall):
+        with run_steps(self.sess, self.source, fetches, self.step, self.num_steps,
+                       run_options=self._run_options) as steps:
+            for values in steps:
                 del values['train_op']
-                self.step += 1  # the train op increments global_step by exactly one
+                self.step = steps.step  # the train op increments global_step by exactly one
                 overall.add(values['batch'], values['seconds'])
                 self.epoch_stats = {}  # what evaluations at this step found
                 for callback in self.callbacks:
@@ -277,13 +233,6 @@ class Trainer:
                 if self.stopped:
                     self.log('%s: stopping after step %d' % (self.stopped, self.step))
                     break
-        except BaseException:
-            try:
-                self.source.stop(self.sess)
-            except Exception:  # noqa: BLE001 - the error in flight is the one to report
-                pass
-            raise
-        self.source.stop(self.sess)
 
     def _result(self, overall):
         dropped = 0
@@ -302,36 +251,41 @@ class Trainer:
             self.log('test: %s (%d images)' % (evaluation.format_metrics(test),
                                                evaluation.split_size(self.data, 'test')))
         checkpoint = next((c.last_saved for c in self.callbacks
-                           if isinstance(c, cb.Checkpoint)), None)
+                           if isinstance(c, Checkpoint)), None)
         return {'steps': self.step, 'test': test,
                 'test_loss': test and test['loss'], 'test_accuracy': test and test.get('accuracy'),
                 'images_per_sec': rate, 'checkpoint': checkpoint, 'dropped': dropped,
                 'stopped': self.stopped}
 
 
-def _pairs(values):
-    return ', '.join('%s %s' % (k, v) for k, v in sorted(values.items()))
+def train(config, model_fn, datasets, input_shape, num_classes=10, log=print, source=None,
+          run_info=None, stop_requested=None, callbacks=()):
+    """Train model_fn on datasets.train as config says; test at the end.
 
+    What `towers train` runs: a ClassifierModel (mean softmax cross-entropy,
+    accuracy; the config's optimizer, weight decay, clipping and freezing),
+    the default callbacks plus `callbacks`, and the Trainer's loop.
 
-def default_callbacks(logdir=None, log_every=50, checkpoint_every=500, keep=5, quiet=False,
-                      eval_every=1, best_metric='auto', tensorboard=True, histograms=False,
-                      data=None):
-    """The callbacks a run gets unless it lists its own.
-
-    Always: the NaN guard, progress (a tqdm bar on a terminal, else log lines
-    every log_every steps), and evaluation every eval_every epochs (0: none;
-    also none when data, if given, holds out nothing). With a logdir:
-    checkpoints (every checkpoint_every steps and each epoch, the newest
-    `keep`), the best one on validation by best_metric kept apart,
-    TensorBoard events and the JSON-lines stats file.
+    Args:
+      config: a TrainConfig.
+      model_fn: callable(images, training) -> logits [batch, num_classes].
+      datasets: a towers.data.Datasets; train and test need images
+        [N, H, W, C] float32 and labels [N] int64.
+      input_shape: (H, W, C).
+      num_classes: labels lie in [0, num_classes).
+      callbacks: more Callbacks besides the default ones (e.g. a
+        towers.tools.trace.Trace).
+      log, source, run_info, stop_requested: as for Trainer.
+    Returns:
+      dict with steps, test (loss and metrics), test_loss, test_accuracy,
+      images_per_sec (mean over the run after warm-up, None if too short),
+      checkpoint (path or None), dropped (records the dataset input's
+      cleaning removed from what it read, else 0) and stopped (None, or what
+      stop_requested said; then the test numbers are None).
     """
-    callbacks = [cb.NaNGuard(), monitors.Progress(log_every, quiet=quiet)]
-    held_out = data is None or evaluation.split_size(data, 'validation') or evaluation.split_size(data, 'test')
-    if eval_every and held_out:
-        callbacks.append(cb.Evaluate(every_epochs=eval_every, best_metric=best_metric))
-    if logdir:
-        callbacks.append(cb.Checkpoint(every_steps=checkpoint_every, keep=keep))
-        if tensorboard:
-            callbacks.append(monitors.TensorBoard(every_steps=log_every, histograms=histograms))
-        callbacks.append(monitors.StatsFile())
-    return callbacks
+    model = ClassifierModel.from_config(model_fn, input_shape, num_classes, config)
+    trainer = Trainer(model, datasets, config,
+                      callbacks=default_callbacks(config, datasets) + list(callbacks),
+                      source=source, log=log, stop_requested=stop_requested,
+                      run_info=run_info)
+    return trainer.train()

@@ -1,6 +1,7 @@
 """Where the variables live and how the towers' gradients meet: --variable-update.
 
-Small classes behind one narrow interface, as tf_cnn_benchmarks has them:
+One abstract interface, VariableStrategy, and three small strategies behind
+it, as tf_cnn_benchmarks has its VariableMgr classes:
 
   parameter_server  one copy of each variable, on the parameter device (the
                     classic tutorial's /cpu:0) or spread over the tower devices
@@ -20,24 +21,30 @@ Small classes behind one narrow interface, as tf_cnn_benchmarks has them:
                     a checkpoint restores into either strategy.
   independent       one copy per tower, each trained on its own slice with no
                     synchronisation: an upper bound for benchmarks only.
-
-Each strategy tells the tower builder where tower i's variables go
-(`tower_variables`), combines the towers' gradients into apply ops
-(`build_train_op`), says what a checkpoint holds (`saved_variables`) and how
-the copies are made equal after initialisation or a restore (`sync_op`).
 """
+import abc
 import contextlib
+import re
 
 import tensorflow as tf
 
-from towers.devices import SPREAD
-from towers.errors import TowersError
-from towers.gradients import build_train_op, combine, variable_name
+from towers.errors import SettingError, TowersError
+from towers.gradients import build_train_op, combine, process_gradients
+from towers.names import SPREAD, VARIABLE_UPDATES
 from towers.tower import tower_update_ops
 
 tf1 = tf.compat.v1
 
-VARIABLE_UPDATES = ('parameter_server', 'replicated', 'independent')
+_REPLICA = re.compile(r'^replica_\d+/')
+
+
+def variable_name(var):
+    """A variable's name as checkpoints and the user's regexes see it.
+
+    A replicated run's copies are named replica_<i>/NAME; a regex such as
+    ^conv1/ must match them as it matches the master NAME.
+    """
+    return _REPLICA.sub('', var.op.name)
 
 
 def _bytes(op):
@@ -78,18 +85,68 @@ def host_device(param_device):
         else param_device
 
 
-class ParameterServer:
-    """One copy of each variable, on param_device or spread over the towers ('spread')."""
+class VariableStrategy(abc.ABC):
+    """What a --variable-update decides; the graph builder (graph.py) asks in this order.
 
-    name = 'parameter_server'
+    Args:
+      tower_devices: one device string per tower.
+      param_device: a device, or 'spread'; only parameter_server uses it.
+
+    Attributes:
+      name: the --variable-update name.
+      replicas: True when each tower has copies of its own (then every tower
+        differentiates only its own copies, and has an optimizer of its own).
+    """
+
+    name = None
     replicas = False
 
     def __init__(self, tower_devices, param_device='/cpu:0'):
         self.tower_devices = list(tower_devices)
+
+    @abc.abstractmethod
+    def tower_variables(self, index, device):
+        """Where tower `index`, built on `device`, gets its variables.
+
+        Returns:
+          (scope, variable_device): a variable scope name for copies of its
+          own, or None to share the one scope (tower 0 creates, the others
+          reuse); and the device (or device function) for its variables.
+        """
+
+    @abc.abstractmethod
+    def build_train_op(self, towers, optimizers, global_step, weight_decay=None,
+                       processors=()):
+        """Combine the towers' gradients and apply them.
+
+        Args:
+          towers: the training Towers, grads_and_vars set.
+          optimizers: one optimizer, or one per tower when `replicas`.
+          global_step: incremented exactly once per step.
+          weight_decay, processors: for gradients.process_gradients.
+        Returns:
+          (train_op, the grads_and_vars applied to the master variables).
+        """
+
+    @abc.abstractmethod
+    def saved_variables(self):
+        """{checkpoint name: variable} of the default graph: one copy of each."""
+
+    @abc.abstractmethod
+    def sync_op(self):
+        """An op that makes every copy equal to its master; run after init and restores."""
+
+
+class ParameterServer(VariableStrategy):
+    """One copy of each variable, on param_device or spread over the towers ('spread')."""
+
+    name = 'parameter_server'
+
+    def __init__(self, tower_devices, param_device='/cpu:0'):
+        super().__init__(tower_devices)
         self.param_device = variable_placement(param_device, tower_devices)
 
     def tower_variables(self, index, device):
-        """(variable scope name or None for the shared one, device for its variables)."""
         return None, self.param_device
 
     def build_train_op(self, towers, optimizers, global_step, weight_decay=None,
@@ -104,19 +161,21 @@ class ParameterServer:
         return tf.no_op(name='sync_replicas')
 
 
-class Replicated(ParameterServer):
+class Replicated(VariableStrategy):
     """One copy per tower; the same all-reduced update applied to every copy."""
 
     name = 'replicated'
     replicas = True
 
-    def __init__(self, tower_devices, param_device=None):
-        super().__init__(tower_devices, tower_devices[0])
-
     def tower_variables(self, index, device):
-        return ('replica_%d' % index if index else None), device
+        return replica_scope(index), device
 
-    def _combined(self, towers):
+    def build_train_op(self, towers, optimizers, global_step, weight_decay=None,
+                       processors=()):
+        return apply_per_replica(self._all_reduced(towers), towers, optimizers, global_step,
+                                 weight_decay, processors)
+
+    def _all_reduced(self, towers):
         """Per tower, [(the weighted sum of all towers' gradients, its own variable)]."""
         _check_replicas(towers)
         chooser = LeastLoaded(self.tower_devices)
@@ -132,62 +191,90 @@ class Replicated(ParameterServer):
                         per_tower[i].append((_copy(total), var))
         return per_tower
 
-    def build_train_op(self, towers, optimizers, global_step, weight_decay=None,
-                       processors=()):
-        applies = []
-        for i, grads in enumerate(self._combined(towers)):
-            grads = _process(grads, weight_decay, processors)
-            # Each copy's optimizer slots (and Adam's beta powers) sit in its replica scope.
-            with (tf1.name_scope('replica_%d/' % i) if i else contextlib.nullcontext()):
-                applies.append(optimizers[i].apply_gradients(
-                    grads, global_step=global_step if i == 0 else None))
-            if i == 0:
-                applied = grads
-        return tf.group(*applies, *tower_update_ops(towers[0]), name='train_op'), applied
-
     def saved_variables(self):
-        return {v.op.name: v for v in tf1.global_variables() if variable_name(v) == v.op.name}
+        return masters()
 
     def sync_op(self):
-        """Copy every master variable onto its replicas (after init or a restore)."""
-        masters = self.saved_variables()
-        assigns = []
-        for var in tf1.global_variables():
-            if variable_name(var) != var.op.name:
-                master = masters.get(variable_name(var))
-                if master is None:
-                    raise TowersError('replica %s has no master variable' % var.op.name)
-                with tf.device(var.device):
-                    assigns.append(tf1.assign(var, master.read_value()))
-        return tf.group(*assigns, name='sync_replicas')
+        return sync_replicas()
 
 
-class Independent(Replicated):
+class Independent(VariableStrategy):
     """One copy per tower, each trained on its own slice: no synchronisation at all."""
 
     name = 'independent'
+    replicas = True
 
-    def _combined(self, towers):
+    def tower_variables(self, index, device):
+        return replica_scope(index), device
+
+    def build_train_op(self, towers, optimizers, global_step, weight_decay=None,
+                       processors=()):
         _check_replicas(towers)
-        return [list(t.grads_and_vars) for t in towers]
+        return apply_per_replica([list(t.grads_and_vars) for t in towers], towers, optimizers,
+                                 global_step, weight_decay, processors)
+
+    def saved_variables(self):
+        return masters()
+
+    def sync_op(self):
+        return sync_replicas()
+
+
+STRATEGIES = {s.name: s for s in (ParameterServer, Replicated, Independent)}  # VARIABLE_UPDATES
 
 
 def make_strategy(name, tower_devices, param_device='/cpu:0'):
     """The strategy of a --variable-update name."""
-    classes = {'parameter_server': ParameterServer, 'replicated': Replicated,
-               'independent': Independent}
-    if name not in classes:
-        raise TowersError('unknown --variable-update %r; choose one of: %s'
-                          % (name, ', '.join(VARIABLE_UPDATES)))
-    return classes[name](tower_devices, param_device)
+    if name not in STRATEGIES:
+        raise SettingError('unknown {variable_update} %r; choose one of: %s', name,
+                           ', '.join(VARIABLE_UPDATES))
+    return STRATEGIES[name](tower_devices, param_device)
 
 
-def _process(grads, weight_decay, processors):
-    if weight_decay is not None:
-        grads = weight_decay(grads)
-    for process in processors:
-        grads = process(grads)
-    return grads
+# What the two strategies with a copy per tower share.
+
+def replica_scope(index):
+    """Tower 0 holds the masters under the plain names; tower i its copies in replica_<i>."""
+    return 'replica_%d' % index if index else None
+
+
+def apply_per_replica(per_tower, towers, optimizers, global_step, weight_decay, processors):
+    """Each tower's optimizer applies its gradients to its own copies.
+
+    Args:
+      per_tower: per tower, [(grad, its own variable)].
+    Returns:
+      (train_op with tower 0's batch-norm updates, tower 0's applied grads_and_vars).
+    """
+    applies = []
+    for i, grads in enumerate(per_tower):
+        grads = process_gradients(grads, weight_decay, processors)
+        # Each copy's optimizer slots (and Adam's beta powers) sit in its replica scope.
+        with (tf1.name_scope('replica_%d/' % i) if i else contextlib.nullcontext()):
+            applies.append(optimizers[i].apply_gradients(
+                grads, global_step=global_step if i == 0 else None))
+        if i == 0:
+            applied = grads
+    return tf.group(*applies, *tower_update_ops(towers[0]), name='train_op'), applied
+
+
+def masters():
+    """{name: variable} of the master copies (what a checkpoint holds)."""
+    return {v.op.name: v for v in tf1.global_variables() if variable_name(v) == v.op.name}
+
+
+def sync_replicas():
+    """Copy every master variable onto its replicas (after init or a restore)."""
+    named = masters()
+    assigns = []
+    for var in tf1.global_variables():
+        if variable_name(var) != var.op.name:
+            master = named.get(variable_name(var))
+            if master is None:
+                raise TowersError('replica %s has no master variable' % var.op.name)
+            with tf.device(var.device):
+                assigns.append(tf1.assign(var, master.read_value()))
+    return tf.group(*assigns, name='sync_replicas')
 
 
 def _copy(grad):

@@ -14,13 +14,15 @@ import time
 import numpy as np
 import tensorflow as tf
 
+from towers.config import check
 from towers.data.sampler import EpochSampler
 from towers.devices import resolve_devices, resolve_param_device, session_config
-from towers import trace as tracing
-from towers.errors import TowersError
+from towers.errors import SettingError, TowersError
 from towers.graph import build_training_graph
-from towers.inputs import INPUT_MODES, make_input, run_step
+from towers.inputs import make_input
 from towers.model import ClassifierModel
+from towers.session import open_session, run_steps, trace_options
+from towers.tools import trace as tracing
 
 tf1 = tf.compat.v1
 
@@ -42,36 +44,37 @@ class _Trainer:
         self.graph = build_training_graph(model, tower_devices, param_device, seed=0,
                                           source=source, learning_rate=0.01,
                                           variable_update=variable_update)
-        self.source, self.step, self.rates = source, 0, []
+        self.rates, self._trace_next = [], False
         config = session_config(tower_devices, param_device)
         if xla:  # XLA's auto-clustering of the whole step (tf_cnn_benchmarks' --xla)
             config.graph_options.optimizer_options.global_jit_level = tf1.OptimizerOptions.ON_1
-        self.sess = tf1.Session(graph=self.graph.graph, config=config)
-        self.sess.run(self.graph.init_op)
-        self.sess.run(self.graph.sync_op)
-        source.start(self.sess, 0, num_steps)
+        self.sess = open_session(self.graph, config)
+        self.steps = run_steps(self.sess, source,
+                               {'batch': self.graph.batch, 'train_op': self.graph.train_op},
+                               0, num_steps, run_options=self._run_options)
+        self.steps.__enter__()  # the source runs until close()
+
+    def _run_options(self, step):
+        return trace_options() if self._trace_next else None
 
     def trace(self, path, log):
         """Run one step fully traced; write it to path and log where the time went."""
-        options, metadata = tracing.trace_options()
-        run_step(self.sess, self.source, self.step, [self.graph.train_op], options, metadata)
-        self.step += 1
-        for line in tracing.report(metadata, path, self.step):
+        self._trace_next = True
+        values = self.steps.run_one()
+        self._trace_next = False
+        for line in tracing.report(values['run_metadata'], path, self.steps.step):
             log(line)
 
     def run(self, steps, clock, timed=True):
-        fetches = [self.graph.batch, self.graph.train_op]
+        self.steps.clock = clock
         for _ in range(steps):
-            start = clock()
-            images = run_step(self.sess, self.source, self.step, fetches)[0]
-            elapsed = clock() - start
-            self.step += 1
+            values = self.steps.run_one()
             if timed:
-                self.rates.append(images / elapsed)
+                self.rates.append(values['batch'] / values['seconds'])
 
     def close(self):
         try:
-            self.source.stop(self.sess)
+            self.steps.__exit__(None, None, None)
         finally:
             self.sess.close()
 
@@ -125,6 +128,14 @@ def measure(model_fn, input_shape, tower_devices, source, warmup_steps=10, timed
     return measure_interleaved([config], warmup_steps, timed_steps, rounds=1, clock=clock)[0]
 
 
+def check_window(batch_size, warmup_steps, timed_steps):
+    """The settings every timing shares: a batch, a warm-up, a window with a standard error."""
+    check('batch_size', batch_size)
+    if timed_steps < 2 or warmup_steps < 0:
+        raise SettingError('bench needs {timed_steps} >= 2 and {warmup_steps} >= 0; got %d and %d',
+                           timed_steps, warmup_steps)
+
+
 def run_bench(model_fn, input_shape, num_classes, tower_counts, batch_size, modes=('synthetic',),
               dataset=None, warmup_steps=10, timed_steps=50, param_device='cpu', log=print,
               trace=None):
@@ -133,7 +144,7 @@ def run_bench(model_fn, input_shape, num_classes, tower_counts, batch_size, mode
     Args:
       tower_counts: e.g. [1, 2, 4]; a count the machine cannot run is skipped
         with a line saying why.
-      modes: input modes (towers.inputs.INPUT_MODES); all but 'synthetic' read
+      modes: input modes (towers.names.INPUT_MODES); all but 'synthetic' read
         `dataset` (images [N, H, W, C] float32, labels [N]).
       param_device: as resolve_param_device takes it ('cpu', 'gpu', a name),
         resolved for each tower count.
@@ -146,13 +157,9 @@ def run_bench(model_fn, input_shape, num_classes, tower_counts, batch_size, mode
       TowersError: batch_size < 1, timed_steps < 2 (no standard error), a
         negative warm-up, an unknown mode, or no count could run.
     """
-    if batch_size < 1 or timed_steps < 2 or warmup_steps < 0:
-        raise TowersError('bench needs --batch-size >= 1, --window >= 2 and --warmup >= 0; got '
-                          '%d, %d and %d' % (batch_size, timed_steps, warmup_steps))
-    unknown = [m for m in modes if m not in INPUT_MODES]
-    if unknown:
-        raise TowersError('unknown --input %s; choose from %s'
-                          % (','.join(unknown), ','.join(INPUT_MODES)))
+    check_window(batch_size, warmup_steps, timed_steps)
+    for mode in modes:
+        check('input', mode)
     sampler = EpochSampler(dataset.num_examples, batch_size) if dataset is not None else None
     rows, configs = [], []
     for count in tower_counts:
@@ -169,7 +176,7 @@ def run_bench(model_fn, input_shape, num_classes, tower_counts, batch_size, mode
                 param_device=params,
                 source=make_input(mode, dataset, sampler, batch_size, num_classes)))
     if not rows:
-        raise TowersError('no tower count could run; try --towers 1')
+        raise TowersError('no tower count could run; try {towers} 1')
     # Every row in turns, block by block: the ratios then compare like with like.
     for row, (mean, stderr) in zip(rows, measure_interleaved(configs, warmup_steps,
                                                              timed_steps, trace_path=trace,

@@ -1,18 +1,13 @@
-"""The `towers` command line: its flags, and the one-line errors.
+"""The flags of every `towers` command: one function per command's parser.
 
-train, eval, export, devices, bench, models, data convert; what each does is
-in commands.py. TensorFlow is imported inside main(), after its C++ log level
-is set, so that `towers --help` is instant and a run prints our lines rather
-than TF's banner. Errors a user can fix become one line and exit status 1;
---debug shows the traceback instead.
+TensorFlow-free, so that `towers --help` is instant: the choices come from
+towers/names.py, and towers.data is numpy-only. What each command does is in
+commands.py, train.py and saved.py; the flags become a TrainConfig in config.py.
 """
 import argparse
-import os
-import sys
 
-from towers.data import DEFAULT_DATASET  # data/ is numpy-only: --help stays instant
-
-DEFAULT_MODEL = 'mnist_convnet'
+from towers.data import DEFAULT_DATASET
+from towers.names import DEFAULT_MODEL, INPUT_MODES, OPTIMIZERS, VARIABLE_UPDATES
 
 
 def _device_flags(parser):
@@ -38,12 +33,20 @@ def _model_flags(parser):
 
 
 def build_parser():
+    """The `towers` argument parser: global flags, then a subparser per command."""
     parser = argparse.ArgumentParser(
         prog='towers', description='Graph-mode multi-tower data-parallel training (tf.compat.v1).')
     parser.add_argument('--debug', action='store_true', help='show tracebacks on errors')
     commands = parser.add_subparsers(dest='command', metavar='COMMAND')
     commands.required = True
+    for add in (train_parser, devices_parser, bench_parser, explain_parser, check_parser,
+                models_parser, eval_parser, export_parser, data_parser):
+        add(commands)
+    return parser
 
+
+def train_parser(commands):
+    """towers train: what to train, on which devices, how, and what to keep."""
     train = commands.add_parser('train', help='train a model over the towers, then test it')
     _model_flags(train)
     train.add_argument('--data-dir', default=None,
@@ -54,8 +57,15 @@ def build_parser():
     train.add_argument('--validation-size', type=int, default=None,
                        help='training examples held out as validation (default: per dataset)')
     _device_flags(train)
-    train.add_argument('--variable-update', default='parameter_server',
-                       choices=['parameter_server', 'replicated', 'independent'],
+    _train_strategy_flags(train)
+    _train_optimizer_flags(train)
+    _train_run_flags(train)
+    return train
+
+
+def _train_strategy_flags(train):
+    """Variable strategy, batch norm and input flags."""
+    train.add_argument('--variable-update', default='parameter_server', choices=VARIABLE_UPDATES,
                        help='parameter_server: one copy of the variables (on --param-device); '
                             'replicated: a copy per tower, gradients all-reduced, the same '
                             'update on every copy; independent: no synchronisation, for '
@@ -63,8 +73,7 @@ def build_parser():
     train.add_argument('--sync-bn', action='store_true',
                        help='batch norm over the whole global batch (moments all-reduced over '
                             'the towers) instead of each tower its own slice')
-    train.add_argument('--input', default=None,
-                       choices=['feed', 'staging', 'dataset', 'synthetic'],
+    train.add_argument('--input', default=None, choices=INPUT_MODES,
                        help='how batches reach the towers: feed (feed_dict, the reference), '
                             'staging (host queue + per-tower StagingArea), dataset (in-graph '
                             'tf.data), synthetic (random, benchmarks only); default: feed, '
@@ -81,11 +90,15 @@ def build_parser():
     train.add_argument('--skip-bad-shards', action='store_true',
                        help='with records:DIR, skip (and count) shards that fail their '
                             'checksum instead of stopping')
+
+
+def _train_optimizer_flags(train):
+    """The batch, the length and the optimisation."""
     train.add_argument('--batch-size', type=int, default=100,
                        help='global batch, split over the towers (default: 100)')
     train.add_argument('--epochs', type=float, default=10.0, help='epochs to train (default: 10)')
     train.add_argument('--steps', type=int, default=None, help='train this many steps instead')
-    train.add_argument('--optimizer', default='adam', choices=['sgd', 'momentum', 'adam'],
+    train.add_argument('--optimizer', default='adam', choices=OPTIMIZERS,
                        help='(default: adam)')
     train.add_argument('--lr', type=float, default=1e-3, help='learning rate (default: 0.001)')
     train.add_argument('--lr-schedule', default='constant',
@@ -108,6 +121,10 @@ def build_parser():
                             'export it, as the CIFAR-10 tutorial does')
     train.add_argument('--dropout', type=float, default=None,
                        help="dropout rate for models that have dropout (mnist_convnet: 0.5)")
+
+
+def _train_run_flags(train):
+    """What the run keeps and says: logdir, checkpoints, evaluation, logs."""
     train.add_argument('--logdir', default=None,
                        help='checkpoint folder; a checkpoint already there is resumed')
     train.add_argument('--log-every', type=int, default=50, help='steps per log line (default: 50)')
@@ -137,9 +154,16 @@ def build_parser():
                        help='no progress bar: plain log lines, as when not on a terminal')
     train.add_argument('--seed', type=int, default=0, help='random seed (default: 0)')
 
+
+def devices_parser(commands):
+    """towers devices: the devices a run would use."""
     devices = commands.add_parser('devices', help='print the devices a run would use')
     _device_flags(devices)
+    return devices
 
+
+def bench_parser(commands):
+    """towers bench: images/sec per tower count and input mode."""
     bench = commands.add_parser('bench', help='images/sec per tower count and input mode, on '
                                               'one global batch')
     _model_flags(bench)
@@ -165,7 +189,11 @@ def build_parser():
                        help='with --compare: also time the first combination under XLA')
     bench.add_argument('--plot', default=None, metavar='FILE.png',
                        help='with --compare: draw images/sec against towers (needs matplotlib)')
+    return bench
 
+
+def explain_parser(commands):
+    """towers explain: where each part of a step runs."""
     explain = commands.add_parser('explain', help='build the training graph, run one step and '
                                                   'say where each part ran: ops, FLOPs, '
                                                   'variables per device, bytes between them')
@@ -174,15 +202,19 @@ def build_parser():
     explain.add_argument('--batch-size', type=int, default=100,
                          help='global batch (default: 100)')
     explain.add_argument('--variable-update', default='parameter_server',
-                         choices=['parameter_server', 'replicated', 'independent'],
+                         choices=VARIABLE_UPDATES,
                          help='as for train (default: parameter_server)')
     explain.add_argument('--input', default=None, choices=['feed', 'synthetic'],
                          help='as for train (default: feed)')
-    explain.add_argument('--optimizer', default='sgd', choices=['sgd', 'momentum', 'adam'],
+    explain.add_argument('--optimizer', default='sgd', choices=OPTIMIZERS,
                          help='its slots are variables too (default: sgd)')
     explain.add_argument('--sync-bn', action='store_true', help='as for train')
     explain.add_argument('--json', action='store_true', help='the report as JSON')
+    return explain
 
+
+def check_parser(commands):
+    """towers check: N towers against one device."""
     check = commands.add_parser('check', help='N towers against one device on the same batches: '
                                               'the largest gradient and variable differences')
     _model_flags(check)
@@ -197,9 +229,16 @@ def build_parser():
     check.add_argument('--sync-bn', action='store_true',
                        help='pool batch-norm moments over the towers (models with batch norm '
                             'differ from one device without it)')
+    return check
 
-    commands.add_parser('models', help='list the models and datasets')
 
+def models_parser(commands):
+    """towers models: the model and dataset names."""
+    return commands.add_parser('models', help='list the models and datasets')
+
+
+def eval_parser(commands):
+    """towers eval: a trained run's checkpoint on the test set."""
     evaluate = commands.add_parser('eval', help="test a trained run's checkpoint")
     evaluate.add_argument('--logdir', required=True, help='the folder `towers train` wrote')
     evaluate.add_argument('--checkpoint', default=None,
@@ -211,7 +250,11 @@ def build_parser():
     evaluate.add_argument('--batch-size', type=int, default=100,
                           help='global evaluation batch (default: 100)')
     _device_flags(evaluate)
+    return evaluate
 
+
+def export_parser(commands):
+    """towers export: a SavedModel of one tower."""
     export = commands.add_parser('export', help='write a SavedModel of one tower')
     export.add_argument('--logdir', required=True, help='the folder `towers train` wrote')
     export.add_argument('--checkpoint', default=None,
@@ -219,7 +262,11 @@ def build_parser():
     export.add_argument('--best', action='store_true',
                         help='export the best checkpoint (LOGDIR/best) instead of the newest')
     export.add_argument('--out', required=True, help='the SavedModel folder to create')
+    return export
 
+
+def data_parser(commands):
+    """towers data convert: a dataset as TFRecord shards."""
     data_command = commands.add_parser('data', help='dataset tools')
     data_actions = data_command.add_subparsers(dest='action', metavar='ACTION')
     data_actions.required = True
@@ -229,76 +276,4 @@ def build_parser():
     convert.add_argument('--data-dir', default=None, help='where its files are (as for train)')
     convert.add_argument('--shards', type=int, default=4, help='shards per split (default: 4)')
     convert.add_argument('--out', required=True, help='the records folder to create')
-    return parser
-
-
-def _import_tensorflow_quietly():
-    """Import TensorFlow with its import-time C++ log lines dropped.
-
-    TensorFlow 2.21 writes its oneDNN notice through absl before absl logging is
-    initialised, where TF_CPP_MIN_LOG_LEVEL cannot reach it; only the file
-    descriptor can. A Python error raised by the import still shows: stderr is
-    restored before it propagates.
-    """
-    if 'tensorflow' in sys.modules:
-        return
-    sys.stderr.flush()
-    saved = os.dup(2)
-    try:
-        with open(os.devnull, 'w') as devnull:
-            os.dup2(devnull.fileno(), 2)
-            import tensorflow  # noqa: F401
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-
-
-def main(argv=None):
-    args = build_parser().parse_args(argv)
-    os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
-    if getattr(args, 'xla', False) and 'tf_xla_cpu_global_jit' not in os.environ.get(
-            'TF_XLA_FLAGS', ''):
-        # On a CPU, TensorFlow clusters for XLA only with this flag, read once
-        # when TensorFlow starts: it must be set before the import below.
-        os.environ['TF_XLA_FLAGS'] = (os.environ.get('TF_XLA_FLAGS', '')
-                                      + ' --tf_xla_cpu_global_jit').strip()
-    try:
-        if not args.debug:
-            _import_tensorflow_quietly()
-        import tensorflow  # noqa: F401
-    except ImportError as e:
-        print("towers: error: TensorFlow cannot be imported (%s); install it with "
-              "pip install -e '.[cpu]' on a CPU-only machine or '.[gpu]' with GPUs" % e,
-              file=sys.stderr)
-        return 1
-    from towers import data
-    from towers import models
-    from towers.errors import TowersError, op_error_summary
-    if not args.debug:
-        # TensorFlow's Python deprecation notices are for us, not for users.
-        tensorflow.get_logger().setLevel('ERROR')
-
-    def log(line):
-        print(line, flush=True)
-
-    try:
-        from towers.commands import COMMANDS
-        COMMANDS[args.command](args, log)
-    except (TowersError, data.DataError, models.ModelError) as e:
-        if args.debug:
-            raise
-        print('towers: error: %s' % e, file=sys.stderr)
-        return 1
-    except tensorflow.errors.OpError as e:
-        # What only TensorFlow noticed (a disk that fills up, a device that
-        # fails): its own message's first line, without the graph dump.
-        if args.debug:
-            raise
-        print('towers: error: TensorFlow %s: %s (--debug shows where)'
-              % (type(e).__name__, op_error_summary(e)), file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print('towers: interrupted', file=sys.stderr)
-        return 130
-    return 0
-
+    return data_command

@@ -21,13 +21,14 @@ import numpy as np
 import tensorflow as tf
 
 from towers import data
+from towers.data.sampler import EpochSampler
 from towers.devices import session_config
-from towers.errors import TowersError
+from towers.errors import SettingError
 from towers.graph import build_training_graph
 from towers.inputs import SyntheticInput, make_input
 from towers.model import ClassifierModel
-from towers.trace import AVERAGE_SCOPES, short_device
-from towers.data.sampler import EpochSampler
+from towers.session import open_session, run_steps
+from towers.tools.trace import AVERAGE_SCOPES, short_device
 
 tf1 = tf.compat.v1
 
@@ -46,8 +47,8 @@ def explain(model_fn, input_shape, num_classes, tower_devices, param_device='/cp
       [{from, to, bytes, kinds {kind: bytes}}], bytes_per_step, batch_size.
     """
     if input_mode not in ('feed', 'synthetic'):
-        raise TowersError('explain runs --input feed or synthetic (where the input comes '
-                          'from changes only the input transfers), not %s' % input_mode)
+        raise SettingError('explain runs {input} feed or synthetic (where the input comes '
+                           'from changes only the input transfers), not %s', input_mode)
     images = np.zeros([batch_size] + list(input_shape), np.float32)
     fake = data.DataSet(images, np.zeros([batch_size], np.int64), num_classes=num_classes)
     source = make_input(input_mode, fake, EpochSampler(batch_size, batch_size), batch_size,
@@ -58,19 +59,16 @@ def explain(model_fn, input_shape, num_classes, tower_devices, param_device='/cp
                                  sync_bn=sync_bn)
     options = tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE,
                              output_partition_graphs=True)
-    metadata = tf1.RunMetadata()
     config = session_config(tower_devices, param_device)
     # Placement happens before grappler; without its rewrites (fused kernels,
     # pruning) the partitions name the graph's own ops, which FLOPs are keyed by.
     config.graph_options.rewrite_options.disable_meta_optimizer = True
-    with tf1.Session(graph=graph.graph, config=config) as sess:
-        sess.run(graph.init_op)
-        sess.run(graph.sync_op)
-        source.start(sess, 0, 1)
-        extra, feed = source.step(0)
-        # Each tower's count of real examples, from the graph itself.
-        examples = sess.run([graph.train_op, [t.count for t in graph.towers]] + extra, feed,
-                            options=options, run_metadata=metadata)[1]
+    # Each tower's count of real examples, from the graph itself.
+    fetches = {'train_op': graph.train_op, 'examples': [t.count for t in graph.towers]}
+    with open_session(graph, config) as sess, \
+            run_steps(sess, source, fetches, 0, 1, run_options=lambda step: options) as steps:
+        values = steps.run_one()
+    examples, metadata = values['examples'], values['run_metadata']
     with graph.graph.as_default():
         variables = tf1.global_variables()
     placed = _placement(metadata)

@@ -1,5 +1,8 @@
 """Callbacks that report: the progress bar or log lines, TensorBoard, the stats file.
 
+(--trace's callback, which reports one step, is with the trace tool:
+towers/tools/trace.py.)
+
 They read what each step fetched and what evaluation put in
 trainer.epoch_stats; none of them changes training.
 """
@@ -12,15 +15,12 @@ import uuid
 import tensorflow as tf
 import tqdm
 
+from towers.callbacks.base import Callback, Throughput
 from towers.data.atomic import atomic_output
-from towers import trace
-from towers.callbacks import Callback, Throughput
-from towers.errors import TowersError
 from towers.evaluation import format_metrics
+from towers.names import STATS_FILE
 
 tf1 = tf.compat.v1
-
-STATS_FILE = 'stats.jsonl'
 
 
 def _train_values(trainer, values):
@@ -216,35 +216,3 @@ def _read_lines(path):
             except ValueError:
                 pass
     return lines
-
-
-class Trace(Callback):
-    """--trace FILE: one step fully traced, written as Chrome-trace JSON, and summarised.
-
-    Args:
-      path: the .json file to write.
-      step: the global step to trace; None: the first after warm-up (or the
-        run's last, if it is shorter).
-      plot: also draw the step as a PNG timeline there (needs matplotlib).
-    """
-
-    order = 45
-
-    def __init__(self, path, step=None, plot=None):
-        self.path, self.step, self.plot = path, step, plot
-
-    def before_train(self, trainer):
-        self.at = self.step or min(trainer.step + trainer.warmup_steps + 1, trainer.num_steps)
-        if not trainer.step < self.at <= trainer.num_steps:
-            raise TowersError('--trace-step %d is not among the steps this run takes (%d to %d)'
-                              % (self.at, trainer.step + 1, trainer.num_steps))
-
-    def wants_trace(self, trainer):
-        return trainer.step + 1 == self.at
-
-    def after_step(self, trainer, values):
-        if 'run_metadata' in values:
-            title = 'step %d on %d tower(s)' % (trainer.step, len(trainer.tower_devices))
-            for line in trace.report(values['run_metadata'], self.path, trainer.step,
-                                     self.plot, title):
-                trainer.log(line)

@@ -26,12 +26,13 @@ import time
 
 import tensorflow as tf
 
+from towers.data.atomic import atomic_output
 from towers.data.sampler import EpochSampler
-from towers import peers
-from towers.bench import measure_interleaved
 from towers.devices import resolve_devices, resolve_param_device, session_config
 from towers.errors import TowersError
 from towers.inputs import make_input
+from towers.tools import peers
+from towers.tools.bench import check_window, measure_interleaved
 
 tf1 = tf.compat.v1
 
@@ -93,8 +94,7 @@ def run_compare(model_name, model_fn, input_shape, num_classes, tower_counts, ba
       list of dicts: config, towers, mean, stderr, vs_best (images/sec over
       towers' best at that count, +xla rows aside) and gflops (training GFLOP/s).
     """
-    if batch_size < 1 or timed_steps < 2 or warmup_steps < 0:
-        raise TowersError('bench needs --batch-size >= 1, --window >= 2 and --warmup >= 0')
+    check_window(batch_size, warmup_steps, timed_steps)
     twin = peers.keras_twin(model_name, input_shape, num_classes)
     _logical_cpus(max(tower_counts))
     sampler = EpochSampler(dataset.num_examples, batch_size)
@@ -190,10 +190,9 @@ def plot_rows(rows, path, title):
     try:
         import matplotlib
     except ImportError:
-        raise TowersError('--plot needs matplotlib: pip install matplotlib') from None
+        raise TowersError('{plot} needs matplotlib: pip install matplotlib') from None
     matplotlib.use('Agg')
     from matplotlib import pyplot
-    from towers.data.atomic import atomic_output
     figure, axes = pyplot.subplots(figsize=(7, 4.5))
     for config in dict.fromkeys(r['config'] for r in rows):
         mine = [r for r in rows if r['config'] == config]

@@ -1,5 +1,8 @@
 """--trace FILE: one training step, fully traced, as a Chrome trace and a short summary.
 
+The Trace callback asks the Trainer to trace one step (towers/session.py runs
+it with FULL_TRACE options) and hands its RunMetadata to the functions below.
+
 The step runs with RunOptions(trace_level=FULL_TRACE); TensorFlow's own
 timeline module (tensorflow.python.client.timeline) turns its step stats into
 Chrome-trace JSON, which Perfetto (ui.perfetto.dev) or chrome://tracing open:
@@ -11,36 +14,70 @@ import json
 import os
 import re
 
-import tensorflow as tf
 from tensorflow.python.client import timeline
 
+from towers.callbacks import Callback
+from towers.config import check
 from towers.data.atomic import atomic_output
-from towers.errors import TowersError
-
-tf1 = tf.compat.v1
+from towers.errors import SettingError, TowersError
 
 APPLY_LABEL = re.compile(r'= (Resource)?(Sparse)?Apply\w*\(')  # in a timeline label
 AVERAGE_SCOPES = ('average_gradients', 'all_reduce')  # where the towers' gradients meet
 
 
-def check_output(path, flag):
-    """Raise TowersError now, not after training, if path cannot be written."""
+def check_output(path, setting):
+    """Raise SettingError now, not after training, if path cannot be written.
+
+    Args:
+      setting: the parameter that names the file, e.g. 'trace'.
+    """
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
-        raise TowersError('%s %s: folder %s does not exist' % (flag, path, folder))
+        raise SettingError('{%s} %%s: folder %%s does not exist' % setting, path, folder)
     if not os.access(folder, os.W_OK):
-        raise TowersError('%s %s: folder %s is not writable' % (flag, path, folder))
-
-
-def trace_options():
-    """(RunOptions, RunMetadata) for one fully traced sess.run."""
-    return tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE), tf1.RunMetadata()
+        raise SettingError('{%s} %%s: folder %%s is not writable' % setting, path, folder)
 
 
 def short_device(name):
     """'/job:localhost/replica:0/task:0/device:CPU:1' -> '/cpu:1' (other names unchanged)."""
     match = re.search(r'device:([A-Za-z]+):(\d+)(/stream:all)?$', name)
     return '/%s:%s' % (match.group(1).lower(), match.group(2)) if match else name
+
+
+class Trace(Callback):
+    """--trace FILE: one step fully traced, written as Chrome-trace JSON, and summarised.
+
+    Args:
+      path: the .json file to write.
+      step: the global step to trace; None: the first after warm-up (or the
+        run's last, if it is shorter).
+      plot: also draw the step as a PNG timeline there (needs matplotlib).
+    """
+
+    order = 45
+
+    def __init__(self, path, step=None, plot=None):
+        check('trace_step', step)
+        check_output(path, 'trace')  # now, not after training
+        if plot:
+            check_output(plot, 'trace_plot')
+        self.path, self.step, self.plot = path, step, plot
+
+    def before_train(self, trainer):
+        self.at = self.step or min(trainer.step + trainer.warmup_steps + 1, trainer.num_steps)
+        if not trainer.step < self.at <= trainer.num_steps:
+            raise SettingError('{trace_step} %d is not among the steps this run takes (%d to %d)',
+                               self.at, trainer.step + 1, trainer.num_steps)
+
+    def wants_trace(self, trainer):
+        return trainer.step + 1 == self.at
+
+    def after_step(self, trainer, values):
+        if 'run_metadata' in values:
+            title = 'step %d on %d tower(s)' % (trainer.step, len(trainer.tower_devices))
+            for line in report(values['run_metadata'], self.path, trainer.step, self.plot,
+                               title):
+                trainer.log(line)
 
 
 def write_trace(run_metadata, path):
@@ -132,7 +169,7 @@ def plot_timeline(run_metadata, path, title='one training step'):
     try:
         import matplotlib
     except ImportError:
-        raise TowersError('--trace-plot needs matplotlib: pip install matplotlib') from None
+        raise TowersError('{trace_plot} needs matplotlib: pip install matplotlib') from None
     matplotlib.use('Agg')
     from matplotlib import pyplot
     colours = {'tower compute': '#4c72b0', 'gradient averaging': '#dd8452',

@@ -1,0 +1,248 @@
+"""What a training logdir holds, written and read in one place.
+
+  model.ckpt-STEP.*, checkpoint   Saver checkpoints: one copy of each variable
+                                  (whatever the strategy) and the data order
+  best/                           the best checkpoint on validation, best.json
+  run.json                        which model and dataset made them, so that
+                                  `towers eval` and `towers export` need no
+                                  flags repeated
+
+Nothing a fault can leave behind is read as good: a checkpoint is listed in
+the `checkpoint` state file only once TensorFlow has written it whole, a save
+that fails (a full disk) removes what it had begun, weights that hold NaN or
+Inf are never saved, and a reader takes the newest checkpoint that reads back
+whole. The Trainer, the callbacks and the tools all use these functions.
+"""
+import glob
+import json
+import os
+import shutil
+
+import tensorflow as tf
+
+from towers.data.atomic import atomic_output
+from towers.errors import TowersError, op_error_summary
+from towers.names import BEST_DIR, CHECKPOINT_NAME, RUN_FILE
+
+tf1 = tf.compat.v1
+
+
+def write_run(logdir, **info):
+    """Record how a run was made (model, dataset, ...) in logdir/run.json, atomically."""
+    with atomic_output(os.path.join(logdir, RUN_FILE), suffix='.json') as out:
+        out.write(json.dumps(info, indent=1, sort_keys=True).encode())
+
+
+def read_run(logdir):
+    """The run.json of a logdir; TowersError if there is none."""
+    path = os.path.join(logdir, RUN_FILE)
+    try:
+        with open(path, encoding='utf-8') as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise TowersError('%s has no %s: point {logdir} at a folder `towers train --logdir` '
+                          'wrote' % (logdir, RUN_FILE)) from None
+    except PermissionError as e:
+        raise TowersError('cannot read %s: %s' % (path, e.strerror)) from None
+    except ValueError as e:
+        raise TowersError('cannot read %s: %s' % (path, e)) from None
+
+
+def _readable(prefix):
+    """Whether the checkpoint's index and data read back (its variables list)."""
+    try:
+        tf1.train.list_variables(prefix)
+        return True
+    except (tf.errors.OpError, ValueError):
+        return False
+
+
+def newest_complete(folder):
+    """The newest checkpoint in folder that reads back whole, or None.
+
+    The state file lists a checkpoint only after it was written; one whose
+    files were damaged or removed since is passed over for the one before it.
+    """
+    state = tf1.train.get_checkpoint_state(folder)
+    if state is None:
+        return None
+    listed = list(state.all_model_checkpoint_paths) or [state.model_checkpoint_path]
+    for path in reversed(listed):
+        path = path if os.path.isabs(path) else os.path.join(folder, path)
+        if _readable(path):
+            return path
+    return None
+
+
+def find_checkpoint(logdir, checkpoint=None, best=False):
+    """The checkpoint to use: the one given, the best one, or the newest complete one.
+
+    Raises:
+      TowersError: none there, or both checkpoint and best asked for.
+    """
+    if best and checkpoint:
+        raise TowersError('give {best} or {checkpoint}, not both')
+    if checkpoint:
+        if not tf1.train.checkpoint_exists(checkpoint):
+            raise TowersError('no checkpoint at %s' % checkpoint)
+        return checkpoint
+    if best:
+        folder = os.path.join(logdir, BEST_DIR)
+        if not os.path.isdir(folder):
+            raise TowersError('%s has no best checkpoint: it is kept when training evaluates '
+                              'on validation or test data with --logdir' % logdir)
+        logdir = folder
+    latest = newest_complete(logdir)
+    if latest is None:
+        raise TowersError('no checkpoint in %s; train with --logdir %s first' % (logdir, logdir))
+    return latest
+
+
+def check_checkpoint(checkpoint, variables):
+    """Raise TowersError unless the checkpoint holds every variable, same shape.
+
+    Args:
+      checkpoint: a checkpoint prefix.
+      variables: the graph's variables that will be restored, or a dict
+        checkpoint name -> variable (a Saver's var_list).
+    Raises:
+      TowersError: names the missing variables and those with other shapes
+        (another model, optimizer or input shape).
+    """
+    try:
+        saved = dict(tf1.train.list_variables(checkpoint))
+    except tf.errors.OpError as e:
+        raise TowersError('cannot read checkpoint %s (%s); it may be truncated: use an older '
+                          'one with {checkpoint}' % (checkpoint, op_error_summary(e))) from None
+    if not isinstance(variables, dict):
+        variables = {v.op.name: v for v in variables}
+    missing, reshaped = [], []
+    for name, var in variables.items():
+        shape = var.shape.as_list()
+        if name not in saved:
+            missing.append(name)
+        elif saved[name] != shape:
+            reshaped.append('%s %s here, %s there' % (name, shape, saved[name]))
+    if missing or reshaped:
+        problems = (['missing: ' + ', '.join(missing[:6]) + (' ...' if len(missing) > 6 else '')]
+                    if missing else []) + (['other shapes: ' + '; '.join(reshaped[:4])]
+                                           if reshaped else [])
+        raise TowersError('checkpoint %s does not match this model (%s); use another {logdir} '
+                          'or the flags it was trained with' % (checkpoint, ' | '.join(problems)))
+
+
+def restore(sess, saver, checkpoint, variables):
+    """Restore a checkpoint with saver, or say plainly why it does not fit.
+
+    Args:
+      variables: the saver's var_list, checkpoint name -> variable.
+    """
+    check_checkpoint(checkpoint, variables)
+    try:
+        saver.restore(sess, checkpoint)
+    except tf.errors.OpError as e:
+        raise TowersError('cannot read checkpoint %s (%s); it may be truncated: use an older '
+                          'one with {checkpoint}' % (checkpoint, op_error_summary(e))) from None
+
+
+def restore_map(ema):
+    """Checkpoint name -> variable for the default graph's variables.
+
+    With ema, each trainable variable is read from its moving average's name
+    in the checkpoint (how the tutorial's cifar10_eval restores).
+    """
+    if ema:
+        return tf1.train.ExponentialMovingAverage(0.0).variables_to_restore()
+    return {v.op.name: v for v in tf1.global_variables()}
+
+
+def make_saver(variables, keep):
+    """A Saver of {name: variable} keeping the newest `keep`, with relative paths.
+
+    Relative paths in the state file: a logdir copied or moved still resumes
+    from its own files, not from the folder it was written in.
+    """
+    return tf1.train.Saver(variables, max_to_keep=keep, save_relative_paths=True)
+
+
+def save(saver, sess, folder, step):
+    """Save a checkpoint at folder/model.ckpt-STEP; its path.
+
+    A failed save (a full disk, a folder made read-only) is one TowersError
+    line, and what it had begun writing is removed: the state file still
+    names the previous checkpoint, whose files are untouched.
+    """
+    prefix = os.path.join(folder, CHECKPOINT_NAME)
+    try:
+        return saver.save(sess, prefix, global_step=step)
+    except tf.errors.OpError as e:
+        _remove_partial(prefix, step)
+        raise TowersError('cannot write checkpoint %s-%d: %s'
+                          % (prefix, step, op_error_summary(e))) from None
+
+
+def _remove_partial(prefix, step):
+    # TensorFlow writes a checkpoint's shards into a temporary folder, then
+    # merges them into the data and index files; either may be left half-made.
+    for path in glob.glob('%s-%d.*' % (prefix, step)) + glob.glob('%s-%d_temp*' % (prefix, step)):
+        try:
+            shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+        except OSError:
+            pass  # what cannot be removed is not listed in the state file either
+
+
+def weights_finite():
+    """Scalar bool op: every float global variable of the default graph is finite."""
+    with tf1.name_scope('weights_finite'):
+        checks = []
+        for var in tf1.global_variables():
+            if var.dtype.base_dtype.is_floating:
+                with tf.device(var.device):
+                    checks.append(tf.reduce_all(tf.math.is_finite(var)))
+        return tf.reduce_all(tf.stack(checks)) if checks else tf.constant(True)
+
+
+def check_weights(sess, finite_op, step, last_saved=None):
+    """Refuse to save weights that hold NaN or Inf (a step can overflow them with a finite loss)."""
+    if not sess.run(finite_op):
+        raise TowersError('the weights hold NaN or Inf after step %d, so no checkpoint was '
+                          'written%s; lower {learning_rate}'
+                          % (step, ' (%s, saved before it, is intact)' % last_saved
+                             if last_saved else ''))
+
+
+class DataOrder:
+    """The settings that decide which batch each step trains on, kept in every checkpoint.
+
+    Saved as int64 variables in the 'data_order' scope, so a resume that would
+    train on other batches (another seed, batch size, dataset or input order)
+    is refused instead of silently continuing on a different sequence.
+
+    Args:
+      settings: {name: int}, e.g. seed, batch_size, num_examples.
+    """
+
+    def __init__(self, settings):
+        self.settings = dict(settings)
+        self.variables = None
+
+    def build(self, device):
+        """Create the variables in the default graph, on device."""
+        with tf.device(device), tf1.variable_scope('data_order'):
+            self.variables = [tf1.get_variable(name, initializer=tf.constant(value, tf.int64),
+                                               trainable=False)
+                              for name, value in self.settings.items()]
+
+    def check(self, sess, logdir):
+        """After a restore from logdir: raise TowersError if the checkpoint's order is another."""
+        saved = dict(zip(self.settings, (int(v) for v in sess.run(self.variables))))
+        if saved != self.settings:
+            raise TowersError(
+                'the checkpoint in %s was trained with data order %s, this run asks for %s: '
+                'resuming would train on other batches; use the same {seed}, {batch_size}, '
+                'dataset and {input}, or a new {logdir}'
+                % (logdir, _pairs(saved), _pairs(self.settings)))
+
+
+def _pairs(values):
+    return ', '.join('%s %s' % (k, v) for k, v in sorted(values.items()))

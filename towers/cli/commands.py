@@ -1,0 +1,119 @@
+"""What each `towers` command does, once parsers.py has parsed its flags.
+
+Each command is `run(args, log)`: args from the parser, log taking one line.
+Each turns its flags into the arguments of a library function and prints
+what it returns; the work is in the library (towers/, towers/tools/).
+"""
+import inspect
+import json
+import os
+
+import numpy as np
+
+from towers import data, models
+from towers.cli.config import int_list, name_list
+from towers.cli.saved import run_eval, run_export
+from towers.cli.train import run_train
+from towers.config import check
+from towers.devices import describe_devices, resolve_devices, resolve_param_device
+from towers.errors import SettingError
+from towers.names import VARIABLE_UPDATES
+
+
+def run_models(args, log):
+    log('models: %s' % ', '.join(models.model_names()))
+    log('datasets: %s' % ', '.join(sorted(data.DATASETS)))
+
+
+def run_devices(args, log):
+    tower_devices = resolve_devices(args.towers, args.devices)
+    param_device = resolve_param_device(args.param_device, tower_devices)
+    for line in describe_devices(tower_devices, param_device):
+        log(line)
+
+
+def run_bench(args, log):
+    from towers.tools import bench, compare
+    from towers.tools.trace import check_output
+    info = data.dataset_info(args.dataset)
+    counts = int_list(args.towers, 'towers')
+    model_fn = models.build_model(args.model, info.input_shape, info.num_classes)
+    modes = [m.strip() for m in args.input.split(',') if m.strip()]
+    train_set = None
+    if set(modes) - {'synthetic'} or args.compare:  # the textbook and Keras feed it too
+        train_set = data.load_dataset(args.dataset).train
+    log('bench: model %s on %s images, global batch %d, %d warm-up + %d timed steps per row'
+        % (args.model, 'x'.join(map(str, info.input_shape)), args.batch_size, args.warmup,
+           args.window))
+    for path, setting in ((args.trace, 'trace'), (args.plot, 'plot')):
+        if path:
+            check_output(path, setting)
+    if not args.compare:
+        if args.plot or args.xla:
+            raise SettingError('{plot} and {xla} go with {compare}')
+        bench.run_bench(model_fn, info.input_shape, info.num_classes, counts, args.batch_size,
+                        modes, train_set, args.warmup, args.window, args.param_device, log=log,
+                        trace=args.trace)
+        return
+    updates = name_list(args.variable_update, 'variable_update', VARIABLE_UPDATES)
+    compare.run_compare(args.model, model_fn, info.input_shape, info.num_classes, counts,
+                        args.batch_size, train_set, modes, updates, xla=args.xla,
+                        param_device=args.param_device, warmup_steps=args.warmup,
+                        timed_steps=args.window, plot=args.plot, trace=args.trace, log=log)
+
+
+def run_convert(args, log):
+    """towers data convert: a dataset -> TFRecord shards and a manifest."""
+    from towers.data import records
+    datasets = data.load_dataset(args.dataset, data_dir=args.data_dir, validation_size=0)
+    # DataSet holds images as float32 x/255; rint recovers the bytes exactly.
+    splits = {name: (np.rint(split.images * 255).astype(np.uint8), split.labels)
+              for name, split in (('train', datasets.train), ('test', datasets.test))}
+    manifest = records.write_records(splits, args.out, args.shards, args.dataset,
+                                     data.dataset_info(args.dataset).num_classes)
+    for name, split in manifest['splits'].items():
+        log('%s: %d records in %d shard(s)' % (name, split['records'], len(split['shards'])))
+    log('wrote %s' % os.path.join(args.out, records.MANIFEST))
+
+
+def run_check(args, log):
+    """towers check: N towers against one device on the same batches."""
+    from towers.tools import check as checking
+    info = data.dataset_info(args.dataset)
+    # Dropout masks are drawn per tower: off here, so that only the towers can differ.
+    has_dropout = args.model in models.MODELS and 'dropout_rate' in inspect.signature(
+        models.MODELS[args.model]).parameters
+    options = {'dropout_rate': 0.0} if has_dropout else {}
+    model_fn = models.build_model(args.model, info.input_shape, info.num_classes, **options)
+    train_set = data.load_dataset(args.dataset).train
+    checking.run_check(args.model, model_fn, args.dataset, train_set, args.towers,
+                       args.batch_size, args.steps, args.lr, args.tolerance,
+                       sync_bn=args.sync_bn, dropout_off=has_dropout, log=log)
+
+
+def run_explain(args, log):
+    """towers explain: where each part of a training step runs, from the real graph."""
+    from towers.tools import explain
+    check('batch_size', args.batch_size)
+    info = data.dataset_info(args.dataset)
+    model_fn = models.build_model(args.model, info.input_shape, info.num_classes)
+    tower_devices = resolve_devices(args.towers, args.devices)
+    param_device = resolve_param_device(args.param_device, tower_devices)
+    report = explain.explain(model_fn, info.input_shape, info.num_classes, tower_devices,
+                             param_device, args.batch_size, args.variable_update,
+                             args.input or 'feed', args.optimizer, args.sync_bn)
+    if args.json:
+        log(json.dumps(report, indent=1))
+        return
+    where = ('variables on %s' % param_device if args.variable_update == 'parameter_server'
+             else 'a copy of the variables per tower')
+    title = ('explain: %s on %d tower(s), global batch %d, %s input, %s, %s'
+             % (args.model, len(tower_devices), args.batch_size, args.input or 'feed',
+                args.variable_update, where))
+    for line in explain.report_lines(report, title):
+        log(line)
+
+
+COMMANDS = {'train': run_train, 'devices': run_devices, 'bench': run_bench,
+            'models': run_models, 'data': run_convert, 'eval': run_eval, 'export': run_export,
+            'check': run_check, 'explain': run_explain}

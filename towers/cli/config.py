@@ -1,0 +1,78 @@
+"""From flags to settings, and from settings back to flags.
+
+`config_from_args` is the one place the train flags become a TrainConfig
+(which checks them, once). `flag` says how the command line spells a setting,
+so that an error the library words with parameter names (`batch_size must
+be at least 1`) reaches a CLI user with the flag to change (`--batch-size
+must be at least 1`).
+"""
+from towers.config import TrainConfig
+from towers.errors import SettingError
+
+# Settings whose flag is not '--' + the name with dashes.
+FLAGS = {
+    'learning_rate': '--lr',
+    'tensorboard': '--no-tensorboard',
+    'timed_steps': '--window',  # towers bench
+    'warmup_steps': '--warmup',  # towers bench
+}
+
+
+def flag(setting):
+    """The flag of a setting: 'batch_size' -> '--batch-size', 'learning_rate' -> '--lr'."""
+    return FLAGS.get(setting, '--' + setting.replace('_', '-'))
+
+
+def config_from_args(args, tower_devices, param_device, input_mode):
+    """The TrainConfig of `towers train`'s flags.
+
+    Args:
+      args: the parsed train flags.
+      tower_devices, param_device: the devices they resolved to.
+      input_mode: the --input mode (its default depends on the dataset).
+    Raises:
+      SettingError: a flag's value no run can use.
+    """
+    return TrainConfig(
+        towers=tuple(tower_devices), param_device=param_device,
+        variable_update=args.variable_update, sync_bn=args.sync_bn, input=input_mode,
+        batch_size=args.batch_size, seed=args.seed, mean=float_list(args.mean, 'mean'),
+        std=float_list(args.std, 'std'), epochs=args.epochs, steps=args.steps,
+        optimizer=args.optimizer, learning_rate=args.lr, lr_schedule=args.lr_schedule,
+        warmup_epochs=args.warmup_epochs, momentum=args.momentum,
+        weight_decay=args.weight_decay, clip_norm=args.clip_norm, freeze=args.freeze,
+        ema=args.ema, logdir=args.logdir, checkpoint_every=args.checkpoint_every,
+        keep_checkpoints=args.keep_checkpoints, eval_every=args.eval_every,
+        best_metric=args.best_metric, tensorboard=not args.no_tensorboard,
+        histograms=args.histograms, log_every=args.log_every, quiet=args.quiet)
+
+
+def float_list(text, setting):
+    """'0.5,0.5,0.5' -> [0.5, 0.5, 0.5]; None stays None."""
+    if text is None:
+        return None
+    try:
+        return [float(v) for v in text.split(',')]
+    except ValueError:
+        raise SettingError('{%s} wants comma-separated numbers like 0.5,0.5,0.5, got %%r'
+                           % setting, text) from None
+
+
+def int_list(text, setting):
+    """'1,2,4' -> [1, 2, 4], every one at least 1."""
+    try:
+        values = [int(v) for v in text.split(',') if v.strip()]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise SettingError('{%s} wants positive integers like 1,2,4, got %%r' % setting, text)
+    return values
+
+
+def name_list(text, setting, names):
+    """'a,b' -> ['a', 'b'], each one of names."""
+    chosen = [n.strip() for n in text.split(',') if n.strip()]
+    unknown = sorted(set(chosen) - set(names))
+    if unknown or not chosen:
+        raise SettingError('{%s} wants some of %s, got %%r' % (setting, ','.join(names)), text)
+    return chosen

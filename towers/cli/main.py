@@ -1,0 +1,93 @@
+"""`towers`: parse the flags, run the command, and turn errors into one line.
+
+TensorFlow is imported here, after its C++ log level is set, so that
+`towers --help` is instant and a run prints our lines rather than TF's
+banner. Errors a user can fix become one line, naming flags, and exit
+status 1; --debug shows the traceback instead.
+"""
+import os
+import sys
+
+from towers.cli.parsers import build_parser
+
+
+def _import_tensorflow_quietly():
+    """Import TensorFlow with its import-time C++ log lines dropped.
+
+    TensorFlow 2.21 writes its oneDNN notice through absl before absl logging is
+    initialised, where TF_CPP_MIN_LOG_LEVEL cannot reach it; only the file
+    descriptor can. A Python error raised by the import still shows: stderr is
+    restored before it propagates.
+    """
+    if 'tensorflow' in sys.modules:
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, 'w') as devnull:
+            os.dup2(devnull.fileno(), 2)
+            import tensorflow  # noqa: F401
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def _set_xla_flag(args):
+    if getattr(args, 'xla', False) and 'tf_xla_cpu_global_jit' not in os.environ.get(
+            'TF_XLA_FLAGS', ''):
+        # On a CPU, TensorFlow clusters for XLA only with this flag, read once
+        # when TensorFlow starts: it must be set before TensorFlow is imported.
+        os.environ['TF_XLA_FLAGS'] = (os.environ.get('TF_XLA_FLAGS', '')
+                                      + ' --tf_xla_cpu_global_jit').strip()
+
+
+def main(argv=None):
+    """Run `towers ARGV`; returns the exit status (0, 1 for an error, 130 when interrupted)."""
+    args = build_parser().parse_args(argv)
+    os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+    _set_xla_flag(args)
+    try:
+        if not args.debug:
+            _import_tensorflow_quietly()
+        import tensorflow
+    except ImportError as e:
+        print("towers: error: TensorFlow cannot be imported (%s); install it with "
+              "pip install -e '.[cpu]' on a CPU-only machine or '.[gpu]' with GPUs" % e,
+              file=sys.stderr)
+        return 1
+    if not args.debug:
+        # TensorFlow's Python deprecation notices are for us, not for users.
+        tensorflow.get_logger().setLevel('ERROR')
+    return _run(args)
+
+
+def _run(args):
+    from towers import data, models
+    from towers.cli.commands import COMMANDS
+    from towers.cli.config import flag
+    from towers.errors import TowersError, op_error_summary
+    import tensorflow
+
+    def log(line):
+        print(line, flush=True)
+
+    try:
+        COMMANDS[args.command](args, log)
+    except (TowersError, data.DataError, models.ModelError) as e:
+        if args.debug:
+            raise
+        message = e.named(flag) if isinstance(e, TowersError) else str(e)
+        print('towers: error: %s' % message, file=sys.stderr)
+        return 1
+    except tensorflow.errors.OpError as e:
+        # What only TensorFlow noticed (a disk that fills up, a device that
+        # fails): its own message's first line, without the graph dump.
+        if args.debug:
+            raise
+        print('towers: error: TensorFlow %s: %s (--debug shows where)'
+              % (type(e).__name__, op_error_summary(e)), file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print('towers: interrupted', file=sys.stderr)
+        return 130
+    return 0

@@ -1,0 +1,59 @@
+"""`towers eval` and `towers export`: what is done with a logdir `towers train` wrote.
+
+Both read its run.json (which model, dataset and options made it) and a
+checkpoint: the one named, the best, or the newest that reads back whole. A
+logdir a run is still training in is read as it stands, and they say so.
+"""
+import tensorflow as tf
+
+from towers import checkpoints, data, devices, graph, models
+from towers.config import check
+from towers.evaluation import evaluate, format_metrics
+from towers.logdir import in_use_by
+from towers.model import ClassifierModel
+from towers.tools import export
+
+
+def saved_run(args, log):
+    """(run.json, model_fn, checkpoint) of --logdir."""
+    run = checkpoints.read_run(args.logdir)
+    model_fn = models.build_model(run['model'], run['input_shape'], run['num_classes'],
+                                  **run.get('model_options', {}))
+    checkpoint = checkpoints.find_checkpoint(args.logdir, args.checkpoint, args.best)
+    holder = in_use_by(args.logdir)
+    if holder and not args.checkpoint:
+        log('%s is in use by %s: reading its newest complete checkpoint, %s'
+            % (args.logdir, holder, checkpoint))
+    return run, model_fn, checkpoint
+
+
+def run_eval(args, log):
+    """towers eval: a checkpoint's loss and accuracy over the whole test set."""
+    from towers.cli.train import records_test_set
+    check('batch_size', args.batch_size)
+    run, model_fn, checkpoint = saved_run(args, log)
+    if run['dataset'].startswith('records:'):
+        test_set, _ = records_test_set(run['dataset'].split(':', 1)[1], run['num_classes'])
+    else:
+        test_set = data.load_dataset(run['dataset'], data_dir=args.data_dir or run['data_dir'],
+                                     validation_size=0).test
+    tower_devices = devices.resolve_devices(args.towers, args.devices)
+    param_device = devices.resolve_param_device(args.param_device, tower_devices)
+    model = ClassifierModel(model_fn, run['input_shape'], run['num_classes'])
+    ema = run.get('ema', False)
+    built = graph.build_eval_graph(model, tower_devices, param_device, ema=ema)
+    with tf.compat.v1.Session(graph=built.graph,
+                              config=devices.session_config(tower_devices, param_device)) as sess:
+        checkpoints.restore(sess, built.saver, checkpoint, built.variables)
+        values = evaluate(sess, built, test_set, args.batch_size)
+    log('checkpoint: %s%s' % (checkpoint, ' (moving averages of the weights)' if ema else ''))
+    log('test: %s (%d images)' % (format_metrics(values), len(test_set.labels)))
+
+
+def run_export(args, log):
+    """towers export: a SavedModel of one tower that plain TensorFlow can serve."""
+    run, model_fn, checkpoint = saved_run(args, log)
+    export.export_saved_model(model_fn, run['input_shape'], checkpoint, args.out,
+                              ema=run.get('ema', False))
+    log('exported %s as a SavedModel (signature %r: images -> probabilities, classes) to %s'
+        % (checkpoint, export.SIGNATURE, args.out))

@@ -1,0 +1,110 @@
+"""`towers train`: the flags become a model, datasets and a TrainConfig; then the loop.
+
+The order is what a user waiting on a bad flag wants: every setting is checked
+(the TrainConfig, the devices) before any data is read; SIGINT and SIGTERM
+stop after the current step, saved.
+"""
+import signal
+
+from towers import data, models
+from towers.cli.config import config_from_args
+from towers.devices import resolve_devices, resolve_param_device
+from towers.errors import SettingError
+from towers.tools.trace import Trace
+from towers.trainer import train
+
+
+def run_train(args, log):
+    from_records = args.dataset.startswith('records:')
+    if from_records:
+        if args.input not in (None, 'dataset'):
+            raise SettingError('records:DIR streams from disk through {input} dataset; '
+                               '{input} %s needs an in-memory dataset', args.input)
+        input_shape, num_classes, datasets, skipped = load_records(args)
+        for shard, count, problem in skipped:
+            log('skipped %s (%d records): %s' % (shard, count, problem))
+    else:
+        info = data.dataset_info(args.dataset)
+        input_shape, num_classes = info.input_shape, info.num_classes
+        if args.validation_size is not None and not 0 <= args.validation_size < info.num_train:
+            raise SettingError('{validation_size} must be in [0, %d) for %s, got %d',
+                               info.num_train, args.dataset, args.validation_size)
+    options = {} if args.dropout is None else {'dropout_rate': args.dropout}
+    model_fn = models.build_model(args.model, input_shape, num_classes, **options)
+    tower_devices = resolve_devices(args.towers, args.devices)
+    config = config_from_args(args, tower_devices,
+                              resolve_param_device(args.param_device, tower_devices),
+                              args.input or ('dataset' if from_records else 'feed'))
+    callbacks = trace_callbacks(args)
+    if not from_records:
+        datasets = data.load_dataset(args.dataset, data_dir=args.data_dir,
+                                     validation_size=args.validation_size, seed=args.seed)
+    log('dataset %s: %d train, %d validation, %d test; model %s'
+        % (args.dataset, datasets.train.num_examples, datasets.validation.num_examples,
+           datasets.test.num_examples, args.model))
+    with StopOnSignal() as stop:
+        result = train(config, model_fn, datasets, input_shape, num_classes, log=log,
+                       run_info={'model': args.model, 'model_options': options,
+                                 'dataset': args.dataset, 'data_dir': args.data_dir},
+                       stop_requested=stop.requested, callbacks=callbacks)
+    if result['stopped'] == 'SIGINT':
+        raise KeyboardInterrupt  # saved and stopped; exit as an interrupted command does
+
+
+def trace_callbacks(args):
+    """[Trace] for --trace (checked now, not after training), else []."""
+    if args.trace_plot and not args.trace:
+        raise SettingError('{trace_plot} goes with {trace}')
+    return [Trace(args.trace, args.trace_step, args.trace_plot)] if args.trace else []
+
+
+def load_records(args):
+    """--dataset records:DIR: the train split stays on disk, the test split is read in."""
+    from towers.data import records
+    folder = args.dataset.split(':', 1)[1]
+    train_set = records.RecordSet(folder, 'train', num_workers=args.num_workers,
+                                  worker_index=args.worker_index,
+                                  skip_bad_shards=args.skip_bad_shards)
+    test_set, test_skipped = records_test_set(folder, train_set.num_classes,
+                                              args.skip_bad_shards)
+    empty = data.DataSet(test_set.images[:0], test_set.labels[:0],
+                         num_classes=train_set.num_classes)
+    datasets = data.Datasets(train_set, empty, test_set)
+    skipped = train_set.skipped + test_skipped
+    return train_set.input_shape, train_set.num_classes, datasets, skipped
+
+
+def records_test_set(folder, num_classes, skip_bad_shards=False):
+    """The test split of a records folder, in memory: (DataSet, skipped shards)."""
+    from towers.data import records
+    test = records.RecordSet(folder, 'test', skip_bad_shards=skip_bad_shards)
+    images, labels = records.read_all(test, test.input_shape)
+    return data.DataSet(images, labels, num_classes=num_classes), test.skipped
+
+
+class StopOnSignal:
+    """SIGINT and SIGTERM ask training to stop after the current step and save.
+
+    A second SIGINT interrupts at once. SIGTERM (a scheduler's polite stop)
+    then ends the command with status 0; SIGINT with 130, as Ctrl-C does.
+    """
+
+    def __init__(self):
+        self.signal_name, self._previous = None, {}
+
+    def requested(self):
+        return self.signal_name
+
+    def _handle(self, signum, frame):
+        if self.signal_name == 'SIGINT' and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.signal_name = signal.Signals(signum).name
+
+    def __enter__(self):
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc):
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)

@@ -1,0 +1,67 @@
+"""Input sources: how each step's global batch reaches the towers.
+
+Every source ends the same way, one TowerSlice per tower cut by split_batch,
+so every mode trains the same model the same way. They differ in where the
+copying happens, which is what decides whether the towers wait for data:
+
+  feed       (feed.py) feed_dict from Python each step: the classic loop, the
+             reference. The Python copy and the host-to-device copy sit on the
+             step's critical path.
+  staging    (staging.py) a host FIFOQueue filled by loader thread(s), then one
+             StagingArea per tower on the tower's device (tf_cnn_benchmarks'
+             design): step k computes on batch k while batch k+1 is copied.
+  python     (python.py) batches from a Python data source, loaded by K worker
+             processes or threads (towers/data/prefetch.py), then staged.
+  synthetic  (synthetic.py) one random batch per tower, held on the tower's
+             device: no input cost at all, the upper bound for benchmarks.
+  dataset    (dataset.py) an in-graph tf.data pipeline (towers/data/pipeline.py):
+             cleaning, normalisation, augmentation, shuffling and batching in
+             TensorFlow's own threads, prefetched ahead of the step.
+
+base.py says how the Session loop drives a source; make_input picks one by
+its --input name.
+"""
+from towers.config import check
+from towers.errors import SettingError
+from towers.inputs.base import InputSource
+from towers.inputs.dataset import DatasetInput
+from towers.inputs.feed import FeedInput
+from towers.inputs.python import PythonInput
+from towers.inputs.staging import StagingInput
+from towers.inputs.synthetic import SyntheticInput
+from towers.names import INPUT_MODES
+
+__all__ = ['INPUT_MODES', 'DatasetInput', 'FeedInput', 'InputSource', 'PythonInput',
+           'StagingInput', 'SyntheticInput', 'make_input']
+
+
+def make_input(mode, dataset, sampler, batch_size, num_classes, seed=0, epochs=None, mean=None,
+               std=None):
+    """The InputSource for an --input mode over an in-memory DataSet.
+
+    Args:
+      mode: one of INPUT_MODES.
+      dataset: the training DataSet (images [N, H, W, C] float32, labels [N]),
+        or a towers.data.records.RecordSet (dataset mode only).
+      sampler: an EpochSampler over it (feed and staging follow its order).
+      batch_size: the global batch.
+      num_classes: for cleaning (dataset) and synthetic labels.
+      seed: shuffle seed of the dataset pipeline.
+      epochs: passes the dataset pipeline makes before it ends (None: forever).
+      mean, std: per-channel normalisation of the dataset pipeline, or None.
+    """
+    check('input', mode)
+    if hasattr(dataset, 'source'):  # records on disk (towers.data.records.RecordSet)
+        if mode != 'dataset':
+            raise SettingError('records stream through {input} dataset, not %s', mode)
+        return DatasetInput(num_classes=num_classes, batch_size=batch_size, seed=seed,
+                            pixel_scale=255.0, source_fn=dataset.source, epochs=epochs,
+                            mean=mean, std=std)
+    if mode == 'feed':
+        return FeedInput(dataset, sampler)
+    if mode == 'staging':
+        return StagingInput(dataset, sampler)
+    if mode == 'dataset':
+        return DatasetInput(dataset.images, dataset.labels, num_classes, batch_size, seed=seed,
+                            epochs=epochs, mean=mean, std=std)
+    return SyntheticInput(batch_size, num_classes)

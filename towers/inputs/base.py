@@ -1,0 +1,47 @@
+"""InputSource: how a step's global batch reaches the towers, as four calls.
+
+Every source ends the same way, one TowerSlice per tower, so every mode trains
+the same model the same way; they differ in where the copying happens. The
+Session loop (towers/session.py run_steps) drives a source through:
+
+  build(input_shape, tower_devices) -> [TowerSlice]   while the graph is built
+  start(sess, start_step, num_steps)                  once variables exist
+  step(step) -> (extra fetches, feed_dict)            for each train step
+  stop(sess)                                          always, even on errors
+
+and asks it `end_of_data()` when a step raises OutOfRangeError.
+"""
+from towers.errors import TowersError
+
+
+class InputSource:
+    """Base class: the four calls, doing nothing.
+
+    Attributes:
+      name: what the run's log calls this input.
+      steps_per_epoch: (optional) steps that make one epoch of this source,
+        for a source that knows it (a Python data source).
+    """
+
+    name = 'custom'  # what the Session loop's log calls this input
+
+    def build(self, input_shape, tower_devices):
+        raise NotImplementedError
+
+    def start(self, sess, start_step, num_steps):
+        pass
+
+    def step(self, step):
+        return [], None
+
+    def stop(self, sess):
+        pass
+
+    def end_of_data(self):
+        """A step hit the end of the input; return to end training, or raise."""
+        raise TowersError('the %s input ran out of data before the last step'
+                          % type(self).__name__)
+
+    def cleaning(self, sess):
+        """(records dropped, records read) by in-graph cleaning, or None."""
+        return None

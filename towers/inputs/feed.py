@@ -1,0 +1,44 @@
+"""feed: placeholders fed from Python each step, the classic loop and the reference.
+
+The Python gather and the host-to-device copy sit on every step's critical path.
+"""
+import tensorflow as tf
+
+from towers.inputs.base import InputSource
+from towers.tower import split_batch
+
+tf1 = tf.compat.v1
+
+
+class FeedInput(InputSource):
+    """Placeholders fed from an in-memory DataSet, in the sampler's order.
+
+    Args:
+      dataset: has images [N, H, W, C] float32 and labels [N] int64.
+      sampler: a towers.data.sampler.EpochSampler over it.
+      batches: instead of those two, callable(step) -> (images [n, H, W, C]
+        float32, labels [n] int64), the step's batch.
+      (All may be None for a graph that is only built, or fed by hand through
+      the `images` and `labels` placeholders.)
+    """
+
+    name = 'feed'
+
+    def __init__(self, dataset=None, sampler=None, batches=None):
+        self.dataset, self.sampler = dataset, sampler
+        self._make_batch = batches or self._dataset_batch
+        self.images = self.labels = None
+
+    def build(self, input_shape, tower_devices):
+        self.images = tf1.placeholder(tf.float32, [None] + list(input_shape), name='images')
+        self.labels = tf1.placeholder(tf.int64, [None], name='labels')
+        with tf.device('/cpu:0'):
+            return split_batch(self.images, self.labels, len(tower_devices))
+
+    def _dataset_batch(self, step):
+        batch = self.sampler.indices(step)
+        return self.dataset.images[batch], self.dataset.labels[batch]
+
+    def step(self, step):
+        images, labels = self._make_batch(step)
+        return [], {self.images: images, self.labels: labels}

@@ -1,0 +1,41 @@
+"""synthetic: one random batch per tower, held on the tower's device.
+
+No input cost at all: the upper bound for benchmarks, never a way to train.
+"""
+import tensorflow as tf
+
+from towers.inputs.base import InputSource
+from towers.tower import TowerSlice
+
+tf1 = tf.compat.v1
+
+
+class SyntheticInput(InputSource):
+    """One fixed random batch, each tower's share held on the tower's device.
+
+    Args:
+      batch_size: the global batch.
+      num_classes: labels are drawn from [0, num_classes).
+    """
+
+    name = 'synthetic'
+
+    def __init__(self, batch_size, num_classes):
+        self.batch_size, self.num_classes = batch_size, num_classes
+
+    def build(self, input_shape, tower_devices):
+        num_towers = len(tower_devices)
+        slices = []
+        for i, device in enumerate(tower_devices):
+            count = self.batch_size // num_towers + (i < self.batch_size % num_towers)
+            with tf.device(device), tf1.variable_scope('synthetic_%d' % i):
+                # Local variables: filled once by init_op, never saved.
+                images = tf1.get_local_variable(
+                    'images', shape=[max(count, 1)] + list(input_shape), dtype=tf.float32,
+                    initializer=tf1.random_uniform_initializer())
+                labels = tf1.get_local_variable(
+                    'labels', shape=[max(count, 1)], dtype=tf.int64,
+                    initializer=tf1.random_uniform_initializer(0, self.num_classes))
+                slices.append(TowerSlice(images.read_value(), labels.read_value(),
+                                         tf.constant(count), tf.constant(self.batch_size)))
+        return slices

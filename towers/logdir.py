@@ -1,0 +1,114 @@
+"""One run per logdir: the folder is made (or checked) and locked for the run's life.
+
+Two runs writing into one logdir would leave a mix of both (checkpoints,
+events, stats.jsonl). A training run holds an advisory lock (flock) on
+LOGDIR/.towers.lock from before it writes anything until it ends; the
+kernel drops it when the process dies, kill -9 included, so a crash never
+leaves a stale lock in the way of the resume. The file says who holds it,
+so the run that is refused can name that process.
+"""
+import errno
+import fcntl
+import json
+import os
+import socket
+import sys
+import time
+
+from towers.errors import TowersError
+from towers.names import LOCK_FILE
+
+
+def prepare_logdir(logdir):
+    """Make logdir (and its parents) if needed; TowersError if it cannot be written."""
+    try:
+        os.makedirs(logdir, exist_ok=True)
+    except OSError as e:
+        raise TowersError('cannot create {logdir} %s: %s', logdir, e.strerror) from None
+    if not os.access(logdir, os.W_OK | os.X_OK):
+        raise TowersError('{logdir} %s is not writable; choose another folder', logdir)
+
+
+def _holder_text(info):
+    if not info:
+        return 'another process'
+    return 'process %s (%s) on %s since %s' % (
+        info.get('pid', '?'), info.get('command', '?'), info.get('host', '?'),
+        time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(info.get('since', 0))))
+
+
+def _read_holder(handle):
+    handle.seek(0)
+    try:
+        return json.loads(handle.read() or '{}')
+    except ValueError:
+        return {}
+
+
+def _command():
+    """This process's command line, short: 'towers train --logdir ...'."""
+    program = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else 'python'
+    if program in ('__main__.py', '-m', '-c'):
+        program = 'towers' if program == '__main__.py' else 'python'
+    return ' '.join([program] + sys.argv[1:])[:200]
+
+
+class LogdirLock:
+    """The exclusive lock of a training run on its logdir (a context manager).
+
+    Raises TowersError on entry when another live process holds it, naming
+    that process.
+    """
+
+    def __init__(self, logdir):
+        self.logdir, self.path = logdir, os.path.join(logdir, LOCK_FILE)
+        self._handle = None
+
+    def __enter__(self):
+        try:
+            handle = open(self.path, 'a+', encoding='utf-8')
+        except OSError as e:
+            raise TowersError('cannot lock {logdir} %s: %s', self.logdir, e.strerror) from None
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            holder = _read_holder(handle)
+            handle.close()
+            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise TowersError('cannot lock {logdir} %s: %s', self.logdir,
+                                  e.strerror) from None
+            raise TowersError('{logdir} %s is in use by %s: wait for that run to end, or '
+                              'choose another folder', self.logdir,
+                              _holder_text(holder)) from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(json.dumps({'pid': os.getpid(), 'host': socket.gethostname(),
+                                 'command': _command(), 'since': time.time()}))
+        handle.flush()
+        self._handle = handle
+        return self
+
+    def __exit__(self, *exc):
+        if self._handle is not None:
+            # Emptied, not removed: removing would race a run about to lock this file.
+            self._handle.truncate(0)
+            fcntl.flock(self._handle, fcntl.LOCK_UN)
+            self._handle.close()
+            self._handle = None
+        return False
+
+
+def in_use_by(logdir):
+    """Who holds logdir's lock (a line saying so), or None when no run holds it."""
+    path = os.path.join(logdir, LOCK_FILE)
+    try:
+        handle = open(path, encoding='utf-8')
+    except OSError:
+        return None
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            return _holder_text(_read_holder(handle))
+        fcntl.flock(handle, fcntl.LOCK_UN)
+    return None

@@ -1,0 +1,34 @@
+"""The names a run is configured by, in one TensorFlow-free module.
+
+The command line offers them as choices before TensorFlow is imported
+(`towers --help` stays instant); the library checks settings against the same
+tuples, so a name is spelled once. As tf_cnn_benchmarks keeps its flag values
+apart from the graph code.
+"""
+
+# --variable-update: where the variables live and how the towers' gradients meet
+# (towers/variables.py).
+VARIABLE_UPDATES = ('parameter_server', 'replicated', 'independent')
+
+# --input: how each step's batch reaches the towers (towers/inputs/).
+INPUT_MODES = ('feed', 'staging', 'dataset', 'synthetic')
+
+# --optimizer (towers/model.py make_optimizer).
+OPTIMIZERS = ('sgd', 'momentum', 'adam')
+
+# --lr-schedule kinds (towers/schedules.py).
+SCHEDULES = ('constant', 'piecewise', 'exponential')
+
+# --param-device choices besides an explicit device name (towers/devices.py).
+SPREAD = 'spread'
+PARAM_DEVICES = ('cpu', 'gpu', SPREAD)
+
+DEFAULT_MODEL = 'mnist_convnet'
+
+# What a training logdir holds (towers/checkpoints.py).
+CHECKPOINT_NAME = 'model.ckpt'
+RUN_FILE = 'run.json'
+BEST_DIR = 'best'
+BEST_FILE = 'best.json'
+STATS_FILE = 'stats.jsonl'
+LOCK_FILE = '.towers.lock'

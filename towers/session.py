@@ -1,0 +1,155 @@
+"""The session harness: a Session ready to train, and the loop that steps it.
+
+Everything that runs a training graph goes through these two: the Trainer,
+`towers bench`, `check` and `explain`, and the tests.
+
+  open_session(built, config, load)   a Session with the variables initialised,
+                                      loaded (a checkpoint, given values) and
+                                      the replicas synced to their masters
+  run_steps(sess, source, fetches,    the steps, fed by an InputSource that is
+            start_step, num_steps)    started first and always stopped
+"""
+import time
+
+import tensorflow as tf
+
+from towers.errors import TowersError
+
+tf1 = tf.compat.v1
+
+
+def open_session(built, config, load=None):
+    """A Session on a built training graph, ready for its first step.
+
+    Runs, in order: built.init_op (every variable, the local ones too), then
+    load(sess) (a restore, or values a test sets), then built.sync_op (the
+    replicas take their masters' values; a no-op with one copy).
+
+    Args:
+      built: a towers.graph.TrainGraph, or anything with graph, init_op and
+        sync_op.
+      config: the tf.compat.v1.ConfigProto (towers.devices.session_config).
+      load: callable(sess), or None.
+    Returns:
+      The tf.compat.v1.Session, which the caller closes (`with` does).
+    """
+    sess = tf1.Session(graph=built.graph, config=config)
+    try:
+        # A Saver restores in graph mode only under its graph (else it tries eagerly).
+        with built.graph.as_default():
+            sess.run(built.init_op)
+            if load is not None:
+                load(sess)
+            sess.run(built.sync_op)
+    except BaseException:
+        sess.close()
+        raise
+    return sess
+
+
+def load_variables(sess, variables, values):
+    """Set variables to values: {name: variable} and {name: numpy array} (a subset)."""
+    for name, value in values.items():
+        variables[name].load(value, sess)
+
+
+def trace_options():
+    """RunOptions for one fully traced sess.run."""
+    return tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE)
+
+
+def run_step(sess, source, step, fetches, options=None, run_metadata=None):
+    """Run one train step fed by source; None when its data has ended.
+
+    Args:
+      sess: the Session.
+      source: the InputSource the graph was built with.
+      step: the global step about to run.
+      fetches: what to run (a dict, list or single tensor/op; the train op among them).
+      options, run_metadata: passed to sess.run (e.g. to trace the step).
+    Returns:
+      The values of fetches, or None at the end of the source's data.
+    Raises:
+      TowersError: the source failed (e.g. its loader raised), ended early,
+        or read corrupt records.
+    """
+    extra, feed = source.step(step)
+    try:
+        return sess.run({'fetches': fetches, 'extra': extra}, feed, options=options,
+                        run_metadata=run_metadata)['fetches']
+    except tf.errors.OutOfRangeError:
+        source.end_of_data()
+        return None
+    except tf.errors.DataLossError as e:
+        # A shard damaged after its check (or read unchecked): say so in one line.
+        raise TowersError('corrupt input data at step %d: %s' % (step, e.message)) from None
+
+
+def run_steps(sess, source, fetches, start_step, num_steps, run_options=None,
+              clock=time.perf_counter):
+    """The StepLoop of train steps start_step .. num_steps - 1: `with run_steps(...) as steps`."""
+    return StepLoop(sess, source, fetches, start_step, num_steps, run_options, clock)
+
+
+class StepLoop:
+    """Train steps start_step .. num_steps - 1 from an InputSource.
+
+    As a context manager it starts the source on entry and stops it on exit,
+    also when the loop breaks or raises (then a failing stop is not allowed to
+    hide the error in flight). Iterating it runs the steps: each yields a dict
+    of the fetched values plus 'seconds' (the step's time, from asking the
+    source for its batch to the end of the run) and, for a traced step,
+    'run_metadata'. It ends early when the source's data does (a finite
+    dataset input). `step` is the number of steps done so far.
+
+    Args:
+      sess: an open Session.
+      source: the InputSource the graph was built with.
+      fetches: {name: tensor or op} to run each step.
+      start_step: the global step to start from (a resumed run's).
+      num_steps: the step count to reach.
+      run_options: callable(step) -> RunOptions or None, asked before each
+        step (e.g. to trace one).
+      clock: the timer.
+    """
+
+    def __init__(self, sess, source, fetches, start_step, num_steps, run_options=None,
+                 clock=time.perf_counter):
+        self.sess, self.source, self.fetches = sess, source, fetches
+        self.step, self.num_steps = start_step, num_steps
+        self.run_options, self.clock = run_options, clock
+
+    def __enter__(self):
+        self.source.start(self.sess, self.step, self.num_steps)
+        return self
+
+    def __exit__(self, exc_type, exc, traceback):
+        if exc_type is None:
+            self.source.stop(self.sess)
+            return False
+        try:
+            self.source.stop(self.sess)
+        except Exception:  # noqa: BLE001 - the error in flight is the one to report
+            pass
+        return False
+
+    def __iter__(self):
+        while self.step < self.num_steps:
+            values = self.run_one()
+            if values is None:
+                return
+            yield values
+
+    def run_one(self):
+        """Run the next step; its values, or None at the end of the source's data."""
+        options = self.run_options(self.step) if self.run_options else None
+        metadata = tf1.RunMetadata() if options is not None else None
+        start = self.clock()
+        values = run_step(self.sess, self.source, self.step, self.fetches, options, metadata)
+        if values is None:
+            return None
+        values = dict(values, seconds=self.clock() - start)
+        if metadata is not None:
+            values['run_metadata'] = metadata
+        self.step += 1
+        return values

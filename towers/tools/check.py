@@ -1,0 +1,151 @@
+"""`towers check`: N towers train exactly as one device does — measured, not claimed.
+
+The property that makes synchronous data parallelism "the same training,
+faster": with each tower's gradient weighted by its share of the batch, the
+averaged gradient of N towers is the one-device gradient of the whole batch,
+and so are the variables after any number of steps. This builds both graphs
+with the teaching layer (split_batch, the towers, average_gradients, one
+apply_gradients), gives them the same initial weights and the same batches,
+and reports the largest differences.
+"""
+import collections
+import functools
+
+import numpy as np
+import tensorflow as tf
+
+from towers.config import check
+from towers.devices import resolve_devices, session_config
+from towers.errors import SettingError, TowersError
+from towers.gradients import average_gradients
+from towers.inputs import FeedInput
+from towers.session import load_variables, open_session, run_steps
+from towers.tower import build_towers_from_slices, split_sizes, tower_loss, tower_update_ops
+
+tf1 = tf.compat.v1
+
+CheckResult = collections.namedtuple(
+    'CheckResult', ['gradient_diff', 'gradient_var', 'variable_diff', 'variable_var', 'scale',
+                    'gradient_scale'])
+CheckResult.__doc__ = """Largest absolute differences between N towers and one device.
+
+  gradient_diff, gradient_var: over the first batch's averaged gradients, and
+    the variable it is the gradient of.
+  variable_diff, variable_var: over the variables after all steps.
+  scale: the largest absolute variable value, to read variable_diff against.
+  gradient_scale: the largest absolute gradient value, to read gradient_diff against.
+"""
+
+
+class _Run:
+    """One graph: towers over the devices, the average, one SGD apply."""
+
+    def __init__(self, model_fn, input_shape, devices, learning_rate, average, sync_bn, batches):
+        self.graph, self.devices = tf.Graph(), devices
+        self.source = FeedInput(batches=lambda step: batches[step])
+        with self.graph.as_default():
+            tf1.set_random_seed(0)
+            opt = tf1.train.GradientDescentOptimizer(learning_rate)
+            towers = build_towers_from_slices(
+                functools.partial(tower_loss, model_fn),
+                self.source.build(input_shape, devices), devices, optimizer=opt, sync_bn=sync_bn)
+            grads = average([t.grads_and_vars for t in towers], [t.weight for t in towers])
+            self.grads = {v.op.name: g for g, v in grads if g is not None}
+            self.train_op = tf.group(opt.apply_gradients(grads), *tower_update_ops(towers[0]))
+            self.variables = {v.op.name: v for v in tf1.global_variables()}
+            self.has_batch_norm = bool(tf1.get_collection(tf1.GraphKeys.UPDATE_OPS))
+            self.init_op, self.sync_op = tf1.global_variables_initializer(), tf.no_op()
+
+    def open(self, initial=None):
+        """A Session with the variables initialised, then set to `initial` if given."""
+        load = (lambda sess: load_variables(sess, self.variables, initial)) if initial else None
+        return open_session(self, session_config(self.devices), load=load)
+
+
+def check_towers(model_fn, input_shape, num_towers, batches, learning_rate=0.01,
+                 average=average_gradients, sync_bn=False):
+    """Train one device and num_towers virtual devices (or GPUs) on the same batches.
+
+    Args:
+      model_fn: callable(images, training) -> logits.
+      input_shape: (H, W, C).
+      num_towers: N; the towers are /cpu:0..N-1 without GPUs, else /gpu:0..N-1.
+      batches: [(images [B, H, W, C] float32, labels [B] int64)], the same for both.
+      average: the gradient combiner under test (tower_grads, weights) ->
+        grads_and_vars; average_gradients unless a test breaks it on purpose.
+      sync_bn: pool batch-norm moments over the towers (else a model with batch
+        norm differs from one device by design).
+    Returns:
+      (CheckResult, has_batch_norm).
+    """
+    one = _Run(model_fn, input_shape, resolve_devices(1), learning_rate, average_gradients,
+               False, batches)
+    many = _Run(model_fn, input_shape, resolve_devices(num_towers), learning_rate, average,
+                sync_bn, batches)
+    with one.open() as one_sess:
+        # The same starting point: the one-device graph's initial weights, copied.
+        with many.open(initial=one_sess.run(one.variables)) as many_sess:
+            grads = [sess.run(run.grads, run.source.step(0)[1])
+                     for run, sess in ((one, one_sess), (many, many_sess))]
+            after = []
+            for run, sess in ((one, one_sess), (many, many_sess)):
+                with run_steps(sess, run.source, {'train': run.train_op}, 0,
+                               len(batches)) as steps:
+                    for _ in steps:
+                        pass
+                after.append(sess.run(run.variables))
+    gradient_var, gradient_diff = _largest(*grads)
+    variable_var, variable_diff = _largest(*after)
+    scale = max(float(np.max(np.abs(v))) for v in after[0].values())
+    gradient_scale = max(float(np.max(np.abs(g))) for g in grads[0].values())
+    return (CheckResult(gradient_diff, gradient_var, variable_diff, variable_var, scale,
+                        gradient_scale),
+            one.has_batch_norm)
+
+
+def _largest(expected, actual):
+    """(name, largest |expected - actual|) over same-named arrays."""
+    worst = max(expected, key=lambda n: float(np.max(np.abs(expected[n] - actual[n]))))
+    return worst, float(np.max(np.abs(expected[worst] - actual[worst])))
+
+
+def run_check(model_name, model_fn, dataset_name, train_set, num_towers, batch_size, steps,
+              learning_rate, tolerance, sync_bn=False, dropout_off=False, log=print):
+    """`towers check`: log the differences; TowersError beyond the tolerance.
+
+    Args:
+      train_set: the DataSet whose first steps * batch_size examples are the batches.
+      tolerance: the largest difference allowed, relative to the size of what
+        is compared (at least 1): float32 rounding grows with the magnitude.
+    """
+    check('batch_size', batch_size)
+    check('steps', steps)
+    if num_towers < 1 or not tolerance > 0:
+        raise SettingError('check needs {towers} of at least 1 and a positive {tolerance}')
+    if batch_size * steps > train_set.num_examples:
+        raise SettingError('check takes {steps} batches of {batch_size} distinct examples: '
+                           '%d x %d is more than the %d of %s', steps, batch_size,
+                           train_set.num_examples, dataset_name)
+    batches = [(train_set.images[i:i + batch_size], train_set.labels[i:i + batch_size])
+               for i in range(0, batch_size * steps, batch_size)]
+    devices = resolve_devices(num_towers)
+    shares = split_sizes(batch_size, num_towers).numpy()  # eager: as it cuts
+    log('check: %s on %d tower(s) %s against 1 device, global batch %d (%s), %d SGD steps%s'
+        % (model_name, num_towers, ','.join(devices), batch_size, '/'.join(map(str, shares)),
+           steps, ', dropout off' if dropout_off else ''))
+    result, has_batch_norm = check_towers(model_fn, train_set.images.shape[1:], num_towers,
+                                          batches, learning_rate, sync_bn=sync_bn)
+    log('largest gradient difference: %.3g (%s); gradients reach %.3g'
+        % (result.gradient_diff, result.gradient_var, result.gradient_scale))
+    log('largest variable difference after %d steps: %.3g (%s); variables reach %.3g'
+        % (steps, result.variable_diff, result.variable_var, result.scale))
+    relative = max(result.gradient_diff / max(1.0, result.gradient_scale),
+                   result.variable_diff / max(1.0, result.scale))
+    if relative > tolerance:
+        hint = ('; the model has batch norm: add {sync_bn}' if has_batch_norm and not sync_bn
+                else '')
+        raise TowersError('%d towers differ from one device by %.3g (relative), more than the '
+                          'tolerance %.3g%s' % (num_towers, relative, tolerance, hint))
+    log('within tolerance %.3g (largest relative difference %.3g): %d towers train the same '
+        'model as one device' % (tolerance, relative, num_towers))
+    return result
