@@ -3,10 +3,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from towers.models import layers
-from towers.devices import session_config
+from tests.harness import fed, run_graph
 from towers.graph import build_training_graph
 from towers.model import ClassifierModel
+from towers.models import layers
 
 tf1 = tf.compat.v1
 
@@ -21,19 +21,10 @@ def _net(images, training):
 
 def _train(devices, batches, initial=None, sync_bn=False, variable_update='parameter_server'):
     model = ClassifierModel(_net, SHAPE, 3, optimizer='sgd')
-    graph = build_training_graph(model, devices, seed=1, learning_rate=0.5, sync_bn=sync_bn,
-                                 variable_update=variable_update)
-    with tf1.Session(graph=graph.graph, config=session_config(devices)) as sess:
-        sess.run(graph.init_op)
-        with graph.graph.as_default():
-            saved = graph.strategy.saved_variables()
-        for name, value in (initial or {}).items():
-            saved[name].load(value, sess)
-        sess.run(graph.sync_op)
-        losses = [sess.run([graph.train_op, graph.loss],
-                           {graph.source.images: x, graph.source.labels: y})[1]
-                  for x, y in batches]
-        return sess.run(saved), losses
+    graph = build_training_graph(model, devices, seed=1, source=fed(batches), learning_rate=0.5,
+                                 sync_bn=sync_bn, variable_update=variable_update)
+    saved, _, steps = run_graph(graph, devices, len(batches), initial, {'loss': graph.loss})
+    return saved, [step['loss'] for step in steps]
 
 
 def _batches(sizes, seed=0):

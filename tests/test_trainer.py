@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 from towers import data
-import easy_digits
+from tests import easy_digits
 from towers import models
 from towers.devices import session_config
 from towers.errors import TowersError

@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests.harness import fed, run_graph
 from towers import data
 from towers import models
 from towers.callbacks import Callback
@@ -33,19 +34,11 @@ def _batches(num_steps, batch=7, seed=0):
 def _train(devices, variable_update, batches, initial=None, param_device='/cpu:0', **model):
     """Train on the batches; returns ({saved name: value}, {every variable: value})."""
     graph = build_training_graph(_model(**model), devices, param_device, seed=3,
-                                 learning_rate=0.05, variable_update=variable_update)
-    with tf1.Session(graph=graph.graph, config=session_config(devices, param_device)) as sess:
-        sess.run(graph.init_op)
-        with graph.graph.as_default():
-            saved = graph.strategy.saved_variables()
-            everything = {v.op.name: v for v in tf1.global_variables()}
-        if initial is not None:
-            for name, value in initial.items():
-                saved[name].load(value, sess)
-        sess.run(graph.sync_op)
-        for images, labels in batches:
-            sess.run(graph.train_op, {graph.source.images: images, graph.source.labels: labels})
-        return sess.run(saved), sess.run(everything)
+                                 source=fed(batches), learning_rate=0.05,
+                                 variable_update=variable_update)
+    saved, everything, _ = run_graph(graph, devices, len(batches), initial,
+                                     param_device=param_device)
+    return saved, everything
 
 
 @pytest.fixture(scope='module')

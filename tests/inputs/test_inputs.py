@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests.harness import run_graph
 from towers import data
 from towers import models
 from towers.data.sampler import EpochSampler
@@ -20,7 +21,6 @@ from towers.trainer import train
 from towers.graph import build_training_graph
 from towers.model import ClassifierModel
 from towers.inputs import DatasetInput, FeedInput, SyntheticInput
-from towers.session import run_step
 from towers.inputs import PythonInput, StagingInput
 
 tf1 = tf.compat.v1
@@ -121,15 +121,9 @@ def _train_variables(source, num_steps=3, devices=DEVICES):
     model_fn = models.build_model('small_convnet', SHAPE, 10)
     graph = build_training_graph(ClassifierModel(model_fn, SHAPE, 10, optimizer='sgd'), devices,
                                  seed=7, source=source, learning_rate=0.1)
-    with tf1.Session(graph=graph.graph, config=session_config(devices)) as sess:
-        sess.run(graph.init_op)
-        source.start(sess, 0, num_steps)
-        try:
-            for step in range(num_steps):
-                run_step(sess, source, step, [graph.train_op])
-        finally:
-            source.stop(sess)
-        return sess.run(graph.graph.get_collection(tf1.GraphKeys.TRAINABLE_VARIABLES))
+    saved, _, _ = run_graph(graph, devices, num_steps)
+    return [saved[v.op.name]
+            for v in graph.graph.get_collection(tf1.GraphKeys.TRAINABLE_VARIABLES)]
 
 
 def test_every_mode_trains_exactly_like_feed():

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests.harness import open_graph
 from towers import models
-from towers.devices import session_config
 from towers.errors import TowersError
 from towers.gradients import build_train_op
 from towers.processors import ClipGlobalNorm, FreezeVariables, ScaleGradient, WeightDecay
@@ -50,11 +50,9 @@ def _model(**options):
 def _session(model, devices, initial=None, **options):
     """A built TrainGraph and an initialized Session; initial: name -> value to load."""
     train = build_training_graph(model, devices, seed=1, learning_rate=LR, **options)
-    with tf1.Session(graph=train.graph, config=session_config(devices)) as sess:
-        sess.run(train.init_op)
-        if initial is not None:
-            for var in _trainable(train):
-                var.load(initial[var.op.name], sess)
+    if initial is not None:
+        initial = {v.op.name: initial[v.op.name] for v in _trainable(train)}
+    with open_graph(train, devices, initial) as sess:
         yield train, sess
 
 

@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 
 from towers import data
-import easy_digits
+from tests import easy_digits
 from towers import models
 from towers import callbacks as cb
 from towers.callbacks import monitors

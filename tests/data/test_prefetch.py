@@ -252,7 +252,6 @@ def test_bad_arguments():
         Prefetcher(iter([make_batch(0)]), num_workers=1)
 
 
-def test_importing_prefetch_does_not_import_tensorflow():
-    code = 'import sys, data.prefetch; sys.exit("tensorflow" in sys.modules)'
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    assert subprocess.run([sys.executable, '-c', code], cwd=root).returncode == 0
+def test_importing_prefetch_does_not_import_tensorflow(tmp_path):
+    code = 'import sys, towers.data.prefetch; sys.exit("tensorflow" in sys.modules)'
+    assert subprocess.run([sys.executable, '-c', code], cwd=str(tmp_path)).returncode == 0

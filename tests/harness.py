@@ -1,0 +1,52 @@
+"""The tests' one way to run a training graph: the library's own session harness.
+
+Every test that trains a TrainGraph by hand goes through open_session (init,
+initial values, replica sync) and run_steps (the source started, the steps,
+the source stopped), as the Trainer, bench, check and explain do, so a test
+never drives a Session in a way the library does not.
+"""
+import tensorflow as tf
+
+from towers.devices import session_config
+from towers.inputs import FeedInput
+from towers.session import load_variables, open_session, run_steps
+
+tf1 = tf.compat.v1
+
+
+def fed(batches):
+    """A FeedInput that feeds step k the k-th of [(images, labels)]."""
+    return FeedInput(batches=lambda step: batches[step])
+
+
+def saved_variables(graph):
+    """{checkpoint name: variable} of a TrainGraph (one copy of each, whatever the strategy)."""
+    with graph.graph.as_default():
+        return graph.strategy.saved_variables()
+
+
+def open_graph(graph, devices, initial=None, param_device='/cpu:0'):
+    """A Session on the TrainGraph, `initial` {saved name: value} loaded before the sync."""
+    variables = saved_variables(graph)
+    load = (lambda sess: load_variables(sess, variables, initial)) if initial else None
+    return open_session(graph, session_config(devices, param_device), load=load)
+
+
+def run_graph(graph, devices, steps, initial=None, fetches=None, param_device='/cpu:0'):
+    """Train the TrainGraph `steps` steps from its own source.
+
+    Args:
+      initial: {saved name: value} set before the replicas sync, or None.
+      fetches: {name: tensor} to fetch each step besides the train op.
+    Returns:
+      (saved {name: value} after, every global variable {name: value} after,
+      [{name: value} of fetches, per step]).
+    """
+    fetches = dict(fetches or {}, train_op=graph.train_op)
+    with open_graph(graph, devices, initial, param_device) as sess:
+        with run_steps(sess, graph.source, fetches, 0, steps) as loop:
+            per_step = [{k: v for k, v in values.items() if k in fetches and k != 'train_op'}
+                        for values in loop]
+        with graph.graph.as_default():
+            everything = {v.op.name: v for v in tf1.global_variables()}
+        return sess.run(saved_variables(graph)), sess.run(everything), per_step
