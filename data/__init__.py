@@ -20,11 +20,22 @@ from towers.data.cifar10 import CifarFormatError
 from towers.data.cifar10 import read_batch as read_cifar10_batch
 from towers.data.dataset import DataSet, Datasets, read_data_sets
 from towers.data.download import download
-from towers.data.errors import (ChecksumError, DataError, DatasetNotFoundError, DownloadError,
-                         IdxFormatError)
+from towers.data.errors import (
+                         ChecksumError,
+                         DataError,
+                         DatasetNotFoundError,
+                         DownloadError,
+                         IdxFormatError,
+)
 from towers.data.idx import read_idx, write_idx
-from towers.data.registry import (DATASETS, DEFAULT_DATASET, class_names, dataset_info, find_dataset,
-                           load_dataset)
+from towers.data.registry import (
+                         DATASETS,
+                         DEFAULT_DATASET,
+                         class_names,
+                         dataset_info,
+                         find_dataset,
+                         load_dataset,
+)
 
 __all__ = [
     'DATASETS', 'DEFAULT_DATASET', 'dataset_info', 'load_dataset', 'class_names',

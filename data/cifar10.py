@@ -12,7 +12,8 @@ import numpy as np
 
 from towers.data.archive import extract_folder
 from towers.data.dataset import split_datasets
-from towers.data.download import download as download_file, mirror_urls, missing_reason
+from towers.data.download import download as download_file
+from towers.data.download import mirror_urls, missing_reason
 from towers.data.errors import DataError, DatasetNotFoundError, DownloadError
 from towers.data.locate import describe_search
 from towers.data.mnist import FileSpec

@@ -19,8 +19,8 @@ import zipfile
 import numpy as np
 
 from towers.data import mnist, sample
-from towers.data.errors import ChecksumError, DataError
 from towers.data.download import sha256_of_file
+from towers.data.errors import ChecksumError, DataError
 from towers.data.idx import write_idx
 
 CSV_SHA256 = '846f6cad587fea3877f6e0fe0a1968dfc68867ce170d3bc9fc2dccdbed17961d'

@@ -8,7 +8,8 @@ data/fashion_mnist.py.
 import collections
 import os
 
-from towers.data.download import download as download_file, mirror_urls, missing_reason
+from towers.data.download import download as download_file
+from towers.data.download import mirror_urls, missing_reason
 from towers.data.errors import DatasetNotFoundError, DownloadError
 from towers.data.locate import describe_search
 

@@ -6,9 +6,9 @@ import pytest
 import tensorflow as tf
 
 from towers import data
-from towers.models import layers
 from towers.errors import TowersError
 from towers.model import ModelDesc
+from towers.models import layers
 from towers.schedules import LearningRate
 from towers.trainer import Trainer
 

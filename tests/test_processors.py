@@ -14,9 +14,9 @@ from tests.harness import open_graph
 from towers import models
 from towers.errors import TowersError
 from towers.gradients import build_train_op
-from towers.processors import ClipGlobalNorm, FreezeVariables, ScaleGradient, WeightDecay
 from towers.graph import build_training_graph
 from towers.model import ClassifierModel
+from towers.processors import ClipGlobalNorm, FreezeVariables, ScaleGradient, WeightDecay
 from towers.tower import Tower
 
 tf1 = tf.compat.v1

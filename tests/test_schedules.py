@@ -1,4 +1,4 @@
-"""LearningRate: the rate at chosen steps for each schedule, warm-up, and bad --lr-schedule specs."""
+"""LearningRate: the rate at chosen steps for each schedule, warm-up, bad --lr-schedule specs."""
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -45,7 +45,7 @@ def test_rate_follows_a_global_step_variable():
 
 
 def test_piecewise_inside_each_piece():
-    """piecewise:2=0.01,4=0.001 with 10 steps an epoch: 0.1 in epochs 0-1, 0.01 in 2-3, then 0.001."""
+    """piecewise:2=0.01,4=0.001, 10 steps an epoch: 0.1 in epochs 0-1, 0.01 in 2-3, then 0.001."""
     schedule = LearningRate.parse(0.1, 'piecewise:2=0.01,4=0.001')
     assert schedule.points == [(2.0, 0.01), (4.0, 0.001)]
     steps = [0, 5, 18, 25, 38, 45, 1000]

@@ -6,17 +6,15 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from towers import data
 from tests import easy_digits
-from towers import models
+from towers import data, models
+from towers.config import TrainConfig
 from towers.devices import session_config
 from towers.errors import TowersError
-from towers.config import TrainConfig
-from towers.trainer import train
+from towers.evaluation import evaluate
 from towers.graph import build_training_graph
 from towers.model import ClassifierModel
-from towers.evaluation import evaluate
-from towers.trainer import total_steps
+from towers.trainer import total_steps, train
 
 tf1 = tf.compat.v1
 
@@ -260,8 +258,8 @@ def test_a_diverging_loss_stops_training_at_the_step_where_it_happens(tmp_path):
         train(_config(steps=20, learning_rate=1e30, log_every=1, checkpoint_every=1,
                       logdir=str(tmp_path)),
               _model(), sets, SHAPE, log=lines.append)
-    match = re.match(r'loss is (nan|inf) at step (\d+); lower learning_rate \((.*), saved before it, '
-                     r'is intact\)$', str(error.value))
+    match = re.match(r'loss is (nan|inf) at step (\d+); lower learning_rate \((.*), saved before '
+                     r'it, is intact\)$', str(error.value))
     assert match, str(error.value)
     bad_step = int(match.group(2))
     # The first step's loss comes from the initial weights, so it is finite.

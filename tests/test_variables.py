@@ -4,10 +4,8 @@ import pytest
 import tensorflow as tf
 
 from tests.harness import fed, run_graph
-from towers import data
-from towers import models
+from towers import data, models
 from towers.callbacks import Callback
-from towers.devices import session_config
 from towers.errors import TowersError
 from towers.graph import build_training_graph
 from towers.model import ClassifierModel

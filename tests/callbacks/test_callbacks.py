@@ -12,15 +12,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from towers import data
 from tests import easy_digits
-from towers import models
 from towers import callbacks as cb
-from towers.callbacks import monitors
+from towers import data, models
+from towers.callbacks import default_callbacks, monitors
+from towers.config import TrainConfig
 from towers.errors import TowersError
 from towers.model import ClassifierModel
-from towers.callbacks import default_callbacks
-from towers.config import TrainConfig
 from towers.trainer import Trainer
 
 tf1 = tf.compat.v1
@@ -181,8 +179,9 @@ def test_checkpoints_at_epoch_ends_and_every_k_steps_keep_the_newest_across_a_re
 def test_a_resume_with_another_data_order_is_refused_and_changes_nothing(tmp_path):
     logdir = str(tmp_path)
     sets = _datasets(validation=NUM_VALIDATION)
-    _trainer(default_callbacks(TrainConfig(logdir=logdir, log_every=1000, checkpoint_every=2)), [], steps=3,
-             logdir=logdir, run_info={'model': 'small_convnet'}, datasets=sets).train()
+    callbacks = default_callbacks(TrainConfig(logdir=logdir, log_every=1000, checkpoint_every=2))
+    _trainer(callbacks, [], steps=3, logdir=logdir, run_info={'model': 'small_convnet'},
+             datasets=sets).train()
     before = _snapshot(logdir)
     assert {'model.ckpt-3.index', 'stats.jsonl', 'run.json', 'best/best.json'} <= set(before)
 
@@ -192,8 +191,9 @@ def test_a_resume_with_another_data_order_is_refused_and_changes_nothing(tmp_pat
             (dict(batch_size=20), 'batch_size 20, num_examples 60, seed 0, steps_per_epoch 3, '
                                   'tf_data_order 0')]:
         lines = []
-        trainer = _trainer(default_callbacks(TrainConfig(logdir=logdir, log_every=1000, checkpoint_every=2)),
-                           lines, steps=6, logdir=logdir, datasets=sets,
+        callbacks = default_callbacks(TrainConfig(logdir=logdir, log_every=1000,
+                                                  checkpoint_every=2))
+        trainer = _trainer(callbacks, lines, steps=6, logdir=logdir, datasets=sets,
                            run_info={'model': 'small_convnet'}, **changed)
         with pytest.raises(TowersError) as error:
             trainer.train()
@@ -627,8 +627,8 @@ def test_an_infinite_gradient_with_a_finite_loss_stops_at_its_step(tmp_path):
         _trainer([cb.NaNGuard(), cb.Checkpoint(every_steps=1)], [], model=model, steps=6,
                  logdir=logdir).train()
     newest = os.path.join(logdir, 'model.ckpt-2')
-    assert re.fullmatch(r'a gradient is NaN or Inf at step 3 \(loss \d\.\d+\); lower learning_rate or '
-                        r'clip with clip_norm \(%s, saved before it, is intact\)'
+    assert re.fullmatch(r'a gradient is NaN or Inf at step 3 \(loss \d\.\d+\); lower '
+                        r'learning_rate or clip with clip_norm \(%s, saved before it, is intact\)'
                         % re.escape(newest), str(error.value)), str(error.value)
     assert tf1.train.latest_checkpoint(logdir) == newest
     _finite_variables(newest)
@@ -707,7 +707,8 @@ def test_a_stop_on_an_epochs_last_step_still_finishes_that_epoch(tmp_path):
     logdir, sets = str(tmp_path), _datasets(validation=NUM_VALIDATION)
     stops = iter([None, None, 'SIGTERM'])
     first = []
-    result = _trainer(default_callbacks(TrainConfig(logdir=logdir, log_every=1000)), first, datasets=sets,
+    result = _trainer(default_callbacks(TrainConfig(logdir=logdir, log_every=1000)), first,
+                      datasets=sets,
                       steps_per_epoch=3, steps=9, logdir=logdir,
                       stop_requested=lambda: next(stops)).train()
     assert result['stopped'] == 'SIGTERM' and result['steps'] == 3

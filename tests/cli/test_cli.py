@@ -9,8 +9,7 @@ import time
 import pytest
 import tensorflow as tf
 
-from towers import data
-from towers import models
+from towers import data, models
 from towers.cli import main
 
 tf1 = tf.compat.v1

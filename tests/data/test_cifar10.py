@@ -7,9 +7,17 @@ import tarfile
 import numpy as np
 import pytest
 
-from towers.data import (ArchiveError, CifarFormatError, DatasetNotFoundError, class_names,
-                  extract_folder, load_dataset, read_cifar10_batch)
-from towers.data import cifar10, locate
+from towers.data import (
+    ArchiveError,
+    CifarFormatError,
+    DatasetNotFoundError,
+    cifar10,
+    class_names,
+    extract_folder,
+    load_dataset,
+    locate,
+    read_cifar10_batch,
+)
 from towers.data.mnist import FileSpec
 
 RECORD = 3073

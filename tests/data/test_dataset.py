@@ -2,8 +2,14 @@
 import numpy as np
 import pytest
 
-from towers.data import DataError, DataSet, DatasetNotFoundError, IdxFormatError, read_data_sets
-from towers.data import mnist
+from towers.data import (
+    DataError,
+    DataSet,
+    DatasetNotFoundError,
+    IdxFormatError,
+    mnist,
+    read_data_sets,
+)
 from towers.data.idx import write_idx
 
 

@@ -8,9 +8,14 @@ import socket
 import numpy as np
 import pytest
 
-from towers.data import (ChecksumError, DatasetNotFoundError, DownloadError, download,
-                  read_data_sets)
-from towers.data import mnist
+from towers.data import (
+    ChecksumError,
+    DatasetNotFoundError,
+    DownloadError,
+    download,
+    mnist,
+    read_data_sets,
+)
 from towers.data.idx import write_idx
 
 # `data.download` the attribute is the function; the module is reached this way.

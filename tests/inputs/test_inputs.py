@@ -11,17 +11,15 @@ import pytest
 import tensorflow as tf
 
 from tests.harness import run_graph
-from towers import data
-from towers import models
+from towers import data, models
+from towers.config import TrainConfig
 from towers.data.sampler import EpochSampler
 from towers.devices import session_config
 from towers.errors import TowersError
-from towers.config import TrainConfig
-from towers.trainer import train
 from towers.graph import build_training_graph
+from towers.inputs import DatasetInput, FeedInput, PythonInput, StagingInput, SyntheticInput
 from towers.model import ClassifierModel
-from towers.inputs import DatasetInput, FeedInput, SyntheticInput
-from towers.inputs import PythonInput, StagingInput
+from towers.trainer import train
 
 tf1 = tf.compat.v1
 
@@ -279,8 +277,8 @@ def test_training_on_a_dataset_input_stops_at_the_end_of_its_epochs():
     rng = np.random.RandomState(0)
     images = rng.rand(20, *SHAPE).astype(np.float32)
     images[[2, 7, 11, 19], 0, 0, 0] = np.inf
-    datasets = data.Datasets(data.DataSet(images, rng.randint(0, 10, 20)), None,
-                             data.DataSet(np.zeros((5,) + SHAPE, np.float32), rng.randint(0, 10, 5)))
+    test_set = data.DataSet(np.zeros((5,) + SHAPE, np.float32), rng.randint(0, 10, 5))
+    datasets = data.Datasets(data.DataSet(images, rng.randint(0, 10, 20)), None, test_set)
     lines = []
     config = TrainConfig(batch_size=4, epochs=2, input='dataset', optimizer='sgd',
                          learning_rate=0.01, warmup_steps=0, log_every=100)

@@ -5,12 +5,11 @@ import re
 import numpy as np
 import pytest
 
-from towers import data
-from towers import models
-from towers.tools.bench import mean_stderr, measure, measure_interleaved, run_bench
-from towers.inputs import INPUT_MODES, SyntheticInput
+from towers import data, models
 from towers.devices import resolve_devices
 from towers.errors import TowersError
+from towers.inputs import INPUT_MODES, SyntheticInput
+from towers.tools.bench import mean_stderr, measure, measure_interleaved, run_bench
 
 SHAPE = (28, 28, 1)
 

@@ -2,12 +2,11 @@
 import pytest
 import tensorflow as tf
 
-from towers import data
-from towers import models
-from towers.models import layers
-from towers.tools.check import check_towers
+from towers import data, models
 from towers.cli import main
 from towers.gradients import average_gradients
+from towers.models import layers
+from towers.tools.check import check_towers
 
 SHAPE = (28, 28, 1)
 

@@ -7,11 +7,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from towers import data
-from towers import models
+from towers import data, models
+from towers.gradients import average_gradients
 from towers.models import layers
 from towers.tools import compare, peers
-from towers.gradients import average_gradients
 
 tf1 = tf.compat.v1
 

@@ -3,8 +3,8 @@ import json
 
 import pytest
 
-from towers.models import layers
 from towers.cli import main
+from towers.models import layers
 from towers.tools.explain import explain, report_lines
 
 SHAPE = (2, 2, 2)

@@ -5,12 +5,11 @@ import re
 import numpy as np
 import pytest
 
-from towers import data
-from towers import models
-from towers.tools import trace
-from towers.tools.trace import Trace
-from towers.tools.bench import run_bench
+from towers import data, models
 from towers.config import TrainConfig
+from towers.tools import trace
+from towers.tools.bench import run_bench
+from towers.tools.trace import Trace
 from towers.trainer import train
 
 SHAPE = (28, 28, 1)

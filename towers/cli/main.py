@@ -62,11 +62,12 @@ def main(argv=None):
 
 
 def _run(args):
+    import tensorflow
+
     from towers import data, models
     from towers.cli.commands import COMMANDS
     from towers.cli.config import flag
     from towers.errors import TowersError, op_error_summary
-    import tensorflow
 
     def log(line):
         print(line, flush=True)

@@ -118,8 +118,8 @@ def run_compare(model_name, model_fn, input_shape, num_classes, tower_counts, ba
                                                   num_classes)))
         if batch_size % count == 0:
             rows.append({'config': 'textbook', 'towers': count})
-            configs.append(functools.partial(peers.Textbook, model_fn, input_shape, devices, dataset,
-                                             batch_size))
+            configs.append(functools.partial(peers.Textbook, model_fn, input_shape, devices,
+                                             dataset, batch_size))
         else:
             log('textbook at %d towers: skipped (tf.split needs the batch to divide evenly)'
                 % count)

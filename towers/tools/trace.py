@@ -119,7 +119,7 @@ def summarize(run_metadata):
 
 
 def report(run_metadata, path, step, plot=None, title=None):
-    """Write the step's Chrome trace (and, with plot, its timeline PNG); return the summary lines."""
+    """Write the step's Chrome trace (and with plot its timeline PNG); return the summary lines."""
     write_trace(run_metadata, path)
     if plot:
         plot_timeline(run_metadata, plot, title or 'step %d' % step)
