@@ -172,3 +172,19 @@ def test_spread_variables_train_and_evaluate_through_the_command_line(tmp_path, 
     test_line = capsys.readouterr().out.splitlines()[-1]
     assert main(['eval', '--logdir', logdir, '--towers', '2', '--param-device', 'spread']) == 0
     assert capsys.readouterr().out.splitlines()[-1] == test_line
+
+
+def test_every_strategy_implements_the_one_documented_interface():
+    from towers.names import VARIABLE_UPDATES
+    from towers.variables import STRATEGIES, VariableStrategy
+    with pytest.raises(TypeError, match='abstract'):
+        VariableStrategy(THREE)
+    assert tuple(STRATEGIES) == VARIABLE_UPDATES
+    hooks = ('tower_variables', 'build_train_op', 'saved_variables', 'sync_op')
+    for name, strategy in STRATEGIES.items():
+        assert strategy.name == name
+        # Each is its own implementation of the interface, none a variation of a neighbour.
+        assert strategy.__bases__ == (VariableStrategy,)
+        assert all(hook in vars(strategy) for hook in hooks), name
+    for hook in hooks:
+        assert getattr(VariableStrategy, hook).__doc__, hook
