@@ -1,4 +1,4 @@
-"""TrainConfig: one rule per setting, checked once when a config is made, named as callers say it."""
+"""TrainConfig: one rule per setting, checked once when a config is made, named as callers say."""
 import dataclasses
 import subprocess
 import sys
