@@ -66,7 +66,7 @@ def build_graph(model_fn, input_shape, devices, learning_rate):
 
     # 4. One apply_gradients: the single set of variables takes one step.
     train_op = opt.apply_gradients(grads, global_step=global_step)
-    loss = tf.add_n([w * tower for w, tower in zip(weights, losses)], name='loss')
+    loss = tf.add_n([weight * value for weight, value in zip(weights, losses)], name='loss')
 
     # The same weights in inference mode, on the host, for the test set.
     with tf1.variable_scope(tf1.get_variable_scope(), reuse=True), tf.device('/cpu:0'):
