@@ -126,14 +126,19 @@ def build_training_graph(model, tower_devices, param_device='/cpu:0', seed=None,
         evaluation = _eval_towers(model, tower_devices, host, reuse=True, ema=ema)
         loss, metrics, batch, finite = _step_results(towers, decay, masters, applied)
         sync_op = strategy.sync_op()
-        init_op = saver = None
-        if finalize:  # else the caller adds variables of its own, then makes these
-            init_op = tf.group(tf1.global_variables_initializer(),
-                               tf1.local_variables_initializer(), name='init')
-            saver = tf1.train.Saver(strategy.saved_variables(), max_to_keep=5)
-            graph.finalize()
+        # Without finalize the caller adds variables of its own, then makes these.
+        init_op, saver = _finalize(graph, strategy) if finalize else (None, None)
     return TrainGraph(graph, source, towers, train_op, loss, metrics, batch, global_step, rate,
                       finite, ema, *evaluation, init_op, saver, strategy, sync_op)
+
+
+def _finalize(graph, strategy):
+    """(init_op of every variable, a Saver of what a checkpoint holds); the graph is frozen."""
+    init_op = tf.group(tf1.global_variables_initializer(), tf1.local_variables_initializer(),
+                       name='init')
+    saver = tf1.train.Saver(strategy.saved_variables(), max_to_keep=5)
+    graph.finalize()
+    return init_op, saver
 
 
 def _moving_average(train_op, masters, global_step, ema_decay):

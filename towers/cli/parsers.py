@@ -237,14 +237,19 @@ def models_parser(commands):
     return commands.add_parser('models', help='list the models and datasets')
 
 
+def _saved_run_flags(parser, verb):
+    """Which trained run, and which of its checkpoints (eval and export)."""
+    parser.add_argument('--logdir', required=True, help='the folder `towers train` wrote')
+    parser.add_argument('--checkpoint', default=None,
+                        help='a checkpoint prefix (default: the newest in --logdir)')
+    parser.add_argument('--best', action='store_true',
+                        help='%s the best checkpoint (LOGDIR/best) instead of the newest' % verb)
+
+
 def eval_parser(commands):
     """towers eval: a trained run's checkpoint on the test set."""
     evaluate = commands.add_parser('eval', help="test a trained run's checkpoint")
-    evaluate.add_argument('--logdir', required=True, help='the folder `towers train` wrote')
-    evaluate.add_argument('--checkpoint', default=None,
-                          help='a checkpoint prefix (default: the newest in --logdir)')
-    evaluate.add_argument('--best', action='store_true',
-                          help='use the best checkpoint (LOGDIR/best) instead of the newest')
+    _saved_run_flags(evaluate, 'use')
     evaluate.add_argument('--data-dir', default=None, help='where the dataset is (default: as '
                                                            'trained)')
     evaluate.add_argument('--batch-size', type=int, default=100,
@@ -256,11 +261,7 @@ def eval_parser(commands):
 def export_parser(commands):
     """towers export: a SavedModel of one tower."""
     export = commands.add_parser('export', help='write a SavedModel of one tower')
-    export.add_argument('--logdir', required=True, help='the folder `towers train` wrote')
-    export.add_argument('--checkpoint', default=None,
-                        help='a checkpoint prefix (default: the newest in --logdir)')
-    export.add_argument('--best', action='store_true',
-                        help='export the best checkpoint (LOGDIR/best) instead of the newest')
+    _saved_run_flags(export, 'export')
     export.add_argument('--out', required=True, help='the SavedModel folder to create')
     return export
 
