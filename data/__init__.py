@@ -9,6 +9,9 @@ Public API:
                                            ~/.cache/towers/<name>, /usr/share/datasets/<name>
     read_data_sets(train_dir, ...)         classic TF tutorial loader for MNIST files
     DataSet, Datasets                      in-memory data with next_batch
+    check_images(data, input_shape, ...)   does a loaded split fit a model's (H, W, C)?
+                                           (loaders already hold every file to its
+                                           dataset's declared shape, see data.checks)
     read_idx, write_idx                    the MNIST IDX file format
     read_cifar10_batch(path)               one CIFAR-10 binary batch file
     download(urls, dest_path, sha256)      checksum-verified download with mirrors
@@ -16,6 +19,7 @@ Public API:
     DataError and its subclasses           every error this package raises
 """
 from towers.data.archive import ArchiveError, extract_folder
+from towers.data.checks import check_images
 from towers.data.cifar10 import CifarFormatError
 from towers.data.cifar10 import read_batch as read_cifar10_batch
 from towers.data.dataset import DataSet, Datasets, read_data_sets
@@ -23,6 +27,7 @@ from towers.data.download import download
 from towers.data.errors import (
                          ChecksumError,
                          DataError,
+                         DataMismatchError,
                          DatasetNotFoundError,
                          DownloadError,
                          IdxFormatError,
@@ -40,8 +45,8 @@ from towers.data.registry import (
 __all__ = [
     'DATASETS', 'DEFAULT_DATASET', 'dataset_info', 'load_dataset', 'class_names',
     'find_dataset',
-    'DataSet', 'Datasets', 'read_data_sets',
+    'DataSet', 'Datasets', 'read_data_sets', 'check_images',
     'read_idx', 'write_idx', 'read_cifar10_batch', 'download', 'extract_folder',
     'DataError', 'IdxFormatError', 'CifarFormatError', 'ChecksumError', 'DownloadError',
-    'DatasetNotFoundError', 'ArchiveError',
+    'DatasetNotFoundError', 'ArchiveError', 'DataMismatchError',
 ]

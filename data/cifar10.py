@@ -11,7 +11,8 @@ import os
 import numpy as np
 
 from towers.data.archive import extract_folder
-from towers.data.dataset import split_datasets
+from towers.data.checks import Expected, Part, check_labels
+from towers.data.dataset import checked_datasets
 from towers.data.download import download as download_file
 from towers.data.download import mirror_urls, missing_reason
 from towers.data.errors import DataError, DatasetNotFoundError, DownloadError
@@ -33,12 +34,14 @@ CLASS_NAMES = ('airplane', 'automobile', 'bird', 'cat', 'deer',
                'dog', 'frog', 'horse', 'ship', 'truck')
 
 HEIGHT, WIDTH, CHANNELS = 32, 32, 3
+INPUT_SHAPE = (HEIGHT, WIDTH, CHANNELS)
 NUM_CLASSES = 10
+EXPECTED = Expected('cifar10', INPUT_SHAPE, NUM_CLASSES)
 RECORD_BYTES = 1 + HEIGHT * WIDTH * CHANNELS
 
 
 class CifarFormatError(DataError, ValueError):
-    """A CIFAR-10 binary batch is malformed: size not whole records, or a label over 9."""
+    """A CIFAR-10 binary batch is malformed: empty, or its size is not whole records."""
 
 
 def read_batch(path):
@@ -51,8 +54,9 @@ def read_batch(path):
         (images uint8 [N, 32, 32, 3] NHWC, labels int64 [N] in [0, 10)).
 
     Raises:
-        CifarFormatError: the file is empty, its size is not a multiple of
-            3,073 bytes, or a label is over 9. The message names the file.
+        CifarFormatError: the file is empty or its size is not a multiple of
+            3,073 bytes. The message names the file.
+        DataMismatchError: a label is over 9 (see data.checks.check_labels).
     """
     path = os.fspath(path)
     try:
@@ -66,21 +70,17 @@ def read_batch(path):
             'batch, fetch it again')
     records = raw.reshape(-1, RECORD_BYTES)
     labels = records[:, 0].astype(np.int64)
-    bad = np.flatnonzero(labels >= NUM_CLASSES)
-    if bad.size:
-        raise CifarFormatError(
-            f'{path}: record {bad[0]} has label {labels[bad[0]]} but CIFAR-10 labels are 0-9; '
-            'the file is corrupt or from another dataset (CIFAR-100 records have 2 label bytes)')
+    # The format fixes the image shape; a label byte over 9 is what betrays another dataset's
+    # file (CIFAR-100 records start with 2 label bytes).
+    check_labels(labels, NUM_CLASSES, path, EXPECTED.name)
     # Planar R, G, B on disk -> [N, C, H, W] -> NHWC, copied so rows are contiguous.
     images = records[:, 1:].reshape(-1, CHANNELS, HEIGHT, WIDTH).transpose(0, 2, 3, 1)
     return np.ascontiguousarray(images), labels
 
 
 def read_batches(paths):
-    """Reads batch files in order; returns (images uint8 [N, 32, 32, 3], labels int64 [N])."""
-    parts = [read_batch(path) for path in paths]
-    return (np.concatenate([images for images, _ in parts]),
-            np.concatenate([labels for _, labels in parts]))
+    """Reads batch files in order: a list of data.checks.Part, one per file."""
+    return [Part(*read_batch(path), path, path) for path in paths]
 
 
 def read_class_names(batches_dir):
@@ -162,7 +162,7 @@ def ensure_cifar10(data_dir, download=True, mirrors=MIRRORS, archive=ARCHIVE, se
 
 
 def read_data_sets(data_dir, one_hot=False, validation_size=5000, seed=None, download=True,
-                   mirrors=MIRRORS, archive=ARCHIVE, searched=()):
+                   mirrors=MIRRORS, archive=ARCHIVE, searched=(), info=EXPECTED):
     """Reads CIFAR-10 into Datasets, like data.read_data_sets does MNIST.
 
     Args:
@@ -172,6 +172,7 @@ def read_data_sets(data_dir, one_hot=False, validation_size=5000, seed=None, dow
             validation set; 0 gives an empty validation DataSet.
         seed: seed for each DataSet's shuffling.
         download, mirrors, archive, searched: as ensure_cifar10.
+        info: what the files must hold (the registry passes its DatasetInfo).
 
     Returns:
         Datasets(train, validation, test) of DataSet, images float32
@@ -180,15 +181,14 @@ def read_data_sets(data_dir, one_hot=False, validation_size=5000, seed=None, dow
     Raises:
         DatasetNotFoundError, ArchiveError: as ensure_cifar10.
         CifarFormatError: a batch file is malformed.
+        DataMismatchError: a batch holds a label over 9 (see data.checks).
         ValueError: validation_size is outside [0, number of training examples].
     """
     batches_dir = ensure_cifar10(data_dir, download=download, mirrors=mirrors, archive=archive,
                                  searched=searched)
-    train_images, train_labels = read_batches(
-        [os.path.join(batches_dir, name) for name in TRAIN_FILES])
+    train = read_batches([os.path.join(batches_dir, name) for name in TRAIN_FILES])
     test = read_batches([os.path.join(batches_dir, name) for name in TEST_FILES])
-    return split_datasets((train_images, train_labels), test, validation_size,
-                          one_hot=one_hot, num_classes=NUM_CLASSES, seed=seed)
+    return checked_datasets(train, test, info, validation_size, one_hot=one_hot, seed=seed)
 
 
 def _missing_batches(batches_dir):

@@ -5,11 +5,13 @@ mnist.py` step for step, except that each DataSet owns its random state so a
 seeded run is reproducible whatever else uses numpy's global generator.
 """
 import collections
+import os
 
 import numpy as np
 
 from towers.data import mnist
-from towers.data.errors import DataError, IdxFormatError
+from towers.data.checks import Expected, Part, check_parts
+from towers.data.errors import DataError
 from towers.data.idx import read_images, read_labels
 
 Datasets = collections.namedtuple('Datasets', ['train', 'validation', 'test'])
@@ -25,13 +27,15 @@ class DataSet:
         one_hot: store labels as float32 [N, num_classes] instead of int64 [N].
         num_classes: number of classes, for the range check and one-hot width.
         seed: seed of this DataSet's private np.random.RandomState.
+        origin: where the images came from (their file), for messages such as
+            data.check_images's; None for arrays made in memory.
 
     Raises:
         DataError: images and labels differ in count, or a label is out of range.
         ValueError: images or labels have the wrong rank or dtype.
     """
 
-    def __init__(self, images, labels, one_hot=False, num_classes=10, seed=None):
+    def __init__(self, images, labels, one_hot=False, num_classes=10, seed=None, origin=None):
         images = np.asarray(images)
         labels = np.asarray(labels)
         if images.ndim not in (3, 4):
@@ -56,6 +60,8 @@ class DataSet:
             raise DataError(f'labels range over [{labels.min()}, {labels.max()}] but must lie in '
                             f'[0, {num_classes}); check num_classes or the label file')
         self.num_classes = num_classes
+        # Not `source`: towers.inputs tells records on disk by that attribute.
+        self.origin = origin
         self._images = images
         self._labels = np.eye(num_classes, dtype=np.float32)[labels] if one_hot else labels
         self._num_examples = len(images)
@@ -128,12 +134,17 @@ class DataSet:
         self._labels = self._labels[perm]
 
 
+# What read_data_sets checks its files against when no DatasetInfo is given.
+MNIST = Expected('mnist', mnist.INPUT_SHAPE, mnist.NUM_CLASSES)
+
+
 def read_data_sets(train_dir, one_hot=False, validation_size=5000, seed=None, download=True,
-                   mirrors=None, files=None):
+                   mirrors=None, files=None, info=None):
     """Reads the four MNIST IDX files in `train_dir` into Datasets.
 
     Each file may be gzipped (`train-images-idx3-ubyte.gz`) or not
-    (`train-images-idx3-ubyte`); see data.mnist.ensure_mnist.
+    (`train-images-idx3-ubyte`); see data.mnist.ensure_mnist. What the files
+    hold is checked against `info` as they are read (see data.checks).
 
     Args:
         train_dir: str or os.PathLike, folder with the MNIST files.
@@ -144,46 +155,73 @@ def read_data_sets(train_dir, one_hot=False, validation_size=5000, seed=None, do
         download: fetch missing files (see data.mnist.ensure_mnist).
         mirrors: base URLs to fetch from; defaults to data.mnist.MIRRORS.
         files: file table for ensure_mnist; defaults to data.mnist.FILES.
+        info: what the files must hold, a data.DatasetInfo (or data.checks.Expected);
+            defaults to MNIST's, 28x28x1 uint8 images of labels 0-9.
 
     Returns:
         Datasets(train, validation, test) of DataSet, images [N, 28, 28, 1].
 
     Raises:
         DatasetNotFoundError: files missing and not downloadable.
-        IdxFormatError: a file is malformed, or images and labels differ in count.
+        IdxFormatError: a file is malformed (not IDX, truncated, wrong rank).
+        DataMismatchError: a file holds images of another shape or dtype than
+            `info`, or labels of another count, type or range.
         ValueError: validation_size is outside [0, number of training examples].
     """
     paths = mnist.ensure_mnist(train_dir, mirrors=mnist.MIRRORS if mirrors is None else mirrors,
                                download=download, files=files)
-    train_images, train_labels = _read_pair(paths.train_images, paths.train_labels)
-    test_images, test_labels = _read_pair(paths.test_images, paths.test_labels)
-    return split_datasets((train_images, train_labels), (test_images, test_labels),
-                          validation_size, one_hot=one_hot, seed=seed)
+    train = Part(read_images(paths.train_images), read_labels(paths.train_labels),
+                 paths.train_images, paths.train_labels)
+    test = Part(read_images(paths.test_images), read_labels(paths.test_labels),
+                paths.test_images, paths.test_labels)
+    return checked_datasets([train], [test], MNIST if info is None else info, validation_size,
+                            one_hot=one_hot, seed=seed)
 
 
-def split_datasets(train, test, validation_size, one_hot=False, num_classes=10, seed=None):
-    """Datasets from (images, labels) arrays, the first validation_size of train held out.
+def checked_datasets(train, test, info, validation_size, one_hot=False, seed=None):
+    """Datasets from what a dataset's files held, once each file passes data.checks.check_parts.
+
+    Every file loader ends here, so each check is written once, for all of them.
+
+    Args:
+        train, test: lists of data.checks.Part, in file order (CIFAR-10's
+            train split is five files).
+        info: what the files must hold: name, input_shape, num_classes.
+        validation_size: the first validation_size training examples are held out.
+        one_hot, seed: as DataSet.
+
+    Returns:
+        Datasets(train, validation, test) of DataSet, images float32
+        [N, *info.input_shape] in [0, 1], each DataSet's `origin` naming its files.
 
     Raises:
+        DataMismatchError: see data.checks.check_parts.
         ValueError: validation_size is outside [0, number of training examples].
     """
-    train_images, train_labels = train
+    check_parts(list(train) + list(test), info)
+    train_images, train_labels = _concatenate(train)
     if not 0 <= validation_size <= len(train_images):
         raise ValueError(f'validation_size must be in [0, {len(train_images)}], '
                          f'got {validation_size}')
 
-    def make(images, labels):
-        return DataSet(images, labels, one_hot=one_hot, num_classes=num_classes, seed=seed)
-    return Datasets(train=make(train_images[validation_size:], train_labels[validation_size:]),
-                    validation=make(train_images[:validation_size], train_labels[:validation_size]),
-                    test=make(*test))
+    def make(images, labels, parts):
+        return DataSet(images, labels, one_hot=one_hot, num_classes=info.num_classes, seed=seed,
+                       origin=_origin(parts))
+    return Datasets(train=make(train_images[validation_size:], train_labels[validation_size:],
+                               train),
+                    validation=make(train_images[:validation_size],
+                                    train_labels[:validation_size], train),
+                    test=make(*_concatenate(test), test))
 
 
-def _read_pair(images_path, labels_path):
-    images = read_images(images_path)
-    labels = read_labels(labels_path)
-    if len(images) != len(labels):
-        raise IdxFormatError(f'{images_path} holds {len(images)} images but {labels_path} holds '
-                             f'{len(labels)} labels; one of them is from another dataset or '
-                             'corrupt, fetch them again')
-    return images, labels
+def _concatenate(parts):
+    if len(parts) == 1:
+        return parts[0].images, parts[0].labels
+    return (np.concatenate([part.images for part in parts]),
+            np.concatenate([part.labels for part in parts]))
+
+
+def _origin(parts):
+    """'/d/train-images-idx3-ubyte.gz', or '/d/data_batch_1.bin to data_batch_5.bin'."""
+    first, last = parts[0].images_file, parts[-1].images_file
+    return first if len(parts) == 1 else f'{first} to {os.path.basename(last)}'

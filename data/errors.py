@@ -31,3 +31,11 @@ class DownloadError(DataError):
 
 class DatasetNotFoundError(DataError):
     """Dataset files are missing locally and could not be downloaded."""
+
+
+class DataMismatchError(DataError, ValueError):
+    """A file's images or labels are not what its dataset or the model declares.
+
+    Wrong image shape or dtype, labels of another count, type or range. The
+    message names the file and says what it holds and what was expected.
+    """

@@ -85,13 +85,17 @@ def read_idx(path, ndim=None):
 
 
 def read_images(path):
-    """Reads an IDX image file: uint8 [N, H, W]. Raises IdxFormatError otherwise."""
-    return _read_uint8(path, 3, 'images')
+    """Reads an IDX image file: [N, H, W] of its stored dtype; IdxFormatError if not 3-D.
+
+    Whether the dtype and H, W are the dataset's is data.checks' concern, so
+    every loader says it in the same words.
+    """
+    return read_idx(path, ndim=3)
 
 
 def read_labels(path):
-    """Reads an IDX label file: uint8 [N]. Raises IdxFormatError otherwise."""
-    return _read_uint8(path, 1, 'labels')
+    """Reads an IDX label file: [N] of its stored dtype; IdxFormatError if not 1-D."""
+    return read_idx(path, ndim=1)
 
 
 def write_idx(path, array, compress=None):
@@ -129,14 +133,6 @@ def write_idx(path, array, compress=None):
         payload = _gzip(payload)
     with atomic_output(path) as out:
         out.write(payload)
-
-
-def _read_uint8(path, ndim, what):
-    array = read_idx(path, ndim=ndim)
-    if array.dtype != np.uint8:
-        raise IdxFormatError(f'{os.fspath(path)}: MNIST {what} must be uint8 IDX data, found '
-                             f'{array.dtype}; check that this is the right file')
-    return array
 
 
 def _read_bytes(path):

@@ -47,6 +47,11 @@ MIRRORS = (
 
 SOURCE = IdxSource('MNIST', FILES, MIRRORS)
 
+# What every IDX dataset here holds (MNIST, Fashion-MNIST, the embedded sample): 28x28 grey
+# images of ten classes. data.registry declares them with these; loaders check files against it.
+INPUT_SHAPE = (28, 28, 1)
+NUM_CLASSES = 10
+
 
 def ensure_mnist(data_dir, mirrors=MIRRORS, download=True, files=None):
     """Makes sure the four MNIST files are in `data_dir`; see ensure_idx.

@@ -19,13 +19,16 @@ This module imports TensorFlow; `import data` does not import it.
 import json
 import math
 import os
+import struct
 
 import numpy as np
 import tensorflow as tf
+from google.protobuf.message import DecodeError
 
 from towers.data.atomic import atomic_output
+from towers.data.checks import format_shape
 from towers.data.download import sha256_of_file
-from towers.data.errors import DataError
+from towers.data.errors import DataError, DataMismatchError
 from towers.data.pipeline import CHUNK
 
 tf1 = tf.compat.v1
@@ -70,19 +73,26 @@ def write_records(splits, out_dir, num_shards, name, num_classes):
       num_classes: recorded in the manifest.
     Returns:
       The manifest dict.
+    Raises:
+      DataError: bad num_shards, a manifest already there, images not uint8 [N, H, W, C].
+      DataMismatchError: the splits' images differ in shape (nothing is written).
     """
     if num_shards < 1:
         raise DataError('--shards must be at least 1, got %d' % num_shards)
     if os.path.exists(os.path.join(out_dir, MANIFEST)):
         raise DataError('%s already holds records (%s); choose an empty --out folder'
                         % (out_dir, MANIFEST))
-    os.makedirs(out_dir, exist_ok=True)
-    manifest = {'format': FORMAT, 'dataset': name, 'num_classes': num_classes, 'splits': {}}
-    for split, (images, labels) in splits.items():
-        images = np.asarray(images)
+    splits = {split: (np.asarray(images), labels) for split, (images, labels) in splits.items()}
+    for split, (images, _) in splits.items():
         if images.dtype != np.uint8 or images.ndim != 4:
             raise DataError('records hold uint8 [N, H, W, C] images; %s split is %s %s'
                             % (split, images.dtype, images.shape))
+    # Before any shard is written: a folder that would fail to load is not worth making.
+    check_splits_agree({split: images.shape[1:] for split, (images, _) in splits.items()},
+                       'the %s data to convert' % name, 'give every split images of one shape')
+    os.makedirs(out_dir, exist_ok=True)
+    manifest = {'format': FORMAT, 'dataset': name, 'num_classes': num_classes, 'splits': {}}
+    for split, (images, labels) in splits.items():
         count = min(num_shards, max(len(images), 1))
         shards = []
         for index, part in enumerate(np.array_split(np.arange(len(images)), count)):
@@ -99,7 +109,12 @@ def write_records(splits, out_dir, num_shards, name, num_classes):
 
 
 def read_manifest(records_dir):
-    """The manifest of a records folder; DataError when missing or unreadable."""
+    """The manifest of a records folder.
+
+    Raises:
+      DataError: it is missing, unreadable or of another format.
+      DataMismatchError: its splits declare different image shapes.
+    """
     path = os.path.join(records_dir, MANIFEST)
     try:
         with open(path, encoding='utf-8') as f:
@@ -111,7 +126,31 @@ def read_manifest(records_dir):
         raise DataError('cannot read %s: %s' % (path, e)) from None
     if manifest.get('format') != FORMAT:
         raise DataError('%s is format %r, expected %r' % (path, manifest.get('format'), FORMAT))
+    check_splits_agree({split: info['input_shape'] for split, info in manifest['splits'].items()},
+                       path, 'convert one dataset again with `towers data convert`')
     return manifest
+
+
+def check_splits_agree(shapes, where, remedy):
+    """Every split must hold one image shape: one model is built for all of them.
+
+    Args:
+      shapes: {split name: (H, W, C)}.
+      where: what holds them, for the message (the manifest's path).
+      remedy: what the user should do, the end of the message.
+    Raises:
+      DataMismatchError: e.g. 'DIR/manifest.json has 32x32x1 images for train
+        but 28x28x1 for test: the splits come from different datasets; convert
+        one dataset again with `towers data convert`'.
+    """
+    shapes = {split: tuple(shape) for split, shape in shapes.items()}
+    first = next(iter(shapes), None)
+    for split, shape in shapes.items():
+        if shape != shapes[first]:
+            raise DataMismatchError(
+                '%s has %s images for %s but %s for %s: the splits come from different datasets; '
+                '%s' % (where, format_shape(shapes[first]), first, format_shape(shape), split,
+                        remedy))
 
 
 class RecordSet:
@@ -124,7 +163,8 @@ class RecordSet:
         num_workers, ... so that workers see disjoint parts.
       skip_bad_shards: skip a shard that fails its check (and count its
         records in `skipped`) instead of raising.
-      verify: check each shard's SHA-256 (its size is always checked).
+      verify: check each shard's SHA-256 (its size, and the shape of its first
+        record against the split's input_shape, are always checked).
     """
 
     def __init__(self, records_dir, split, num_workers=1, worker_index=0,
@@ -141,7 +181,7 @@ class RecordSet:
         self.files, self.num_examples, self.skipped = [], 0, []
         for shard in info['shards'][worker_index::num_workers]:
             path = os.path.join(records_dir, shard['file'])
-            problem = _check_shard(path, shard, verify)
+            problem = _check_shard(path, shard, verify, self.input_shape, split)
             if problem and not skip_bad_shards:
                 raise DataError('%s; pass --skip-bad-shards to train without it' % problem)
             if problem:
@@ -185,8 +225,13 @@ class RecordSet:
         return records.batch(CHUNK).map(parse, num_parallel_calls=tf.data.AUTOTUNE), {}
 
 
-def _check_shard(path, shard, verify):
-    """None if the shard matches the manifest, else a one-line problem naming it."""
+def _check_shard(path, shard, verify, input_shape, split):
+    """None if the shard matches the manifest, else a one-line problem naming it.
+
+    Besides size and SHA-256, the first record's shape must be the split's:
+    records of another shape would each be dropped in training, and a shard of
+    them is an epoch silently short by that shard.
+    """
     try:
         size = os.path.getsize(path)
     except OSError:
@@ -196,7 +241,35 @@ def _check_shard(path, shard, verify):
             path, size, shard['bytes'])
     if verify and sha256_of_file(path) != shard['sha256']:
         return 'shard %s is corrupt: its SHA-256 differs from the manifest' % path
+    if shard['records']:
+        shape = _first_record_shape(path)
+        if shape is None:
+            return 'shard %s is corrupt: its first record does not parse' % path
+        if shape != tuple(input_shape):
+            return 'shard %s holds %s images, but the manifest declares %s for %s' % (
+                path, format_shape(shape), format_shape(input_shape), split)
     return None
+
+
+def _first_record_shape(path):
+    """'image/shape' of a shard's first tf.train.Example, as a tuple; None if it does not parse.
+
+    Read by hand (TFRecord framing: uint64 length, uint32 CRC, data, uint32 CRC)
+    rather than through tf.data: one record of each shard, before any graph exists.
+    """
+    with open(path, 'rb') as f:
+        header = f.read(12)
+        if len(header) < 12:
+            return None
+        (length,) = struct.unpack('<Q', header[:8])
+        payload = f.read(length)
+    if len(payload) < length:
+        return None
+    try:
+        example = tf.train.Example.FromString(payload)
+    except DecodeError:
+        return None
+    return tuple(example.features.feature['image/shape'].int64_list.value)
 
 
 def read_all(record_set, input_shape):

@@ -23,24 +23,24 @@ _DIGITS = tuple(str(digit) for digit in range(10))
 
 DATASETS = types.MappingProxyType({
     'mnist_sample': DatasetInfo(
-        name='mnist_sample', input_shape=(28, 28, 1), num_classes=10,
+        name='mnist_sample', input_shape=mnist.INPUT_SHAPE, num_classes=mnist.NUM_CLASSES,
         num_train=sample.NUM_TRAIN, num_test=sample.NUM_TEST, default_validation_size=0,
         description='4,000 train / 1,000 test real MNIST digits shipped with the package '
                     '(offline default)',
         class_names=_DIGITS),
     'mnist': DatasetInfo(
-        name='mnist', input_shape=(28, 28, 1), num_classes=10,
+        name='mnist', input_shape=mnist.INPUT_SHAPE, num_classes=mnist.NUM_CLASSES,
         num_train=60000, num_test=10000, default_validation_size=5000,
         description='full MNIST, 60,000 train / 10,000 test, downloaded on first use',
         class_names=_DIGITS),
     'fashion_mnist': DatasetInfo(
-        name='fashion_mnist', input_shape=(28, 28, 1), num_classes=10,
+        name='fashion_mnist', input_shape=mnist.INPUT_SHAPE, num_classes=mnist.NUM_CLASSES,
         num_train=60000, num_test=10000, default_validation_size=5000,
         description="Zalando's Fashion-MNIST, 60,000 train / 10,000 test clothing images, "
                     'downloaded on first use or found where Debian installs it',
         class_names=fashion_mnist.CLASS_NAMES),
     'cifar10': DatasetInfo(
-        name='cifar10', input_shape=(32, 32, 3), num_classes=10,
+        name='cifar10', input_shape=cifar10.INPUT_SHAPE, num_classes=cifar10.NUM_CLASSES,
         num_train=50000, num_test=10000, default_validation_size=5000,
         description='CIFAR-10 (binary version), 50,000 train / 10,000 test 32x32 colour images, '
                     'downloaded on first use',
@@ -54,23 +54,24 @@ def _idx_dataset(get_source):
     def has_files(folder):
         return mnist.has_idx_files(folder, get_source().files)
 
-    def load(folder, download, searched, one_hot, validation_size, seed):
+    def load(folder, download, searched, one_hot, validation_size, seed, info):
         source = get_source()
         mnist.ensure_idx(folder, source, download=download, searched=searched)
         return read_data_sets(folder, one_hot=one_hot, validation_size=validation_size,
-                              seed=seed, download=False, files=source.files)
+                              seed=seed, download=False, files=source.files, info=info)
     return has_files, load
 
 
-def _load_cifar10(folder, download, searched, one_hot, validation_size, seed):
+def _load_cifar10(folder, download, searched, one_hot, validation_size, seed, info):
     return cifar10.read_data_sets(folder, one_hot=one_hot, validation_size=validation_size,
                                   seed=seed, download=download, mirrors=cifar10.MIRRORS,
-                                  archive=cifar10.ARCHIVE, searched=searched)
+                                  archive=cifar10.ARCHIVE, searched=searched, info=info)
 
 
 # How each searched-for dataset is found and read: its folder name under
 # /usr/share/datasets, has_files(folder) -> bool, and
-# load(folder, download, searched, one_hot, validation_size, seed) -> Datasets.
+# load(folder, download, searched, one_hot, validation_size, seed, info) -> Datasets, its
+# files checked against info (the DatasetInfo below) as they are read.
 # File tables are read at call time, so tests can patch mnist.SOURCE, cifar10.ARCHIVE, ...
 _Source = collections.namedtuple('_Source', ['system_name', 'has_files', 'load'])
 _SOURCES = {
@@ -132,6 +133,9 @@ def load_dataset(name, data_dir=None, validation_size=None, one_hot=False, seed=
     Raises:
         DatasetNotFoundError: files missing and not downloadable; the message
             lists every folder searched.
+        DataMismatchError: a file holds images of another shape or dtype than
+            the dataset's input_shape (uint8), or labels of another count, type
+            or range than its num_classes; the message names the file.
         DataError: unknown name, or any other data.errors failure while loading.
         ValueError: validation_size out of range.
     """
@@ -140,10 +144,10 @@ def load_dataset(name, data_dir=None, validation_size=None, one_hot=False, seed=
         validation_size = info.default_validation_size
     if name == 'mnist_sample':
         return sample.load_sample(one_hot=one_hot, validation_size=validation_size, seed=seed,
-                                  data_dir=data_dir)
+                                  data_dir=data_dir, info=info)
     location = find_dataset(name, data_dir)
     return _SOURCES[name].load(location.folder, download, location.searched, one_hot,
-                               validation_size, seed)
+                               validation_size, seed, info)
 
 
 def class_names(name, data_dir=None):

@@ -10,6 +10,7 @@ import pytest
 from towers.data import (
     ArchiveError,
     CifarFormatError,
+    DataMismatchError,
     DatasetNotFoundError,
     cifar10,
     class_names,
@@ -99,10 +100,10 @@ def test_size_not_whole_records_is_refused(tmp_path, size):
 def test_label_over_nine_is_refused(tmp_path):
     path = tmp_path / 'data_batch_2.bin'
     path.write_bytes(_batch([1, 2]) + _example(2, 10))
-    with pytest.raises(CifarFormatError) as info:
+    with pytest.raises(DataMismatchError) as info:
         read_cifar10_batch(path)
-    assert str(path) in str(info.value)
-    assert 'record 2 has label 10' in str(info.value)
+    assert str(info.value) == (f'{path} holds label 10 (record 2), but cifar10 labels are 0-9: '
+                               'replace it with the real file')
 
 
 # --- archives ------------------------------------------------------------------------------

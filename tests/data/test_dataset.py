@@ -4,9 +4,9 @@ import pytest
 
 from towers.data import (
     DataError,
+    DataMismatchError,
     DataSet,
     DatasetNotFoundError,
-    IdxFormatError,
     mnist,
     read_data_sets,
 )
@@ -175,11 +175,12 @@ def test_read_data_sets_bad_validation_size(tmp_path, validation_size):
 
 def test_read_data_sets_count_mismatch_names_both_files(tmp_path):
     _write_mnist(tmp_path, num_train=12, num_train_labels=11)
-    with pytest.raises(IdxFormatError) as info:
+    with pytest.raises(DataMismatchError) as info:
         read_data_sets(tmp_path, validation_size=0, download=False)
-    message = str(info.value)
-    assert 'train-images-idx3-ubyte.gz' in message and 'train-labels-idx1-ubyte.gz' in message
-    assert '12 images' in message and '11 labels' in message
+    assert str(info.value) == (
+        f'{tmp_path}/train-images-idx3-ubyte.gz holds 12 images but train-labels-idx1-ubyte.gz '
+        'holds 11 labels: one of them is from another dataset or corrupt, replace it with the '
+        'real file')
 
 
 def test_read_data_sets_missing_files_without_download(tmp_path):

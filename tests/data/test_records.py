@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from towers.data import DataError, records
+from towers.data import DataError, DataMismatchError, records
 from towers.data.download import sha256_of_file
 from towers.data.pipeline import make_pipeline
 
@@ -191,3 +191,48 @@ def test_cli_converts_the_sample_and_trains_from_the_records(tmp_path, capsys):
     assert 'dataset records:%s: 1333 train' % out_dir in capsys.readouterr().out
     assert main(['train', '--dataset', 'records:' + out_dir, '--input', 'feed']) == 1
     assert 'records:DIR streams from disk through --input dataset' in capsys.readouterr().err
+
+
+def test_splits_of_different_shapes_are_refused_before_anything_is_written(tmp_path):
+    splits = _splits()
+    splits['test'] = (np.zeros((3, 5, 6, 3), np.uint8), np.zeros(3, np.int64))
+    with pytest.raises(DataMismatchError) as info:
+        records.write_records(splits, str(tmp_path / 'out'), 2, 'tiny', 10)
+    assert str(info.value) == ('the tiny data to convert has 6x5x3 images for train but 5x6x3 '
+                               'for test: the splits come from different datasets; give every '
+                               'split images of one shape')
+    assert not (tmp_path / 'out').exists()
+
+
+def test_a_manifest_whose_splits_disagree_is_refused_for_every_split(tmp_path):
+    records.write_records(_splits(), str(tmp_path), 1, 'tiny', 10)
+    manifest = json.loads((tmp_path / 'manifest.json').read_text())
+    manifest['splits']['test']['input_shape'] = [5, 6, 3]
+    (tmp_path / 'manifest.json').write_text(json.dumps(manifest))
+    for split in ('train', 'test'):
+        with pytest.raises(DataMismatchError) as info:
+            records.RecordSet(str(tmp_path), split)
+        assert str(info.value) == (
+            '%s has 6x5x3 images for train but 5x6x3 for test: the splits come from different '
+            'datasets; convert one dataset again with `towers data convert`'
+            % (tmp_path / 'manifest.json'))
+
+
+def test_a_shard_of_another_shape_is_named_or_skipped(tmp_path):
+    records.write_records(_splits(), str(tmp_path), 2, 'tiny', 10)
+    # Shard 1 replaced by one of 5x6 images, its size and SHA-256 written into the manifest:
+    # only reading a record tells.
+    shard = tmp_path / 'train-00001-of-00002.tfrecord'
+    records._write_shard(str(shard), np.zeros((11, 5, 6, 3), np.uint8), np.zeros(11, np.int64))
+    manifest = json.loads((tmp_path / 'manifest.json').read_text())
+    entry = manifest['splits']['train']['shards'][1]
+    entry['bytes'], entry['sha256'] = shard.stat().st_size, sha256_of_file(str(shard))
+    (tmp_path / 'manifest.json').write_text(json.dumps(manifest))
+    with pytest.raises(DataError) as info:
+        records.RecordSet(str(tmp_path), 'train')
+    assert str(info.value) == ('shard %s holds 5x6x3 images, but the manifest declares 6x5x3 for '
+                               'train; pass --skip-bad-shards to train without it' % shard)
+    kept = records.RecordSet(str(tmp_path), 'train', skip_bad_shards=True, verify=False)
+    assert kept.num_examples == 12
+    assert [(name, count) for name, count, _ in kept.skipped] == [
+        ('train-00001-of-00002.tfrecord', 11)]
