@@ -1,0 +1,86 @@
+"""towers launch's process handling: TF_CONFIG per task, prefixed output, logs, teardown."""
+import os
+import shutil
+import socket
+import sys
+import time
+
+from towers.cluster.launch import exit_status, free_ports, launch, local_cluster
+
+PY = sys.executable
+
+
+def _script(code):
+    return [PY, '-c', code]
+
+
+PRINT_TASK = ('import json, os; c = json.loads(os.environ["TF_CONFIG"]); '
+              'print(c["task"]["type"], c["task"]["index"], len(c["cluster"]["worker"]))')
+SERVE_UNTIL_TERM = ('import signal, sys, time; '
+                    'signal.signal(signal.SIGTERM, lambda *a: sys.exit(0)); '
+                    'print("serving", flush=True); time.sleep(60)')
+
+
+def test_free_ports_are_distinct_and_free():
+    ports = free_ports(5)
+    assert len(set(ports)) == 5
+    for port in ports:
+        with socket.socket() as probe:
+            probe.bind(('127.0.0.1', port))  # nothing holds it
+    jobs = local_cluster(2, 1)
+    assert [a.split(':')[0] for a in jobs['worker'] + jobs['ps']] == ['127.0.0.1'] * 3
+
+
+def test_every_task_gets_its_tf_config_a_log_and_prefixed_lines(tmp_path):
+    jobs = local_cluster(2, 1)
+    lines = []
+    status = launch([('worker', 0, _script(PRINT_TASK), False),
+                     ('worker', 1, _script(PRINT_TASK), False),
+                     ('ps', 0, _script(SERVE_UNTIL_TERM), True)],
+                    jobs, logs=str(tmp_path), log=lines.append, grace=5)
+    assert status == 0
+    assert '[worker 0] worker 0 2' in lines and '[worker 1] worker 1 2' in lines
+    assert lines[-1] == 'towers launch: every training task finished'
+    assert (tmp_path / 'worker-1.log').read_text() == 'worker 1 2\n'
+    assert (tmp_path / 'ps-0.log').read_text() == 'serving\n'  # stopped by SIGTERM, status 0
+
+
+def test_a_failing_task_tears_the_job_down_and_gives_its_status(tmp_path):
+    start = time.monotonic()
+    lines = []
+    status = launch([('worker', 0, _script('import time; time.sleep(60)'), False),
+                     ('worker', 1, _script('import sys; print("boom"); sys.exit(3)'), False),
+                     ('ps', 0, _script(SERVE_UNTIL_TERM), True)],
+                    local_cluster(2, 1), logs=str(tmp_path), log=lines.append, grace=2)
+    assert status == 3
+    assert 'towers launch: worker 1 exited with status 3; stopping the other 2 task(s)' in lines
+    # worker 0 would sleep a minute: the teardown's SIGTERM ended it.
+    assert time.monotonic() - start < 20
+
+
+def test_a_task_that_ignores_sigterm_is_killed_after_the_grace_period(tmp_path):
+    stubborn = ('import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); '
+                'print("up", flush=True); time.sleep(60)')
+    lines = []
+    start = time.monotonic()
+    status = launch([('worker', 0, _script(stubborn), False),
+                     ('worker', 1, _script('import os, time; time.sleep(1); '
+                                           'os.kill(os.getpid(), 9)'), False)],
+                    local_cluster(2), logs=str(tmp_path), log=lines.append, grace=1)
+    assert status == 137  # worker 1's SIGKILL, as a shell reports it
+    assert 'towers launch: worker 1 was killed by SIGKILL; stopping the other 1 task(s)' in lines
+    assert time.monotonic() - start < 15
+    assert exit_status(-15) == 143 and exit_status(2) == 2
+
+
+def test_logs_go_to_a_new_folder_when_none_is_given():
+    lines = []
+    assert launch([('worker', 0, _script('print("hi")'), False)], local_cluster(1),
+                  log=lines.append) == 0
+    folder = lines[0].rsplit('logs in ', 1)[1]
+    try:
+        assert os.path.basename(folder).startswith('towers-launch-')
+        with open(os.path.join(folder, 'worker-0.log')) as f:
+            assert f.read() == 'hi\n'
+    finally:
+        shutil.rmtree(folder)

@@ -1,0 +1,54 @@
+"""A task's server: it starts on its port, refuses a taken one in a line, and SIGTERM ends it."""
+import os
+import signal
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from towers.cluster.launch import free_ports
+from towers.cluster.server import check_port_free
+from towers.cluster.spec import Cluster, ClusterError
+
+SERVE = '''
+import os
+import sys
+from towers.cluster.server import serve, server_config
+from towers.cluster.spec import from_tf_config
+cluster = from_tf_config(os.environ['TF_CONFIG'])
+sys.exit(serve(cluster, server_config(cluster, devices_per_task=2, threads=1)))
+'''
+
+
+def test_a_taken_port_is_refused_in_one_line():
+    with socket.socket() as holder:
+        holder.bind(('127.0.0.1', 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        with pytest.raises(ClusterError) as error:
+            check_port_free('127.0.0.1:%d' % port)
+    assert str(error.value) == ('port %d of 127.0.0.1:%d is already taken on this machine: stop '
+                                'what holds it, or give this task another port' % (port, port))
+    check_port_free('127.0.0.1:%d' % free_ports(1)[0])  # a free one passes
+
+
+def test_a_server_serves_until_sigterm_and_exits_cleanly(tmp_path):
+    [port] = free_ports(1)
+    cluster = Cluster({'worker': ('127.0.0.1:%d' % port,)}, 'worker', 0)
+    env = dict(os.environ, TF_CONFIG=cluster.tf_config(), TF_CPP_MIN_LOG_LEVEL='2')
+    process = subprocess.Popen([sys.executable, '-c', SERVE], env=env, cwd=str(tmp_path),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        first = process.stdout.readline()
+        assert first == 'serving worker 0 on 127.0.0.1:%d (2 device(s)); SIGTERM stops it\n' % port
+        with socket.create_connection(('127.0.0.1', port), timeout=5):
+            pass  # it listens
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 0, err
+    assert out == 'SIGTERM: the server of worker 0 stops\n'

@@ -1,0 +1,173 @@
+"""`towers launch`: every task of a cluster as a process of this machine.
+
+How the tests and the README run a cluster on one machine (on real machines
+each host runs its own `towers train` with its TF_CONFIG). Each task gets a
+free port on 127.0.0.1 and its TF_CONFIG; its output goes to a log of its own
+and, prefixed `[worker 1]`, to ours. When any task fails, the whole job is
+torn down (SIGTERM, then SIGKILL after a grace period) and the launcher exits
+with that task's status; when every worker has finished, the tasks that only
+serve are stopped and the launcher exits 0.
+"""
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+from towers.cluster.spec import Cluster
+
+
+def free_ports(count, host='127.0.0.1'):
+    """count distinct ports nothing listens on now (the kernel's choice of each)."""
+    sockets = []
+    try:
+        for _ in range(count):
+            probe = socket.socket()
+            probe.bind((host, 0))
+            sockets.append(probe)
+        return [probe.getsockname()[1] for probe in sockets]
+    finally:
+        for probe in sockets:
+            probe.close()
+
+
+def local_cluster(workers, ps=0, host='127.0.0.1'):
+    """{'worker': [host:port, ...], 'ps': [...]} on free ports of this machine."""
+    ports = free_ports(workers + ps, host)
+    jobs = {'worker': ['%s:%d' % (host, p) for p in ports[:workers]]}
+    if ps:
+        jobs['ps'] = ['%s:%d' % (host, p) for p in ports[workers:]]
+    return jobs
+
+
+def exit_status(returncode):
+    """A child's status as a shell reports it: a signal N is 128 + N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+class Task:
+    """One task's process, its log file, and the thread copying its output."""
+
+    def __init__(self, task_type, index, argv, serves, env, log_path, emit):
+        self.task_type, self.index, self.argv, self.serves = task_type, index, argv, serves
+        self.name = '%s %d' % (task_type, index)
+        self.log_path, self._emit, self._env = log_path, emit, env
+        self.process = self._thread = None
+
+    def start(self):
+        # Its own process group, so that a teardown reaches the task's children too.
+        self.process = subprocess.Popen(self.argv, env=self._env, stdout=subprocess.PIPE,
+                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                        start_new_session=True)
+        self._thread = threading.Thread(target=self._copy, daemon=True,
+                                        name='towers-launch-%s-%d' % (self.task_type,
+                                                                      self.index))
+        self._thread.start()
+
+    def _copy(self):
+        with open(self.log_path, 'wb') as log_file:
+            for line in self.process.stdout:
+                log_file.write(line)
+                log_file.flush()
+                self._emit('[%s] %s' % (self.name, line.decode(errors='replace').rstrip('\n')))
+
+    def signal(self, signum):
+        if self.process.poll() is None:
+            try:
+                os.killpg(self.process.pid, signum)
+            except ProcessLookupError:
+                pass  # it ended meanwhile
+
+    def finish(self):
+        """Wait for the output copy to end (the process has exited)."""
+        self._thread.join(timeout=5)
+
+
+def launch(tasks, jobs, logs=None, grace=10.0, log=print, poll=0.1):
+    """Run the tasks until the workers finish or one task fails; returns the exit status.
+
+    Args:
+      tasks: [(task_type, index, argv, serves)]; each argv is run with the
+        TF_CONFIG of that task of `jobs`. The job waits for the tasks that do
+        not only serve; those that do (`towers server`: ps tasks, and workers
+        in in-graph mode) are stopped once the others are done.
+      jobs: {'worker': [address, ...], 'ps': [...]}.
+      logs: the folder for one log per task (made if needed; None: a new
+        temporary folder, named in the output).
+      grace: seconds between SIGTERM and SIGKILL in a teardown.
+    """
+    logs = logs or tempfile.mkdtemp(prefix='towers-launch-')
+    os.makedirs(logs, exist_ok=True)
+    lock = threading.Lock()
+
+    def emit(line):
+        with lock:
+            log(line)
+
+    running = []
+    for task_type, index, argv, serves in tasks:
+        env = dict(os.environ, TF_CONFIG=Cluster(jobs, task_type, index).tf_config())
+        running.append(Task(task_type, index, argv, serves, env,
+                            os.path.join(logs, '%s-%d.log' % (task_type, index)), emit))
+    emit('towers launch: %d task(s) on %s; logs in %s'
+         % (len(running), ', '.join(a for addresses in jobs.values() for a in addresses), logs))
+    interrupted = []
+    previous = {s: signal.signal(s, lambda signum, frame: interrupted.append(signum))
+                for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        for task in running:
+            task.start()
+        status = _watch(running, interrupted, poll, emit)
+    finally:
+        _teardown(running, grace)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    return status
+
+
+def _watch(running, interrupted, poll, emit):
+    """Wait for the end: every worker done (0), a task failing, or a signal to us."""
+    while True:
+        if interrupted:
+            name = signal.Signals(interrupted[0]).name
+            emit('towers launch: %s; stopping all %d task(s)' % (name, len(running)))
+            return 128 + interrupted[0]
+        for task in running:
+            code = task.process.poll()
+            if code is None or (code == 0 and not task.serves):
+                continue
+            others = [t for t in running if t.process.poll() is None]
+            emit('towers launch: %s %s; stopping the other %d task(s)' % (
+                task.name, 'was killed by %s' % signal.Signals(-code).name if code < 0
+                else 'ended early' if code == 0 else 'exited with status %d' % code,
+                len(others)))
+            return exit_status(code) or 1
+        if all(t.process.poll() == 0 for t in running if not t.serves):
+            emit('towers launch: every training task finished')
+            return 0
+        time.sleep(poll)
+
+
+def _teardown(running, grace):
+    """SIGTERM every task still running, SIGKILL what is left after grace seconds."""
+    for task in running:
+        if task.process is not None:
+            task.signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    for task in running:
+        if task.process is None:
+            continue
+        try:
+            task.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            task.signal(signal.SIGKILL)
+            task.process.wait()
+        task.finish()
+
+
+def towers_command(*args):
+    """argv running `python -m towers ARGS` with this interpreter."""
+    return [sys.executable, '-m', 'towers'] + list(args)

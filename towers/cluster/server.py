@@ -1,0 +1,92 @@
+"""A task's TensorFlow gRPC server: its devices, its config, and `towers server`.
+
+Every task of a cluster runs one tf.compat.v1.train.Server. A task that only
+serves (a parameter server, or a worker whose towers the chief places in
+in-graph mode) runs nothing else: `towers server` starts it and waits, and
+SIGTERM or SIGINT ends it cleanly (status 0). The server's ConfigProto says
+which devices the task has (virtual CPUs stand in for GPUs, as in one process)
+and where collective ops meet (worker 0 leads their groups).
+"""
+import errno
+import signal
+import socket
+import time
+
+import tensorflow as tf
+
+from towers.cluster.spec import ClusterError
+from towers.errors import op_error_summary
+
+tf1 = tf.compat.v1
+
+GROUP_LEADER = '/job:worker/replica:0/task:0'
+
+
+def server_config(cluster, devices_per_task=1, threads=None, timeout_ms=None):
+    """The ConfigProto of a task's server and sessions.
+
+    Args:
+      cluster: the towers.cluster.spec.Cluster.
+      devices_per_task: virtual CPU devices this task has (without GPUs).
+      threads: intra- and inter-op threads, or None for TensorFlow's choice.
+      timeout_ms: operation_timeout_in_ms: an op waiting on a lost task fails
+        after this long instead of forever; None for no limit.
+    """
+    config = tf1.ConfigProto(allow_soft_placement=True)
+    config.device_count['CPU'] = max(1, devices_per_task)
+    if threads:
+        config.intra_op_parallelism_threads = config.inter_op_parallelism_threads = threads
+    if timeout_ms:
+        config.operation_timeout_in_ms = int(timeout_ms)
+    config.experimental.collective_group_leader = GROUP_LEADER
+    return config
+
+
+def check_port_free(address):
+    """Raise ClusterError when this machine cannot listen on address's port (it is taken)."""
+    host, _, port = address.rpartition(':')
+    probe = socket.socket(socket.AF_INET6 if host.startswith('[') else socket.AF_INET)
+    try:
+        probe.bind(('', int(port)))
+    except OSError as e:
+        if e.errno == errno.EADDRINUSE:
+            raise ClusterError('port %s of %s is already taken on this machine: stop what '
+                               'holds it, or give this task another port' % (port, address)) \
+                from None
+        raise ClusterError('cannot listen on %s: %s' % (address, e.strerror)) from None
+    finally:
+        probe.close()
+
+
+def start_server(cluster, config):
+    """Start this task's tf.compat.v1.train.Server; ClusterError if it cannot serve."""
+    check_port_free(cluster.address)
+    try:
+        return tf1.train.Server(tf1.train.ClusterSpec(cluster.as_dict()),
+                                job_name=cluster.task_type, task_index=cluster.task_index,
+                                config=config, start=True)
+    except tf.errors.OpError as e:
+        raise ClusterError('cannot start the server of %s %d on %s: %s' % (
+            cluster.task_type, cluster.task_index, cluster.address, op_error_summary(e))) \
+            from None
+
+
+def serve(cluster, config, log=print, poll=0.2):
+    """Run this task's server until SIGTERM or SIGINT; returns the exit status, 0."""
+    stop = []
+    previous = {s: signal.signal(s, lambda signum, frame: stop.append(signum))
+                for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        start_server(cluster, config)
+        log('serving %s %d on %s (%d device(s)); SIGTERM stops it'
+            % (cluster.task_type, cluster.task_index, cluster.address,
+               config.device_count['CPU']))
+        # server.join() would block in C++, where no Python signal handler runs.
+        while not stop:
+            time.sleep(poll)
+        log('%s: the server of %s %d stops' % (signal.Signals(stop[0]).name,
+                                               cluster.task_type, cluster.task_index))
+        return 0
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
