@@ -9,6 +9,7 @@ from towers.cli.config import flag
 from towers.config import RULES, TrainConfig, check
 from towers.errors import SettingError, TowersError
 from towers.names import INPUT_MODES, OPTIMIZERS, VARIABLE_UPDATES
+from towers.schedules import LearningRate
 
 
 def test_the_defaults_are_a_valid_run():
@@ -31,8 +32,8 @@ def test_the_defaults_are_a_valid_run():
     (dict(eval_every=-1), 'eval_every must be 0 (off) or more epochs, got -1'),
     (dict(warmup_steps=-1), 'warmup_steps must be 0 or more, got -1'),
     (dict(weight_decay=-0.1), 'weight_decay must be 0 or more, got -0.1'),
-    (dict(clip_norm=0.0), 'clip_norm must be positive, got 0'),
-    (dict(ema=1.0), 'ema must lie between 0 and 1 (e.g. 0.999), got 1'),
+    (dict(clip_norm=0.0), 'clip_norm must be positive, got 0.0'),
+    (dict(ema=1.0), 'ema must lie between 0 and 1 (e.g. 0.999), got 1.0'),
     (dict(seed=-1), 'seed must be 0 or more, got -1'),
     (dict(variable_update='ring'), "unknown variable_update 'ring'; choose one of: "
      'parameter_server, replicated, independent'),
@@ -46,6 +47,8 @@ def test_the_defaults_are_a_valid_run():
     (dict(mean=[0.5], std=[0.2]), 'mean/std normalise in the tf.data pipeline: use them with '
      'input dataset'),
     (dict(mean=[0.5], std=[0.0], input='dataset'), 'std values must be positive, got [0.0]'),
+    (dict(learning_rate=LearningRate(0.1), warmup_epochs=1.0), 'learning_rate is a LearningRate, '
+     'which holds its own schedule and warm-up: leave lr_schedule and warmup_epochs unset'),
     (dict(freeze='conv1/('), "freeze 'conv1/(' is not a valid regular expression: missing ), "
      'unterminated subpattern at position 6'),
 ])
@@ -82,6 +85,8 @@ def test_messages_name_parameters_and_the_cli_names_flags():
     assert str(TowersError(text)) == text
     assert [flag(s) for s in ('batch_size', 'tensorboard', 'timed_steps', 'param_device')] == [
         '--batch-size', '--no-tensorboard', '--window', '--param-device']
+    # A parameter no command has a flag for keeps its name.
+    assert flag('decay_pattern') == 'decay_pattern' and flag('steps_per_epoch') == 'steps_per_epoch'
 
 
 def test_every_setting_rule_names_a_real_flag_of_towers_train():

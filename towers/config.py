@@ -17,7 +17,7 @@ from towers.names import INPUT_MODES, OPTIMIZERS, VARIABLE_UPDATES
 
 
 def _text(value):
-    return '%g' % value if isinstance(value, float) else '%s' % (value,)
+    return '%s' % (value,)
 
 
 def _is_int(value):
@@ -61,9 +61,7 @@ RULES = {
     'clip_norm': _optional(_POSITIVE),
     'ema': ((lambda v: v is None or (_is_number(v) and 0 < v < 1)),
             'must lie between 0 and 1 (e.g. 0.999)'),
-    'momentum': _NON_NEGATIVE,
     'seed': _at_least(0, '0 or more'),
-    'trace_step': _optional(_at_least(1)),  # towers.tools.trace.Trace
     'variable_update': _one_of(VARIABLE_UPDATES),
     'input': _one_of(INPUT_MODES),
     'optimizer': _one_of(OPTIMIZERS),
@@ -120,7 +118,7 @@ class TrainConfig:
     clip_norm: float = None
     freeze: str = None  # regex of variables not to train
     ema: float = None  # decay of the weights' moving average, used to evaluate and export
-    # What the run keeps and says (towers/callbacks.py, towers/monitors.py).
+    # What the run keeps and says (towers/callbacks/).
     logdir: str = None
     checkpoint_every: int = 500
     keep_checkpoints: int = 5
@@ -138,8 +136,7 @@ class TrainConfig:
             if isinstance(value, list):  # a frozen config holds tuples
                 object.__setattr__(self, name, tuple(value))
         for setting in RULES:
-            if setting in self.__dataclass_fields__:
-                check(setting, getattr(self, setting))
+            check(setting, getattr(self, setting))
         self._check_pairs()
         self.schedule()  # the schedule's own one-line errors
         if self.freeze is not None:
@@ -158,6 +155,10 @@ class TrainConfig:
         """The towers.schedules.LearningRate this run follows."""
         from towers.schedules import LearningRate
         if isinstance(self.learning_rate, LearningRate):
+            if self.lr_schedule != 'constant' or self.warmup_epochs:
+                raise SettingError('{learning_rate} is a LearningRate, which holds its own '
+                                   'schedule and warm-up: leave {lr_schedule} and '
+                                   '{warmup_epochs} unset')
             return self.learning_rate
         return LearningRate.parse(self.learning_rate, self.lr_schedule, self.warmup_epochs)
 

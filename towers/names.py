@@ -19,9 +19,8 @@ OPTIMIZERS = ('sgd', 'momentum', 'adam')
 # --lr-schedule kinds (towers/schedules.py).
 SCHEDULES = ('constant', 'piecewise', 'exponential')
 
-# --param-device choices besides an explicit device name (towers/devices.py).
+# --param-device spread: the variables over the tower devices (towers/devices.py).
 SPREAD = 'spread'
-PARAM_DEVICES = ('cpu', 'gpu', SPREAD)
 
 DEFAULT_MODEL = 'mnist_convnet'
 

@@ -95,6 +95,14 @@ BAD_INPUT = [
     (['train', '--steps', '1', '--best-metric', 'top5'],
      "--best-metric 'top5' is not a metric of this model; choose one of: loss, accuracy"),
     (['train', '--freeze', '.', '--steps', '1'], "--freeze '.' matches every trained variable"),
+    # Flags are checked before any data is read (cifar10 is not on this machine).
+    (['check', '--towers', '0', '--dataset', 'cifar10'], 'check needs --towers, --batch-size and '
+     '--steps of at least 1 and a positive --tolerance'),
+    (['bench', '--compare', '--variable-update', 'ring', '--dataset', 'cifar10'],
+     "--variable-update wants some of parameter_server,replicated,independent, got 'ring'"),
+    (['bench', '--plot', 'p.png', '--dataset', 'cifar10'], '--plot and --xla go with --compare'),
+    (['bench', '--window', '1'], 'bench needs --batch-size >= 1, --window >= 2 and --warmup >= 0; '
+     'got 128, 1 and 10'),
 ]
 if not HAS_GPU:
     BAD_INPUT += [

@@ -87,10 +87,12 @@ def test_run_bench_every_input_mode_and_the_ratios():
         assert fields[6:] == ['%.3f' % row['vs_synthetic'], '%.3f' % row['vs_first']]
 
 
+NEEDS = 'bench needs batch_size >= 1, timed_steps >= 2 and warmup_steps >= 0; got '
+
+
 @pytest.mark.parametrize('batch_size,window,warmup,message', [
-    (0, 5, 1, 'batch_size must be at least 1, got 0'),
-    (8, 1, 1, 'bench needs timed_steps >= 2 and warmup_steps >= 0; got 1 and 1'),
-    (8, 5, -1, 'bench needs timed_steps >= 2 and warmup_steps >= 0; got 5 and -1')])
+    (0, 5, 1, NEEDS + '0, 5 and 1'), (8, 1, 1, NEEDS + '8, 1 and 1'),
+    (8, 5, -1, NEEDS + '8, 5 and -1')])
 def test_run_bench_refuses_numbers_it_cannot_measure(batch_size, window, warmup, message):
     model_fn = models.build_model('small_convnet', SHAPE, 10)
     with pytest.raises(TowersError, match='^%s$' % re.escape(message)):

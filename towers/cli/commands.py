@@ -11,7 +11,7 @@ import os
 import numpy as np
 
 from towers import data, models
-from towers.cli.config import int_list, name_list
+from towers.cli.config import flag, int_list, name_list
 from towers.cli.saved import run_eval, run_export
 from towers.cli.train import run_train
 from towers.config import check
@@ -39,23 +39,24 @@ def run_bench(args, log):
     counts = int_list(args.towers, 'towers')
     model_fn = models.build_model(args.model, info.input_shape, info.num_classes)
     modes = [m.strip() for m in args.input.split(',') if m.strip()]
+    for path, setting in ((args.trace, 'trace'), (args.plot, 'plot')):
+        if path:
+            check_output(path, setting)
+    if args.compare:
+        updates = name_list(args.variable_update, 'variable_update', VARIABLE_UPDATES)
+    elif args.plot or args.xla:
+        raise SettingError('{plot} and {xla} go with {compare}')
     train_set = None
     if set(modes) - {'synthetic'} or args.compare:  # the textbook and Keras feed it too
         train_set = data.load_dataset(args.dataset).train
     log('bench: model %s on %s images, global batch %d, %d warm-up + %d timed steps per row'
         % (args.model, 'x'.join(map(str, info.input_shape)), args.batch_size, args.warmup,
            args.window))
-    for path, setting in ((args.trace, 'trace'), (args.plot, 'plot')):
-        if path:
-            check_output(path, setting)
     if not args.compare:
-        if args.plot or args.xla:
-            raise SettingError('{plot} and {xla} go with {compare}')
         bench.run_bench(model_fn, info.input_shape, info.num_classes, counts, args.batch_size,
                         modes, train_set, args.warmup, args.window, args.param_device, log=log,
-                        trace=args.trace)
+                        trace=args.trace, name_of=flag)
         return
-    updates = name_list(args.variable_update, 'variable_update', VARIABLE_UPDATES)
     compare.run_compare(args.model, model_fn, info.input_shape, info.num_classes, counts,
                         args.batch_size, train_set, modes, updates, xla=args.xla,
                         param_device=args.param_device, warmup_steps=args.warmup,
@@ -79,6 +80,7 @@ def run_convert(args, log):
 def run_check(args, log):
     """towers check: N towers against one device on the same batches."""
     from towers.tools import check as checking
+    checking.check_settings(args.towers, args.batch_size, args.steps, args.tolerance)
     info = data.dataset_info(args.dataset)
     # Dropout masks are drawn per tower: off here, so that only the towers can differ.
     has_dropout = args.model in models.MODELS and 'dropout_rate' in inspect.signature(

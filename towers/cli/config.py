@@ -6,6 +6,9 @@ so that an error the library words with parameter names (`batch_size must
 be at least 1`) reaches a CLI user with the flag to change (`--batch-size
 must be at least 1`).
 """
+import functools
+
+from towers.cli.parsers import build_parser
 from towers.config import TrainConfig
 from towers.errors import SettingError
 
@@ -15,12 +18,29 @@ FLAGS = {
     'tensorboard': '--no-tensorboard',
     'timed_steps': '--window',  # towers bench
     'warmup_steps': '--warmup',  # towers bench
+    'dropout_rate': '--dropout',
 }
 
 
+@functools.lru_cache(maxsize=None)
+def _all_flags():
+    """Every option string of every command."""
+    flags, parsers = set(), [build_parser()]
+    while parsers:
+        for action in parsers.pop()._actions:
+            flags.update(action.option_strings)
+            if isinstance(action.choices, dict):  # a command's subparsers
+                parsers.extend(action.choices.values())
+    return frozenset(flags)
+
+
 def flag(setting):
-    """The flag of a setting: 'batch_size' -> '--batch-size', 'learning_rate' -> '--lr'."""
-    return FLAGS.get(setting, '--' + setting.replace('_', '-'))
+    """The flag of a setting: 'batch_size' -> '--batch-size', 'learning_rate' -> '--lr'.
+
+    A setting no command has a flag for (a Python API parameter) keeps its name.
+    """
+    name = FLAGS.get(setting, '--' + setting.replace('_', '-'))
+    return name if name in _all_flags() else setting
 
 
 def config_from_args(args, tower_devices, param_device, input_mode):

@@ -14,13 +14,13 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from towers.config import check
 from towers.data.sampler import EpochSampler
 from towers.devices import resolve_devices, resolve_param_device, session_config
 from towers.errors import SettingError, TowersError
 from towers.graph import build_training_graph
 from towers.inputs import make_input
 from towers.model import ClassifierModel
+from towers.names import INPUT_MODES
 from towers.session import open_session, run_steps, trace_options
 from towers.tools import trace as tracing
 
@@ -130,15 +130,14 @@ def measure(model_fn, input_shape, tower_devices, source, warmup_steps=10, timed
 
 def check_window(batch_size, warmup_steps, timed_steps):
     """The settings every timing shares: a batch, a warm-up, a window with a standard error."""
-    check('batch_size', batch_size)
-    if timed_steps < 2 or warmup_steps < 0:
-        raise SettingError('bench needs {timed_steps} >= 2 and {warmup_steps} >= 0; got %d and %d',
-                           timed_steps, warmup_steps)
+    if batch_size < 1 or timed_steps < 2 or warmup_steps < 0:
+        raise SettingError('bench needs {batch_size} >= 1, {timed_steps} >= 2 and {warmup_steps} '
+                           '>= 0; got %d, %d and %d', batch_size, timed_steps, warmup_steps)
 
 
 def run_bench(model_fn, input_shape, num_classes, tower_counts, batch_size, modes=('synthetic',),
               dataset=None, warmup_steps=10, timed_steps=50, param_device='cpu', log=print,
-              trace=None):
+              trace=None, name_of=str):
     """Measure every input mode at every tower count; print one table.
 
     Args:
@@ -149,6 +148,7 @@ def run_bench(model_fn, input_shape, num_classes, tower_counts, batch_size, mode
       param_device: as resolve_param_device takes it ('cpu', 'gpu', a name),
         resolved for each tower count.
       trace: a Chrome-trace file for one step of the first row (--trace).
+      name_of: how a skipped count's message spells settings (the CLI: as flags).
     Returns:
       list of dicts: input, towers, devices, mean, stderr, and the ratios
       vs_synthetic (same tower count; None without a synthetic row) and
@@ -158,8 +158,10 @@ def run_bench(model_fn, input_shape, num_classes, tower_counts, batch_size, mode
         negative warm-up, an unknown mode, or no count could run.
     """
     check_window(batch_size, warmup_steps, timed_steps)
-    for mode in modes:
-        check('input', mode)
+    unknown = [m for m in modes if m not in INPUT_MODES]
+    if unknown:
+        raise SettingError('unknown {input} %s; choose from %s', ','.join(unknown),
+                           ','.join(INPUT_MODES))
     sampler = EpochSampler(dataset.num_examples, batch_size) if dataset is not None else None
     rows, configs = [], []
     for count in tower_counts:
@@ -167,7 +169,7 @@ def run_bench(model_fn, input_shape, num_classes, tower_counts, batch_size, mode
             devices = resolve_devices(num_towers=count)
             params = resolve_param_device(param_device, devices)
         except TowersError as e:
-            log('%d towers: skipped (%s)' % (count, e))
+            log('%d towers: skipped (%s)' % (count, e.named(name_of)))
             continue
         for mode in modes:
             rows.append({'input': mode, 'towers': count, 'devices': ','.join(devices)})

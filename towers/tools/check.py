@@ -14,7 +14,6 @@ import functools
 import numpy as np
 import tensorflow as tf
 
-from towers.config import check
 from towers.devices import resolve_devices, session_config
 from towers.errors import SettingError, TowersError
 from towers.gradients import average_gradients
@@ -109,6 +108,13 @@ def _largest(expected, actual):
     return worst, float(np.max(np.abs(expected[worst] - actual[worst])))
 
 
+def check_settings(num_towers, batch_size, steps, tolerance):
+    """SettingError unless check can run: at least one tower, batch and step; a tolerance."""
+    if num_towers < 1 or batch_size < 1 or steps < 1 or not tolerance > 0:
+        raise SettingError('check needs {towers}, {batch_size} and {steps} of at least 1 and a '
+                           'positive {tolerance}')
+
+
 def run_check(model_name, model_fn, dataset_name, train_set, num_towers, batch_size, steps,
               learning_rate, tolerance, sync_bn=False, dropout_off=False, log=print):
     """`towers check`: log the differences; TowersError beyond the tolerance.
@@ -118,10 +124,7 @@ def run_check(model_name, model_fn, dataset_name, train_set, num_towers, batch_s
       tolerance: the largest difference allowed, relative to the size of what
         is compared (at least 1): float32 rounding grows with the magnitude.
     """
-    check('batch_size', batch_size)
-    check('steps', steps)
-    if num_towers < 1 or not tolerance > 0:
-        raise SettingError('check needs {towers} of at least 1 and a positive {tolerance}')
+    check_settings(num_towers, batch_size, steps, tolerance)
     if batch_size * steps > train_set.num_examples:
         raise SettingError('check takes {steps} batches of {batch_size} distinct examples: '
                            '%d x %d is more than the %d of %s', steps, batch_size,

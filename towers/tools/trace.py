@@ -17,7 +17,6 @@ import re
 from tensorflow.python.client import timeline
 
 from towers.callbacks import Callback
-from towers.config import check
 from towers.data.atomic import atomic_output
 from towers.errors import SettingError, TowersError
 
@@ -57,7 +56,8 @@ class Trace(Callback):
     order = 45
 
     def __init__(self, path, step=None, plot=None):
-        check('trace_step', step)
+        if step is not None and not (isinstance(step, int) and step >= 1):
+            raise SettingError('{trace_step} must be at least 1, got %s', step)
         check_output(path, 'trace')  # now, not after training
         if plot:
             check_output(plot, 'trace_plot')
