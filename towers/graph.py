@@ -73,7 +73,7 @@ def weighted_metrics(towers):
 
 def build_training_graph(model, tower_devices, param_device='/cpu:0', seed=None, source=None,
                          learning_rate=1e-3, steps_per_epoch=1, ema_decay=None, finalize=True,
-                         variable_update='parameter_server', sync_bn=False):
+                         variable_update='parameter_server', sync_bn=False, default_device=None):
     """Build a fresh tf.Graph with training and evaluation towers.
 
     Args:
@@ -95,6 +95,9 @@ def build_training_graph(model, tower_devices, param_device='/cpu:0', seed=None,
       sync_bn: batch norms use the moments of the whole global batch, pooled
         over the towers; default: each tower its own slice's, and the moving
         averages from tower 0 (as tf_cnn_benchmarks).
+      default_device: what completes every device of the graph, e.g. the
+        chief's '/job:worker/task:0' in a cluster, where '/cpu:0' (the host's
+        ops) then means the chief's CPU; None in one process.
     Returns:
       A TrainGraph.
     """
@@ -103,7 +106,7 @@ def build_training_graph(model, tower_devices, param_device='/cpu:0', seed=None,
         LearningRate(learning_rate)
     check('ema', ema_decay)
     graph = tf.Graph()
-    with graph.as_default():
+    with graph.as_default(), tf1.device(default_device):
         if seed is not None:
             tf1.set_random_seed(seed)
         strategy = make_strategy(variable_update, tower_devices, param_device)

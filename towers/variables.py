@@ -73,14 +73,17 @@ class LeastLoaded:
 
 
 def variable_placement(param_device, tower_devices):
-    """Where variables go for a --param-device: that device, or for 'spread' a
-    LeastLoaded chooser over the tower devices (a device function)."""
+    """Where variables go for a --param-device: that device; for 'spread' a LeastLoaded
+    chooser over the tower devices, for a list of devices (a cluster's ps tasks) one
+    over those (a device function)."""
+    if isinstance(param_device, (list, tuple)):
+        return LeastLoaded(param_device)
     return LeastLoaded(tower_devices) if param_device == SPREAD else param_device
 
 
 def host_device(param_device):
     """Where single ops such as the step counter go: the parameter device, or /cpu:0
-    when the variables are spread."""
+    (the chief's, in a cluster) when the variables are spread."""
     return '/cpu:0' if param_device == SPREAD or not isinstance(param_device, str) \
         else param_device
 
