@@ -8,23 +8,32 @@
                                   flags repeated
 
 Nothing a fault can leave behind is read as good: a checkpoint is listed in
-the `checkpoint` state file only once TensorFlow has written it whole, a save
-that fails (a full disk) removes what it had begun, weights that hold NaN or
-Inf are never saved, and a reader takes the newest checkpoint that reads back
-whole. The Trainer, the callbacks and the tools all use these functions.
+the `checkpoint` state file only once all its files are whole (the graph,
+then the variables, then the list), a save that fails (a full disk) removes
+what it had begun, weights that hold NaN or Inf are never saved, a state file
+that cannot be read stops the run instead of starting it over, and a reader
+takes the newest checkpoint that reads back whole. What a killed run left half
+written is removed when the next run takes the logdir. The Trainer, the
+callbacks and the tools all use these functions.
 """
 import glob
 import json
+import math
 import os
+import re
 import shutil
 
 import tensorflow as tf
 
 from towers.data.atomic import atomic_output
 from towers.errors import TowersError, op_error_summary
-from towers.names import BEST_DIR, CHECKPOINT_NAME, RUN_FILE
+from towers.names import BEST_DIR, BEST_FILE, CHECKPOINT_NAME, RUN_FILE, STATS_FILE
 
 tf1 = tf.compat.v1
+
+STATE_FILE = 'checkpoint'  # TensorFlow's list of a folder's checkpoints, newest last
+# A checkpoint's data files: prefix.data-00000-of-00002, prefix.data-00001-of-00002.
+_DATA_FILE = re.compile(r'\.data-(\d{5})-of-(\d{5})$')
 
 
 def write_run(logdir, **info):
@@ -48,13 +57,59 @@ def read_run(logdir):
         raise TowersError('cannot read %s: %s' % (path, e)) from None
 
 
-def _readable(prefix):
-    """Whether the checkpoint's index and data read back (its variables list)."""
+def checkpoint_state(folder):
+    """The CheckpointState of folder's `checkpoint` file, or None when it has none.
+
+    TensorFlow's get_checkpoint_state also answers None for a state file it
+    cannot read or parse, and a run would then start over on top of the
+    checkpoints listed there, and drop them from the list; this raises.
+
+    Raises:
+      TowersError: the state file is there but cannot be read or is damaged.
+    """
+    path = os.path.join(folder, STATE_FILE)
     try:
-        tf1.train.list_variables(prefix)
-        return True
+        with open(path, 'rb') as f:
+            f.read(1)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise TowersError('cannot read %s: %s; make it readable (it lists the checkpoints '
+                          'there), or use another {logdir}' % (path, e.strerror)) from None
+    try:
+        state = tf1.train.get_checkpoint_state(folder)
+    except ValueError:  # parsed, but names no checkpoint
+        state = None
+    if state is None:
+        raise TowersError('%s is damaged: it does not list checkpoints; remove it to '
+                          'start that folder over, or use another {logdir}' % path)
+    return state
+
+
+def _readable(prefix):
+    """Whether the checkpoint's index reads back and its data files hold every tensor.
+
+    The data files are read when restoring, after the choice was made: here
+    they must all be there, together at least as large as the tensors the
+    index lists, so that one cut short (a copy that stopped, a disk error) is
+    passed over.
+    """
+    try:
+        reader = tf1.train.NewCheckpointReader(prefix)
+        shapes, dtypes = reader.get_variable_to_shape_map(), reader.get_variable_to_dtype_map()
     except (tf.errors.OpError, ValueError):
         return False
+    needed = sum(dtypes[name].size * math.prod(shape) for name, shape in shapes.items()
+                 if dtypes[name].is_numpy_compatible and dtypes[name] != tf.string)
+    shards = {}
+    for path in glob.glob(glob.escape(prefix) + '.data-*'):
+        match = _DATA_FILE.search(path)
+        if match:
+            shards[int(match.group(1))] = (int(match.group(2)), os.path.getsize(path))
+    counts = {count for count, _ in shards.values()}
+    if len(counts) != 1 or sorted(shards) != list(range(counts.pop())):
+        return False
+    return sum(size for _, size in shards.values()) >= needed
 
 
 def newest_complete(folder):
@@ -62,8 +117,11 @@ def newest_complete(folder):
 
     The state file lists a checkpoint only after it was written; one whose
     files were damaged or removed since is passed over for the one before it.
+
+    Raises:
+      TowersError: the state file cannot be read (checkpoint_state).
     """
-    state = tf1.train.get_checkpoint_state(folder)
+    state = checkpoint_state(folder)
     if state is None:
         return None
     listed = list(state.all_model_checkpoint_paths) or [state.model_checkpoint_path]
@@ -72,6 +130,18 @@ def newest_complete(folder):
         if _readable(path):
             return path
     return None
+
+
+def to_restore(folder):
+    """(the checkpoint to restore from folder, the newest listed) or (None, None).
+
+    The newest complete one; when no listed one is whole, the newest listed,
+    so that restoring it says what is wrong with it.
+    """
+    state = checkpoint_state(folder)
+    if state is None:
+        return None, None
+    return newest_complete(folder) or state.model_checkpoint_path, state.model_checkpoint_path
 
 
 def find_checkpoint(logdir, checkpoint=None, best=False):
@@ -92,7 +162,7 @@ def find_checkpoint(logdir, checkpoint=None, best=False):
             raise TowersError('%s has no best checkpoint: it is kept when training evaluates '
                               'on validation or test data with --logdir' % logdir)
         logdir = folder
-    latest = newest_complete(logdir)
+    latest, _ = to_restore(logdir)
     if latest is None:
         raise TowersError('no checkpoint in %s; train with --logdir %s first' % (logdir, logdir))
     return latest
@@ -168,27 +238,83 @@ def make_saver(variables, keep):
 def save(saver, sess, folder, step):
     """Save a checkpoint at folder/model.ckpt-STEP; its path.
 
+    The graph (.meta) is written first, then the variables (.index, .data),
+    then the state file that lists the checkpoint; only then does the Saver
+    delete the oldest one it keeps. (TensorFlow's own order writes the graph
+    last, after the list names the checkpoint and after the oldest is gone.)
     A failed save (a full disk, a folder made read-only) is one TowersError
     line, and what it had begun writing is removed: the state file still
     names the previous checkpoint, whose files are untouched.
     """
     prefix = os.path.join(folder, CHECKPOINT_NAME)
     try:
-        return saver.save(sess, prefix, global_step=step)
+        with sess.graph.as_default():
+            saver.export_meta_graph('%s-%d.meta' % (prefix, step))
+        return saver.save(sess, prefix, global_step=step, write_meta_graph=False)
     except tf.errors.OpError as e:
         _remove_partial(prefix, step)
         raise TowersError('cannot write checkpoint %s-%d: %s'
-                          % (prefix, step, op_error_summary(e))) from None
+                          % (prefix, step, _write_error(e))) from None
+
+
+def _write_error(error):
+    """What made a write fail, without the memory hint TensorFlow adds to a full disk.
+
+    A full disk is RESOURCE_EXHAUSTED, which TensorFlow ends with a hint about
+    allocated tensors (for memory); op_error_summary would take it for the cause.
+    """
+    lines = [line for line in error.message.splitlines()
+             if not line.startswith('Hint: If you want to see a list of allocated tensors')]
+    return op_error_summary(type(error)(error.node_def, error.op, '\n'.join(lines)))
 
 
 def _remove_partial(prefix, step):
-    # TensorFlow writes a checkpoint's shards into a temporary folder, then
-    # merges them into the data and index files; either may be left half-made.
-    for path in glob.glob('%s-%d.*' % (prefix, step)) + glob.glob('%s-%d_temp*' % (prefix, step)):
-        try:
-            shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
-        except OSError:
-            pass  # what cannot be removed is not listed in the state file either
+    # TensorFlow writes a checkpoint's files and the state file under
+    # temporary names, then renames them; either may be left half-made.
+    stem = glob.escape('%s-%d' % (prefix, step))
+    state = glob.escape(os.path.join(os.path.dirname(prefix), STATE_FILE))
+    for path in glob.glob(stem + '.*') + glob.glob(stem + '_temp*') + glob.glob(state + '.tmp*'):
+        _remove(path)
+
+
+def _remove(path):
+    try:
+        shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+    except OSError:
+        pass  # what cannot be removed is not listed in the state file either
+
+
+# What a write cut short by a kill leaves: TensorFlow's temporary files (a
+# checkpoint's data and index, its sharded folder, the graph, the state file)
+# and atomic_output's (run.json, stats.jsonl, best.json).
+_UNFINISHED = ['%s-*%s*' % (CHECKPOINT_NAME, mark) for mark in ('.tempstate', '_temp', '.tmp')]
+_UNFINISHED += [STATE_FILE + '.tmp*'] + ['.%s.*' % name for name in (RUN_FILE, STATS_FILE,
+                                                                      BEST_FILE)]
+_STEM = re.compile(r'%s-\d+' % re.escape(CHECKPOINT_NAME))  # model.ckpt-STEP of its files
+
+
+def remove_unfinished(folder):
+    """Remove what an interrupted run left half written in folder; the names removed.
+
+    Also the files of checkpoints the state file does not list (a run killed
+    after writing them and before listing them, or while deleting an old
+    one; with no state file, every checkpoint's): nothing reads them, and the
+    Saver would never delete them. Only while holding the logdir
+    (LogdirLock): another run's writes in progress look the same.
+    """
+    def matching(pattern):
+        return glob.glob(os.path.join(glob.escape(folder), pattern))
+    removed = {path for pattern in _UNFINISHED for path in matching(pattern)}
+    state = checkpoint_state(folder)
+    paths = list(state.all_model_checkpoint_paths) + [state.model_checkpoint_path] if state else []
+    listed = {os.path.basename(path) for path in paths}
+    for path in matching(CHECKPOINT_NAME + '-*'):
+        stem = _STEM.match(os.path.basename(path))
+        if stem and stem.group(0) not in listed:
+            removed.add(path)
+    for path in removed:
+        _remove(path)
+    return sorted(os.path.basename(path) for path in removed)
 
 
 def weights_finite():

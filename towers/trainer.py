@@ -149,12 +149,13 @@ class Trainer:
 
     def _resume(self, sess):
         """Restore the logdir's newest complete checkpoint, if any, and check its data order."""
-        latest = checkpoints.newest_complete(self.logdir) if self.logdir else None
+        latest, newest = checkpoints.to_restore(self.logdir) if self.logdir else (None, None)
         if not latest:
             return
         checkpoints.restore(sess, self.graph.saver, latest, self.saved)
         self.data_order.check(sess, self.logdir)
-        self.log('resumed from %s' % latest)
+        self.log('resumed from %s%s' % (latest, '' if latest == newest else
+                                         ' (%s, newer, does not read back whole)' % newest))
 
     def train(self):
         """Run the loop to num_steps (or a stop); returns a dict (see `train`)."""

@@ -1,11 +1,7 @@
 """Checkpoint: the shared variables saved every K steps, at each epoch end and at the end."""
-import tensorflow as tf
-
 from towers import checkpoints
 from towers.callbacks.base import Callback
 from towers.errors import TowersError
-
-tf1 = tf.compat.v1
 
 
 class Checkpoint(Callback):
@@ -35,7 +31,12 @@ class Checkpoint(Callback):
         self.weights_finite = checkpoints.weights_finite()
 
     def before_train(self, trainer):
-        state = tf1.train.get_checkpoint_state(trainer.logdir)
+        # This run holds the logdir now: what a killed one left half written goes.
+        removed = checkpoints.remove_unfinished(trainer.logdir)
+        if removed:
+            trainer.log('removed what an interrupted run left unfinished: %s'
+                        % ', '.join(removed))
+        state = checkpoints.checkpoint_state(trainer.logdir)
         if state and state.model_checkpoint_path:
             # A fresh Saver knows none of the earlier checkpoints: without this it
             # would drop them from the state file and never delete them (keep).

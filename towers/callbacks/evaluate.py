@@ -2,16 +2,12 @@
 import json
 import os
 
-import tensorflow as tf
-
 from towers import checkpoints
 from towers.callbacks.base import Callback
 from towers.data.atomic import atomic_output
 from towers.errors import SettingError, TowersError
 from towers.evaluation import format_metrics, split_size
 from towers.names import BEST_DIR, BEST_FILE
-
-tf1 = tf.compat.v1
 
 
 class Evaluate(Callback):
@@ -60,15 +56,32 @@ class Evaluate(Callback):
 
     def before_train(self, trainer):
         if self.saver:
-            try:
-                with open(os.path.join(self.folder, BEST_FILE), encoding='utf-8') as f:
-                    self.best = json.load(f)
-            except (OSError, ValueError):
-                self.best = None
-            state = tf1.train.get_checkpoint_state(self.folder)
+            removed = checkpoints.remove_unfinished(self.folder)
+            if removed:
+                trainer.log('removed what an interrupted run left unfinished: %s'
+                            % ', '.join(os.path.join(BEST_DIR, name) for name in removed))
+            self.best = self._read_best(trainer)
+            state = checkpoints.checkpoint_state(self.folder)
             if state and state.all_model_checkpoint_paths:
                 # So that the next best replaces the one a resumed run left here.
                 self.saver.recover_last_checkpoints(state.all_model_checkpoint_paths)
+
+    def _read_best(self, trainer):
+        """best.json, when it describes the checkpoint best/ holds; else None."""
+        try:
+            with open(os.path.join(self.folder, BEST_FILE), encoding='utf-8') as f:
+                best = json.load(f)
+        except (OSError, ValueError):
+            return None
+        kept = checkpoints.newest_complete(self.folder)
+        kept_name = kept and os.path.basename(kept)
+        if not isinstance(best, dict) or best.get('checkpoint') != kept_name:
+            # A run stopped between saving a best checkpoint and recording it:
+            # the record is another checkpoint's, so the next evaluation replaces both.
+            trainer.log('%s does not describe %s; the next evaluation keeps its checkpoint '
+                        'as the best' % (os.path.join(self.folder, BEST_FILE), kept))
+            return None
+        return best
 
     def after_epoch(self, trainer):
         if round(trainer.epoch) % self.every_epochs == 0:
