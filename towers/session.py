@@ -13,7 +13,7 @@ import time
 
 import tensorflow as tf
 
-from towers.errors import TowersError
+from towers.errors import TowersError, op_error_summary
 
 tf1 = tf.compat.v1
 
@@ -71,7 +71,7 @@ def run_step(sess, source, step, fetches, options=None, run_metadata=None):
       The values of fetches, or None at the end of the source's data.
     Raises:
       TowersError: the source failed (e.g. its loader raised), ended early,
-        or read corrupt records.
+        read corrupt records, or found a file of its data gone.
     """
     extra, feed = source.step(step)
     try:
@@ -83,6 +83,11 @@ def run_step(sess, source, step, fetches, options=None, run_metadata=None):
     except tf.errors.DataLossError as e:
         # A shard damaged after its check (or read unchecked): say so in one line.
         raise TowersError('corrupt input data at step %d: %s' % (step, e.message)) from None
+    except (tf.errors.NotFoundError, tf.errors.PermissionDeniedError) as e:
+        # A file the input opens again each epoch (a records shard) was removed,
+        # moved or made unreadable after the run checked it.
+        raise TowersError('cannot read the input data at step %d: %s; put it back and run '
+                          'again to resume' % (step, op_error_summary(e))) from None
 
 
 def run_steps(sess, source, fetches, start_step, num_steps, run_options=None,

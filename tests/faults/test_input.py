@@ -1,0 +1,55 @@
+"""A records shard deleted while a run reads it: one line naming the shard, then a resume.
+
+`--dataset records:DIR` streams the shards through tf.data, which opens them
+again every epoch; a shard removed after the run checked it is found missing
+when the second epoch begins (step 80 here: 4000 records, batches of 50).
+"""
+import os
+import shutil
+
+import pytest
+
+from tests.faults.runs import TINY, assert_same_variables, assert_whole, towers, variables
+from towers import checkpoints, session
+from towers.cli import main
+from towers.logdir import in_use_by
+
+
+@pytest.fixture(scope='module')
+def records(tmp_path_factory):
+    """mnist_sample as a records folder of four shards per split."""
+    folder = str(tmp_path_factory.mktemp('records') / 'mnist_sample')
+    assert main(['data', 'convert', '--dataset', 'mnist_sample', '--shards', '4',
+                 '--out', folder]) == 0
+    return folder
+
+
+def test_a_records_shard_deleted_mid_run(tmp_path, records, monkeypatch, capsys):
+    folder = str(tmp_path / 'records')
+    shutil.copytree(records, folder)
+    shard = os.path.join(folder, 'train-00002-of-00004.tfrecord')
+    logdir, other = str(tmp_path / 'run'), str(tmp_path / 'uninterrupted')
+    flags = TINY + ('--dataset', 'records:' + folder, '--steps', '120',
+                    '--checkpoint-every', '20')
+    run_step = session.run_step
+
+    def delete_at_step_5(sess, source, step, *args, **kwargs):
+        if step == 5:
+            os.remove(shard)
+        return run_step(sess, source, step, *args, **kwargs)
+    monkeypatch.setattr(session, 'run_step', delete_at_step_5)
+    status, out, err = towers(capsys, 'train', *flags, '--logdir', logdir)
+    assert status == 1
+    assert err == ['towers: error: cannot read the input data at step 80: %s; No such file or '
+                   'directory; put it back and run again to resume' % shard]
+    # What was saved before it (step 80 ended the first epoch) is whole; the lock is free.
+    assert assert_whole(logdir) == ['model.ckpt-%d' % s for s in (20, 40, 60, 80)]
+    assert in_use_by(logdir) is None
+    # With the shard back, the run resumes there and ends as one never interrupted.
+    monkeypatch.undo()
+    shutil.copy(os.path.join(records, os.path.basename(shard)), shard)
+    status, out, _ = towers(capsys, 'train', *flags, '--logdir', logdir)
+    assert status == 0 and 'resumed from %s' % os.path.join(logdir, 'model.ckpt-80') in out
+    assert towers(capsys, 'train', *flags, '--logdir', other)[0] == 0
+    assert_same_variables(variables(checkpoints.newest_complete(other)),
+                          variables(checkpoints.newest_complete(logdir)))
