@@ -18,6 +18,8 @@ import time
 from towers.errors import TowersError
 from towers.names import LOCK_FILE
 
+_UNNAMED_WAIT_S = 1.0  # how long a lock whose holder wrote no name yet is asked again
+
 
 def prepare_logdir(logdir):
     """Make logdir (and its parents) if needed; TowersError if it cannot be written."""
@@ -69,17 +71,25 @@ class LogdirLock:
             handle = open(self.path, 'a+', encoding='utf-8')
         except OSError as e:
             raise TowersError('cannot lock {logdir} %s: %s', self.logdir, e.strerror) from None
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            holder = _read_holder(handle)
-            handle.close()
-            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise TowersError('cannot lock {logdir} %s: %s', self.logdir,
-                                  e.strerror) from None
-            raise TowersError('{logdir} %s is in use by %s: wait for that run to end, or '
-                              'choose another folder', self.logdir,
-                              _holder_text(holder)) from None
+        deadline = time.monotonic() + _UNNAMED_WAIT_S
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as e:
+                holder = _read_holder(handle)
+                if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                    handle.close()
+                    raise TowersError('cannot lock {logdir} %s: %s', self.logdir,
+                                      e.strerror) from None
+                # Held by no one named: in_use_by looking (for a moment), or a run
+                # that has just locked and is writing its name. Ask again, briefly.
+                if holder or time.monotonic() > deadline:
+                    handle.close()
+                    raise TowersError('{logdir} %s is in use by %s: wait for that run to end, '
+                                      'or choose another folder', self.logdir,
+                                      _holder_text(holder)) from None
+                time.sleep(0.01)
         handle.seek(0)
         handle.truncate()
         handle.write(json.dumps({'pid': os.getpid(), 'host': socket.gethostname(),

@@ -4,26 +4,35 @@ Both read its run.json (which model, dataset and options made it) and a
 checkpoint: the one named, the best, or the newest that reads back whole. A
 logdir a run is still training in is read as it stands, and they say so.
 """
+import os
+
 import tensorflow as tf
 
 from towers import checkpoints, data, devices, graph, models
 from towers.config import check
+from towers.errors import TowersError
 from towers.evaluation import evaluate, format_metrics
 from towers.logdir import in_use_by
 from towers.model import ClassifierModel
+from towers.names import RUN_FILE
 from towers.tools import export
 
 
 def saved_run(args, log):
     """(run.json, model_fn, checkpoint) of --logdir."""
+    holder = in_use_by(args.logdir)
+    if holder and not args.checkpoint and not args.best and (
+            not os.path.exists(os.path.join(args.logdir, RUN_FILE))
+            or not checkpoints.newest_complete(args.logdir)):
+        raise TowersError('%s is in use by %s, which has not saved a checkpoint yet: wait for '
+                          'its first one', args.logdir, holder)
     run = checkpoints.read_run(args.logdir)
     model_fn = models.build_model(run['model'], run['input_shape'], run['num_classes'],
                                   **run.get('model_options', {}))
     checkpoint = checkpoints.find_checkpoint(args.logdir, args.checkpoint, args.best)
-    holder = in_use_by(args.logdir)
     if holder and not args.checkpoint:
-        log('%s is in use by %s: reading its newest complete checkpoint, %s'
-            % (args.logdir, holder, checkpoint))
+        log('%s is in use by %s: reading its %s checkpoint, %s'
+            % (args.logdir, holder, 'best' if args.best else 'newest complete', checkpoint))
     return run, model_fn, checkpoint
 
 

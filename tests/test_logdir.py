@@ -1,0 +1,176 @@
+"""One run per logdir: LogdirLock in this process, and real second processes refused.
+
+A second `towers train` on a logdir in use is refused with one line naming
+the process that holds it, and changes nothing there; the lock dies with its
+holder, kill -9 included, so a crash never leaves a stale lock in the way of
+the resume; `eval` and `export` read the newest complete checkpoint of a
+logdir in use, and say so.
+"""
+import fcntl
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import tensorflow as tf
+
+from tests.faults.runs import (
+    ENV,
+    TINY,
+    Training,
+    holder_line,
+    snapshot,
+    towers,
+    wait_until,
+)
+from towers import checkpoints
+from towers.cli.config import flag
+from towers.errors import TowersError
+from towers.logdir import LogdirLock, in_use_by
+
+REFUSAL = '--logdir %s is in use by %s: wait for that run to end, or choose another folder'
+
+
+def _since(seconds):
+    return time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(seconds))
+
+
+def test_the_lock_names_its_holder_and_is_emptied_when_released(tmp_path):
+    logdir, before = str(tmp_path), time.time()
+    with LogdirLock(logdir) as lock:
+        with open(lock.path) as f:
+            holder = json.load(f)
+        assert sorted(holder) == ['command', 'host', 'pid', 'since']
+        assert (holder['pid'], holder['host']) == (os.getpid(), socket.gethostname())
+        assert before <= holder['since'] <= time.time()
+        assert in_use_by(logdir) == 'process %d (%s) on %s since %s' % (
+            os.getpid(), holder['command'], socket.gethostname(), _since(holder['since']))
+    assert lock.path == os.path.join(logdir, '.towers.lock')
+    # Emptied, not removed: a run about to lock that very file must not lose it.
+    assert os.path.getsize(lock.path) == 0
+    assert in_use_by(logdir) is None
+
+
+def test_a_second_lock_is_refused_naming_the_first(tmp_path):
+    logdir = str(tmp_path)
+    with LogdirLock(logdir):
+        holder = in_use_by(logdir)
+        # Another open file of the lock: flock refuses it as it would another process's.
+        with pytest.raises(TowersError) as refused:
+            with LogdirLock(logdir):
+                pass
+        assert in_use_by(logdir) == holder  # the first still holds it
+    assert refused.value.named(flag) == REFUSAL % (logdir, holder)
+
+
+def test_a_lock_held_by_no_one_named_is_asked_again_then_refused(tmp_path):
+    logdir = str(tmp_path)
+    with open(os.path.join(logdir, '.towers.lock'), 'a+') as other:
+        # in_use_by looking: a shared lock for a moment, and no name written.
+        fcntl.flock(other, fcntl.LOCK_SH)
+        release = threading.Timer(0.2, fcntl.flock, (other, fcntl.LOCK_UN))
+        release.start()
+        start = time.monotonic()
+        with LogdirLock(logdir):
+            waited = time.monotonic() - start
+        release.join()
+        assert 0.15 < waited < 1.0
+        # A holder that never names itself is refused once the wait is over.
+        fcntl.flock(other, fcntl.LOCK_EX)
+        start = time.monotonic()
+        with pytest.raises(TowersError) as refused:
+            LogdirLock(logdir).__enter__()
+        assert 1.0 <= time.monotonic() - start < 3.0
+    assert refused.value.named(flag) == REFUSAL % (logdir, 'another process')
+
+
+def test_a_dead_holders_name_is_no_lock(tmp_path):
+    logdir = str(tmp_path)
+    assert in_use_by(logdir) is None  # never locked: no lock file
+    # What a holder killed with -9 leaves: its name, and no lock (the kernel dropped it).
+    with open(os.path.join(logdir, '.towers.lock'), 'w') as f:
+        json.dump({'pid': 999999, 'host': 'elsewhere', 'command': 'towers train',
+                   'since': 0}, f)
+    assert in_use_by(logdir) is None
+    with LogdirLock(logdir) as lock:
+        with open(lock.path) as f:
+            assert json.load(f)['pid'] == os.getpid()
+
+
+@pytest.mark.parametrize('written', [[], ['run.json']], ids=['nothing', 'run.json'])
+def test_eval_of_a_logdir_in_use_before_its_first_checkpoint(tmp_path, capsys, written):
+    logdir = str(tmp_path)
+    for name in written:
+        (tmp_path / name).write_text('{}')
+    with LogdirLock(logdir):
+        assert towers(capsys, 'eval', '--logdir', logdir)[::2] == (1, [
+            'towers: error: %s is in use by %s, which has not saved a checkpoint yet: wait for '
+            'its first one' % (logdir, in_use_by(logdir))])
+
+
+HOLDER = TINY + ('--steps', '100000', '--checkpoint-every', '5', '--log-every', '5')
+
+
+def _holder_command(logdir):
+    """The command line the holder's lock records (LogdirLock's _command)."""
+    return 'towers train %s --logdir %s' % (' '.join(HOLDER), logdir)
+
+
+def test_a_logdir_in_use_refuses_a_second_run_and_is_read_by_eval_and_export(tmp_path,
+                                                                             capsys):
+    logdir = str(tmp_path / 'run')
+    with Training(['train', *HOLDER, '--logdir', logdir], tmp_path) as holder:
+        wait_until(lambda: checkpoints.newest_complete(logdir), what='the first checkpoint')
+        # Stopped (SIGSTOP) while the others run: its files stand still.
+        holder.process.send_signal(signal.SIGSTOP)
+        try:
+            newest, before = checkpoints.newest_complete(logdir), snapshot(logdir)
+            second = subprocess.run(
+                [sys.executable, '-m', 'towers', 'train', *TINY, '--steps', '10',
+                 '--logdir', logdir], env=ENV, cwd=str(tmp_path), capture_output=True,
+                text=True, timeout=60)
+            assert second.returncode == 1
+            refusal = second.stderr.splitlines()
+            assert len(refusal) == 1, refusal
+            assert holder_line(logdir, holder.pid, _holder_command(logdir)).match(refusal[0])
+            assert second.stdout.splitlines() == [
+                'dataset mnist_sample: 4000 train, 0 validation, 1000 test; model small_convnet']
+            in_use = '%s is in use by %s: reading its newest complete checkpoint, %s' % (
+                logdir, in_use_by(logdir), newest)
+            status, out, err = towers(capsys, 'eval', '--logdir', logdir)
+            assert (status, err, out[:2]) == (0, [], [in_use, 'checkpoint: %s' % newest])
+            assert out[2].startswith('test: loss ') and out[2].endswith(' (1000 images)')
+            exported = str(tmp_path / 'exported')
+            status, out, err = towers(capsys, 'export', '--logdir', logdir, '--out', exported)
+            assert (status, err, out[0]) == (0, [], in_use)
+            assert out[1].startswith('exported %s as a SavedModel' % newest)
+            assert os.path.isfile(os.path.join(exported, 'saved_model.pb'))
+            assert snapshot(logdir) == before  # none of the three wrote there
+        finally:
+            holder.process.send_signal(signal.SIGCONT)
+        holder.process.send_signal(signal.SIGTERM)
+        assert holder.finish() == 0, holder.err
+    assert any(line.startswith('SIGTERM: stopping after step ') for line in holder.out)
+
+
+def test_kill_9_of_the_holder_frees_the_logdir_for_the_resume(tmp_path, capsys):
+    logdir = str(tmp_path / 'run')
+    with Training(['train', *HOLDER, '--logdir', logdir], tmp_path) as holder:
+        holder.wait_for_line('step 10/')
+        assert holder.kill() == -signal.SIGKILL
+    assert in_use_by(logdir) is None
+    with open(os.path.join(logdir, '.towers.lock')) as f:
+        assert json.load(f)['pid'] == holder.pid  # its name is left; its lock is not
+    newest = checkpoints.newest_complete(logdir)
+    step = tf.train.load_variable(newest, 'global_step')
+    assert step >= 5
+    status, out, err = towers(capsys, 'train', *TINY, '--steps', step + 5, '--logdir', logdir)
+    assert (status, err) == (0, [])
+    assert 'resumed from %s' % newest in out
+    assert tf.train.load_variable(logdir, 'global_step') == step + 5
+    assert os.path.getsize(os.path.join(logdir, '.towers.lock')) == 0
