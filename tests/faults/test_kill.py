@@ -70,7 +70,7 @@ def test_kill_9_at_random_moments_of_checkpoint_writes(tmp_path, capsys, uninter
     rng = random.Random(SEED)
     logdir, flags = str(tmp_path / 'run'), TINY + ('--steps', '40')
     every_step = ('--checkpoint-every', '1', '--log-every', '1')
-    unfinished = []
+    unfinished, resumed = [], []
     for _ in range(3):
         files, delay = rng.randint(1, 4), rng.uniform(0, 0.004)
         with Training(['train', *flags, *every_step, '--logdir', logdir], tmp_path) as run:
@@ -84,10 +84,14 @@ def test_kill_9_at_random_moments_of_checkpoint_writes(tmp_path, capsys, uninter
             wait_until(kth_file_begun, timeout=30, what='temporary file %d' % files)
             time.sleep(delay)
             assert run.kill() == -signal.SIGKILL
-        # What the run before this one left half written, this one removed first.
+        # What the run before this one left half written, this one removed first;
+        # it went on from the newest checkpoint that run left whole.
         assert _removed(run.out) == ([unfinished] if unfinished else [])
-        _, unfinished = _after_kill(logdir)
-    _resume(capsys, logdir, flags + every_step, unfinished)
+        assert [line for line in run.out if line.startswith('resumed from ')] == resumed
+        names, unfinished = _after_kill(logdir)
+        resumed = ['resumed from %s' % os.path.join(logdir, names[-1])] if names else []
+    out = _resume(capsys, logdir, flags + every_step, unfinished)
+    assert [line for line in out if line.startswith('resumed from ')] == resumed
     assert_same_variables(uninterrupted(*flags),
                           variables(checkpoints.newest_complete(logdir)))
     assert listed(logdir) == ['model.ckpt-%d' % step for step in range(36, 41)]
