@@ -27,7 +27,7 @@ import tensorflow as tf
 
 from towers.data.atomic import atomic_output
 from towers.errors import TowersError, op_error_summary
-from towers.names import BEST_DIR, BEST_FILE, CHECKPOINT_NAME, RUN_FILE, STATS_FILE
+from towers.names import BEST_DIR, CHECKPOINT_NAME, RUN_FILE
 
 tf1 = tf.compat.v1
 
@@ -86,7 +86,7 @@ def checkpoint_state(folder):
     return state
 
 
-def _readable(prefix):
+def reads_back(prefix):
     """Whether the checkpoint's index reads back and its data files hold every tensor.
 
     The data files are read when restoring, after the choice was made: here
@@ -127,7 +127,7 @@ def newest_complete(folder):
     listed = list(state.all_model_checkpoint_paths) or [state.model_checkpoint_path]
     for path in reversed(listed):
         path = path if os.path.isabs(path) else os.path.join(folder, path)
-        if _readable(path):
+        if reads_back(path):
             return path
     return None
 
@@ -254,18 +254,7 @@ def save(saver, sess, folder, step):
     except tf.errors.OpError as e:
         _remove_partial(prefix, step)
         raise TowersError('cannot write checkpoint %s-%d: %s'
-                          % (prefix, step, _write_error(e))) from None
-
-
-def _write_error(error):
-    """What made a write fail, without the memory hint TensorFlow adds to a full disk.
-
-    A full disk is RESOURCE_EXHAUSTED, which TensorFlow ends with a hint about
-    allocated tensors (for memory); op_error_summary would take it for the cause.
-    """
-    lines = [line for line in error.message.splitlines()
-             if not line.startswith('Hint: If you want to see a list of allocated tensors')]
-    return op_error_summary(type(error)(error.node_def, error.op, '\n'.join(lines)))
+                          % (prefix, step, op_error_summary(e))) from None
 
 
 def _remove_partial(prefix, step):
@@ -274,47 +263,14 @@ def _remove_partial(prefix, step):
     stem = glob.escape('%s-%d' % (prefix, step))
     state = glob.escape(os.path.join(os.path.dirname(prefix), STATE_FILE))
     for path in glob.glob(stem + '.*') + glob.glob(stem + '_temp*') + glob.glob(state + '.tmp*'):
-        _remove(path)
+        remove_path(path)
 
 
-def _remove(path):
+def remove_path(path):
     try:
         shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
     except OSError:
         pass  # what cannot be removed is not listed in the state file either
-
-
-# What a write cut short by a kill leaves: TensorFlow's temporary files (a
-# checkpoint's data and index, its sharded folder, the graph, the state file)
-# and atomic_output's (run.json, stats.jsonl, best.json).
-_UNFINISHED = ['%s-*%s*' % (CHECKPOINT_NAME, mark) for mark in ('.tempstate', '_temp', '.tmp')]
-_UNFINISHED += [STATE_FILE + '.tmp*'] + ['.%s.*' % name for name in (RUN_FILE, STATS_FILE,
-                                                                      BEST_FILE)]
-_STEM = re.compile(r'%s-\d+' % re.escape(CHECKPOINT_NAME))  # model.ckpt-STEP of its files
-
-
-def remove_unfinished(folder):
-    """Remove what an interrupted run left half written in folder; the names removed.
-
-    Also the files of checkpoints the state file does not list (a run killed
-    after writing them and before listing them, or while deleting an old
-    one; with no state file, every checkpoint's): nothing reads them, and the
-    Saver would never delete them. Only while holding the logdir
-    (LogdirLock): another run's writes in progress look the same.
-    """
-    def matching(pattern):
-        return glob.glob(os.path.join(glob.escape(folder), pattern))
-    removed = {path for pattern in _UNFINISHED for path in matching(pattern)}
-    state = checkpoint_state(folder)
-    paths = list(state.all_model_checkpoint_paths) + [state.model_checkpoint_path] if state else []
-    listed = {os.path.basename(path) for path in paths}
-    for path in matching(CHECKPOINT_NAME + '-*'):
-        stem = _STEM.match(os.path.basename(path))
-        if stem and stem.group(0) not in listed:
-            removed.add(path)
-    for path in removed:
-        _remove(path)
-    return sorted(os.path.basename(path) for path in removed)
 
 
 def weights_finite():
@@ -335,40 +291,3 @@ def check_weights(sess, finite_op, step, last_saved=None):
                           'written%s; lower {learning_rate}'
                           % (step, ' (%s, saved before it, is intact)' % last_saved
                              if last_saved else ''))
-
-
-class DataOrder:
-    """The settings that decide which batch each step trains on, kept in every checkpoint.
-
-    Saved as int64 variables in the 'data_order' scope, so a resume that would
-    train on other batches (another seed, batch size, dataset or input order)
-    is refused instead of silently continuing on a different sequence.
-
-    Args:
-      settings: {name: int}, e.g. seed, batch_size, num_examples.
-    """
-
-    def __init__(self, settings):
-        self.settings = dict(settings)
-        self.variables = None
-
-    def build(self, device):
-        """Create the variables in the default graph, on device."""
-        with tf.device(device), tf1.variable_scope('data_order'):
-            self.variables = [tf1.get_variable(name, initializer=tf.constant(value, tf.int64),
-                                               trainable=False)
-                              for name, value in self.settings.items()]
-
-    def check(self, sess, logdir):
-        """After a restore from logdir: raise TowersError if the checkpoint's order is another."""
-        saved = dict(zip(self.settings, (int(v) for v in sess.run(self.variables))))
-        if saved != self.settings:
-            raise TowersError(
-                'the checkpoint in %s was trained with data order %s, this run asks for %s: '
-                'resuming would train on other batches; use the same {seed}, {batch_size}, '
-                'dataset and {input}, or a new {logdir}'
-                % (logdir, _pairs(saved), _pairs(self.settings)))
-
-
-def _pairs(values):
-    return ', '.join('%s %s' % (k, v) for k, v in sorted(values.items()))

@@ -49,7 +49,9 @@ def op_error_summary(error):
     less bytes than requested' or 'No space left on device'.
     """
     noise = ('Graph execution error', 'Detected at node', 'File "', 'Node:', '[[',
-             'Original stack', 'Traceback')
+             'Original stack', 'Traceback',
+             # Ends every RESOURCE_EXHAUSTED, a full disk too: a hint, not the cause.
+             'Hint: If you want to see a list of allocated tensors')
     lines = [line.strip() for line in error.message.splitlines()]
     causes = [line for line in lines if line and not line.startswith(noise)
               and not line.endswith('(most recent call last):')]

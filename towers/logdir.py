@@ -5,18 +5,22 @@ events, stats.jsonl). A training run holds an advisory lock (flock) on
 LOGDIR/.towers.lock from before it writes anything until it ends; the
 kernel drops it when the process dies, kill -9 included, so a crash never
 leaves a stale lock in the way of the resume. The file says who holds it,
-so the run that is refused can name that process.
+so the run that is refused can name that process. Holding the lock, a run
+removes what a killed one left half written (remove_unfinished).
 """
 import errno
 import fcntl
+import glob
 import json
 import os
+import re
 import socket
 import sys
 import time
 
+from towers import checkpoints
 from towers.errors import TowersError
-from towers.names import LOCK_FILE
+from towers.names import BEST_FILE, CHECKPOINT_NAME, LOCK_FILE, RUN_FILE, STATS_FILE
 
 _UNNAMED_WAIT_S = 1.0  # how long a lock whose holder wrote no name yet is asked again
 
@@ -122,3 +126,49 @@ def in_use_by(logdir):
             return _holder_text(_read_holder(handle))
         fcntl.flock(handle, fcntl.LOCK_UN)
     return None
+
+
+# What a write cut short by a kill leaves: TensorFlow's temporary files (a
+# checkpoint's data and index, its sharded folder, the graph, the state file)
+# and atomic_output's (run.json, stats.jsonl, best.json).
+_UNFINISHED = ['%s-*%s*' % (CHECKPOINT_NAME, mark) for mark in ('.tempstate', '_temp', '.tmp')]
+_UNFINISHED += [checkpoints.STATE_FILE + '.tmp*']
+_UNFINISHED += ['.%s.*' % name for name in (RUN_FILE, STATS_FILE, BEST_FILE)]
+_STEM = re.compile(r'%s-(\d+)' % re.escape(CHECKPOINT_NAME))  # model.ckpt-STEP of its files
+
+
+def remove_unfinished(folder):
+    """Remove what an interrupted run left half written in folder; the names removed.
+
+    Also the files of checkpoints the state file does not list, newer than
+    its newest (a run killed after writing them, before listing them) or
+    older than its oldest (killed while deleting an old one), or, with no
+    list, that do not read back whole (a first save cut short): nothing
+    reads them, and the Saver would never delete them. Only while holding the
+    logdir (LogdirLock): another run's writes in progress look the same.
+    """
+    def matching(pattern):
+        return glob.glob(os.path.join(glob.escape(folder), pattern))
+    removed = {path for pattern in _UNFINISHED for path in matching(pattern)}
+    state = checkpoints.checkpoint_state(folder)
+    listed = sorted({_step(path) for path in list(state.all_model_checkpoint_paths)
+                     + [state.model_checkpoint_path]}) if state else []
+    for path in matching(CHECKPOINT_NAME + '-*'):
+        step = _step(path)
+        if step is None or step in listed:
+            continue
+        # Newer than the newest listed: a save not yet listed; older than the oldest:
+        # a deletion cut short; with no list, a first save cut short. What else is
+        # here (a whole checkpoint put here by hand) is left alone.
+        if (step > listed[-1] or step < listed[0]) if listed else not checkpoints.reads_back(
+                os.path.join(folder, '%s-%d' % (CHECKPOINT_NAME, step))):
+            removed.add(path)
+    for path in removed:
+        checkpoints.remove_path(path)
+    return sorted(os.path.basename(path) for path in removed)
+
+
+def _step(path):
+    """STEP of a model.ckpt-STEP file (or prefix), else None."""
+    stem = _STEM.match(os.path.basename(path))
+    return int(stem.group(1)) if stem else None

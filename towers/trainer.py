@@ -18,6 +18,7 @@ from towers import checkpoints, evaluation
 from towers.callbacks import Checkpoint, Throughput, default_callbacks
 from towers.config import TrainConfig
 from towers.data.sampler import EpochSampler
+from towers.dataorder import DataOrder
 from towers.devices import resolve_devices, resolve_param_device, session_config
 from towers.errors import SettingError, TowersError
 from towers.graph import build_training_graph
@@ -127,7 +128,7 @@ class Trainer:
             steps_per_epoch=self.steps_per_epoch, ema_decay=config.ema, finalize=False,
             variable_update=config.variable_update, sync_bn=config.sync_bn)
         with graph.graph.as_default():
-            self.data_order = checkpoints.DataOrder(self._data_order())
+            self.data_order = DataOrder(self._data_order())
             self.data_order.build(host_device(self.param_device))
             self.graph = graph
             for callback in self.callbacks:

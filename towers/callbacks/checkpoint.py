@@ -2,6 +2,7 @@
 from towers import checkpoints
 from towers.callbacks.base import Callback
 from towers.errors import TowersError
+from towers.logdir import remove_unfinished
 
 
 class Checkpoint(Callback):
@@ -32,7 +33,7 @@ class Checkpoint(Callback):
 
     def before_train(self, trainer):
         # This run holds the logdir now: what a killed one left half written goes.
-        removed = checkpoints.remove_unfinished(trainer.logdir)
+        removed = remove_unfinished(trainer.logdir)
         if removed:
             trainer.log('removed what an interrupted run left unfinished: %s'
                         % ', '.join(removed))

@@ -7,6 +7,7 @@ from towers.callbacks.base import Callback
 from towers.data.atomic import atomic_output
 from towers.errors import SettingError, TowersError
 from towers.evaluation import format_metrics, split_size
+from towers.logdir import remove_unfinished
 from towers.names import BEST_DIR, BEST_FILE
 
 
@@ -56,7 +57,7 @@ class Evaluate(Callback):
 
     def before_train(self, trainer):
         if self.saver:
-            removed = checkpoints.remove_unfinished(self.folder)
+            removed = remove_unfinished(self.folder)
             if removed:
                 trainer.log('removed what an interrupted run left unfinished: %s'
                             % ', '.join(os.path.join(BEST_DIR, name) for name in removed))
