@@ -129,6 +129,27 @@ def test_an_input_source_without_steps_per_epoch_needs_one():
         _trainer(source=InputSource())
 
 
+def test_settings_a_model_desc_gives_itself_are_refused_not_ignored():
+    with pytest.raises(TowersError) as error:
+        _trainer(optimizer='momentum', weight_decay=0.1)
+    assert str(error.value) == (
+        'optimizer, weight_decay describe the ClassifierModel of towers.train; _Linear says its '
+        'own in optimizer(), weight_decay() and gradient_processors()')
+
+
+@pytest.mark.parametrize('old,new', [('max_epoch', 'epochs'), ('max_steps', 'steps'),
+                                     ('ema_decay', 'ema'), ('tower_devices', 'towers')])
+def test_a_keyword_of_before_the_train_config_names_what_it_became(old, new):
+    with pytest.raises(TypeError, match='^the Trainer setting %s is now %s$' % (old, new)):
+        _trainer(**{old: 1})
+
+
+def test_default_callbacks_takes_a_train_config():
+    from towers.callbacks import default_callbacks
+    with pytest.raises(TypeError, match=r"^default_callbacks takes a TrainConfig, e\.g\. "):
+        default_callbacks('/tmp/logdir')
+
+
 @pytest.mark.parametrize('inputs', [
     [tf.TensorSpec((None, 8, 8, 1), tf.float32)],
     [tf.TensorSpec((None, 8, 8), tf.float32), tf.TensorSpec((None,), tf.int64)],

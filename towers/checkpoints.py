@@ -160,7 +160,7 @@ def find_checkpoint(logdir, checkpoint=None, best=False):
         folder = os.path.join(logdir, BEST_DIR)
         if not os.path.isdir(folder):
             raise TowersError('%s has no best checkpoint: it is kept when training evaluates '
-                              'on validation or test data with --logdir' % logdir)
+                              'on validation data with {logdir}' % logdir)
         logdir = folder
     latest, _ = to_restore(logdir)
     if latest is None:
@@ -168,13 +168,17 @@ def find_checkpoint(logdir, checkpoint=None, best=False):
     return latest
 
 
-def check_checkpoint(checkpoint, variables):
+ANOTHER = 'use an older one with {checkpoint}'  # what eval and export can do instead
+
+
+def check_checkpoint(checkpoint, variables, advice=ANOTHER):
     """Raise TowersError unless the checkpoint holds every variable, same shape.
 
     Args:
       checkpoint: a checkpoint prefix.
       variables: the graph's variables that will be restored, or a dict
         checkpoint name -> variable (a Saver's var_list).
+      advice: what the caller can do about a checkpoint that does not read.
     Raises:
       TowersError: names the missing variables and those with other shapes
         (another model, optimizer or input shape).
@@ -182,8 +186,8 @@ def check_checkpoint(checkpoint, variables):
     try:
         saved = dict(tf1.train.list_variables(checkpoint))
     except tf.errors.OpError as e:
-        raise TowersError('cannot read checkpoint %s (%s); it may be truncated: use an older '
-                          'one with {checkpoint}' % (checkpoint, op_error_summary(e))) from None
+        raise TowersError('cannot read checkpoint %s (%s); it may be truncated: %s'
+                          % (checkpoint, op_error_summary(e), advice)) from None
     if not isinstance(variables, dict):
         variables = {v.op.name: v for v in variables}
     missing, reshaped = [], []
@@ -201,18 +205,19 @@ def check_checkpoint(checkpoint, variables):
                           'or the flags it was trained with' % (checkpoint, ' | '.join(problems)))
 
 
-def restore(sess, saver, checkpoint, variables):
+def restore(sess, saver, checkpoint, variables, advice=ANOTHER):
     """Restore a checkpoint with saver, or say plainly why it does not fit.
 
     Args:
       variables: the saver's var_list, checkpoint name -> variable.
+      advice: as for check_checkpoint.
     """
-    check_checkpoint(checkpoint, variables)
+    check_checkpoint(checkpoint, variables, advice)
     try:
         saver.restore(sess, checkpoint)
     except tf.errors.OpError as e:
-        raise TowersError('cannot read checkpoint %s (%s); it may be truncated: use an older '
-                          'one with {checkpoint}' % (checkpoint, op_error_summary(e))) from None
+        raise TowersError('cannot read checkpoint %s (%s); it may be truncated: %s'
+                          % (checkpoint, op_error_summary(e), advice)) from None
 
 
 def restore_map(ema):

@@ -46,7 +46,8 @@ TrainGraph.__doc__ = """Handles on a built training graph.
     are what they compute.
   init_op, saver: global and local variable initializer; a Saver of the
     variables a checkpoint holds (one copy of each, whatever the strategy);
-    None when built with finalize=False (the Trainer makes its own).
+    None when built with finalize=False (the Trainer makes them with
+    finalize_graph once its callbacks have added their ops).
   strategy: the --variable-update strategy (towers/variables.py).
   sync_op: copies the master variables onto their replicas; run it after
     init_op and after every restore (a no-op for parameter_server).
@@ -130,13 +131,16 @@ def build_training_graph(model, tower_devices, param_device='/cpu:0', seed=None,
         loss, metrics, batch, finite = _step_results(towers, decay, masters, applied)
         sync_op = strategy.sync_op()
         # Without finalize the caller adds variables of its own, then makes these.
-        init_op, saver = _finalize(graph, strategy) if finalize else (None, None)
+        init_op, saver = finalize_graph(graph, strategy) if finalize else (None, None)
     return TrainGraph(graph, source, towers, train_op, loss, metrics, batch, global_step, rate,
                       finite, ema, *evaluation, init_op, saver, strategy, sync_op)
 
 
-def _finalize(graph, strategy):
-    """(init_op of every variable, a Saver of what a checkpoint holds); the graph is frozen."""
+def finalize_graph(graph, strategy):
+    """(init_op of every variable, a Saver of what a checkpoint holds); the graph is frozen.
+
+    The Trainer calls it once its callbacks have added their ops.
+    """
     init_op = tf.group(tf1.global_variables_initializer(), tf1.local_variables_initializer(),
                        name='init')
     saver = tf1.train.Saver(strategy.saved_variables(), max_to_keep=5)

@@ -123,6 +123,8 @@ class ClassifierModel(ModelDesc):
       freeze: regex; variables it matches are not updated, or None.
     """
 
+    METRICS = ('loss', 'accuracy')  # what evaluation reports, and --best-metric chooses from
+
     def __init__(self, model_fn, input_shape, num_classes, optimizer='adam', momentum=0.9,
                  weight_decay=0.0, decay_pattern=r'(^|/)weights$', clip_norm=None, freeze=None):
         self.model_fn, self.num_classes = model_fn, num_classes

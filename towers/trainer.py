@@ -21,7 +21,7 @@ from towers.data.sampler import EpochSampler
 from towers.dataorder import DataOrder
 from towers.devices import resolve_devices, resolve_param_device, session_config
 from towers.errors import SettingError, TowersError
-from towers.graph import build_training_graph
+from towers.graph import build_training_graph, finalize_graph
 from towers.inputs import InputSource, make_input
 from towers.logdir import LogdirLock, prepare_logdir
 from towers.model import ClassifierModel
@@ -63,9 +63,10 @@ class Trainer:
     def __init__(self, model, data, config=None, *, callbacks=None, source=None, log=print,
                  stop_requested=None, run_info=None, **settings):
         if config is None:
-            config = TrainConfig(**settings)
+            config = TrainConfig(**_renamed(settings))
         elif settings:
             raise TypeError('give a TrainConfig or its settings, not both: %s' % sorted(settings))
+        _check_model_settings(model, config)
         self.model, self.data, self.config = model, data, config
         self.tower_devices = (list(config.towers) if isinstance(config.towers, (list, tuple))
                               else resolve_devices(config.towers))
@@ -133,11 +134,8 @@ class Trainer:
             self.graph = graph
             for callback in self.callbacks:
                 callback.setup_graph(self)
-            init_op = tf.group(tf1.global_variables_initializer(),
-                               tf1.local_variables_initializer(), name='init_all')
             self.saved = graph.strategy.saved_variables()
-            saver = tf1.train.Saver(self.saved, max_to_keep=None)
-        graph.graph.finalize()
+            init_op, saver = finalize_graph(graph.graph, graph.strategy)
         self.graph = graph._replace(init_op=init_op, saver=saver)
 
     def _data_order(self):
@@ -153,7 +151,9 @@ class Trainer:
         latest, newest = checkpoints.to_restore(self.logdir) if self.logdir else (None, None)
         if not latest:
             return
-        checkpoints.restore(sess, self.graph.saver, latest, self.saved)
+        checkpoints.restore(sess, self.graph.saver, latest, self.saved,
+                            advice='move it away to resume from an older one, or use another '
+                                   '{logdir}')
         self.data_order.check(sess, self.logdir)
         self.log('resumed from %s%s' % (latest, '' if latest == newest else
                                          ' (%s, newer, does not read back whole)' % newest))
@@ -258,6 +258,35 @@ class Trainer:
                 'test_loss': test and test['loss'], 'test_accuracy': test and test.get('accuracy'),
                 'images_per_sec': rate, 'checkpoint': checkpoint, 'dropped': dropped,
                 'stopped': self.stopped}
+
+
+# Trainer keywords of before the TrainConfig, and the setting each became.
+_RENAMED = {'max_epoch': 'epochs', 'max_steps': 'steps', 'ema_decay': 'ema',
+            'tower_devices': 'towers', 'input': 'input (a mode) or source (an InputSource)'}
+
+
+def _renamed(settings):
+    for old, new in _RENAMED.items():
+        if old in settings and not (old == 'input' and isinstance(settings[old], str)):
+            raise TypeError('the Trainer setting %s is now %s' % (old, new))
+    return settings
+
+
+# The settings that describe the ClassifierModel `train` builds.
+_CLASSIFIER = ('optimizer', 'momentum', 'weight_decay', 'clip_norm', 'freeze')
+
+
+def _check_model_settings(model, config):
+    """A ModelDesc of one's own says these itself: a config setting them would be ignored."""
+    if isinstance(model, ClassifierModel):
+        return
+    defaults = TrainConfig()
+    given = [name for name in _CLASSIFIER if getattr(config, name) != getattr(defaults, name)]
+    if given:
+        raise SettingError('%s describe%s the ClassifierModel of towers.train; %s says its '
+                           'own in optimizer(), weight_decay() and gradient_processors()'
+                           % (', '.join('{%s}' % n for n in given), 's' if len(given) == 1
+                              else '', type(model).__name__))
 
 
 def train(config, model_fn, datasets, input_shape, num_classes=10, log=print, source=None,

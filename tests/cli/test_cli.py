@@ -103,6 +103,9 @@ BAD_INPUT = [
     (['bench', '--plot', 'p.png', '--dataset', 'cifar10'], '--plot and --xla go with --compare'),
     (['bench', '--window', '1'], 'bench needs --batch-size >= 1, --window >= 2 and --warmup >= 0; '
      'got 128, 1 and 10'),
+    (['train', '--best-metric', 'top5', '--dataset', 'cifar10'],
+     "--best-metric 'top5' is not a metric of this model; choose one of: loss, accuracy"),
+    (['train', '--trace-step', '0'], '--trace-step must be at least 1, got 0'),
 ]
 if not HAS_GPU:
     BAD_INPUT += [

@@ -178,3 +178,23 @@ def test_a_resume_with_another_input_order_is_refused(run, tmp_path, capsys):
                  '--logdir', copy]) == 1
     err = capsys.readouterr().err
     assert 'tf_data_order 0, this run asks for' in err and 'tf_data_order 1:' in err
+
+
+def test_eval_refuses_test_images_that_do_not_fit_the_trained_model(tmp_path, capsys):
+    logdir = str(tmp_path / 'run')
+    assert main(['train', '--model', 'small_convnet', '--steps', '2', '--eval-every', '0',
+                 '--logdir', logdir, '--quiet']) == 0
+    # run.json says the model takes 32x32 digits; the test split holds 28x28 ones.
+    path = os.path.join(logdir, 'run.json')
+    with open(path) as f:
+        run = json.load(f)
+    run['input_shape'] = [32, 32, 1]
+    with open(path, 'w') as f:
+        json.dump(run, f)
+    capsys.readouterr()
+    assert main(['eval', '--logdir', logdir]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith('towers: error: ') and err[0].endswith(
+        'holds 28x28x1 images, but the model in %s takes 32x32x1: use images of that shape, or '
+        'a model built for 28x28x1' % path), err[0]

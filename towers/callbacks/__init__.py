@@ -33,7 +33,10 @@ def default_callbacks(config=None, data=None):
       config: a TrainConfig (None: the defaults).
       data: the run's towers.data.Datasets, or None.
     """
-    config = config or TrainConfig()
+    config = TrainConfig() if config is None else config
+    if not isinstance(config, TrainConfig):
+        raise TypeError('default_callbacks takes a TrainConfig, e.g. default_callbacks('
+                        'TrainConfig(logdir=...)), not %r' % (config,))
     callbacks = [NaNGuard(), Progress(config.log_every, quiet=config.quiet)]
     held_out = data is None or split_size(data, 'validation') or split_size(data, 'test')
     if config.eval_every and held_out:

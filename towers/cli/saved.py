@@ -41,11 +41,17 @@ def run_eval(args, log):
     from towers.cli.train import records_test_set
     check('batch_size', args.batch_size)
     run, model_fn, checkpoint = saved_run(args, log)
+    origin = None
     if run['dataset'].startswith('records:'):
-        test_set, _ = records_test_set(run['dataset'].split(':', 1)[1], run['num_classes'])
+        folder = run['dataset'].split(':', 1)[1]
+        test_set, _ = records_test_set(folder, run['num_classes'])
+        origin = 'records:%s test split' % folder
     else:
         test_set = data.load_dataset(run['dataset'], data_dir=args.data_dir or run['data_dir'],
                                      validation_size=0).test
+    # The model is rebuilt from run.json: the data found now must fit it.
+    data.check_images(test_set, run['input_shape'], origin=origin,
+                      model='the model in %s' % os.path.join(args.logdir, RUN_FILE))
     tower_devices = devices.resolve_devices(args.towers, args.devices)
     param_device = devices.resolve_param_device(args.param_device, tower_devices)
     model = ClassifierModel(model_fn, run['input_shape'], run['num_classes'])

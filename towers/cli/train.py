@@ -10,12 +10,14 @@ from towers import data, models
 from towers.cli.config import config_from_args
 from towers.devices import resolve_devices, resolve_param_device
 from towers.errors import SettingError
-from towers.tools.trace import Trace
+from towers.model import ClassifierModel
+from towers.tools.trace import Trace, check_trace_step
 from towers.trainer import train
 
 
 def run_train(args, log):
     from_records = args.dataset.startswith('records:')
+    config, callbacks = settings(args, from_records)  # all checked before any data is read
     if from_records:
         if args.input not in (None, 'dataset'):
             raise SettingError('records:DIR streams from disk through {input} dataset; '
@@ -31,11 +33,6 @@ def run_train(args, log):
                                info.num_train, args.dataset, args.validation_size)
     options = {} if args.dropout is None else {'dropout_rate': args.dropout}
     model_fn = models.build_model(args.model, input_shape, num_classes, **options)
-    tower_devices = resolve_devices(args.towers, args.devices)
-    config = config_from_args(args, tower_devices,
-                              resolve_param_device(args.param_device, tower_devices),
-                              args.input or ('dataset' if from_records else 'feed'))
-    callbacks = trace_callbacks(args)
     if not from_records:
         datasets = data.load_dataset(args.dataset, data_dir=args.data_dir,
                                      validation_size=args.validation_size, seed=args.seed)
@@ -51,8 +48,21 @@ def run_train(args, log):
         raise KeyboardInterrupt  # saved and stopped; exit as an interrupted command does
 
 
+def settings(args, from_records):
+    """(the TrainConfig of the flags, the callbacks they add); SettingError for a bad one."""
+    tower_devices = resolve_devices(args.towers, args.devices)
+    config = config_from_args(args, tower_devices,
+                              resolve_param_device(args.param_device, tower_devices),
+                              args.input or ('dataset' if from_records else 'feed'))
+    if config.best_metric not in ('auto',) + ClassifierModel.METRICS:
+        raise SettingError('{best_metric} %r is not a metric of this model; choose one of: %s',
+                           config.best_metric, ', '.join(ClassifierModel.METRICS))
+    return config, trace_callbacks(args)
+
+
 def trace_callbacks(args):
     """[Trace] for --trace (checked now, not after training), else []."""
+    check_trace_step(args.trace_step)
     if args.trace_plot and not args.trace:
         raise SettingError('{trace_plot} goes with {trace}')
     return [Trace(args.trace, args.trace_step, args.trace_plot)] if args.trace else []

@@ -14,6 +14,12 @@ and asks it `end_of_data()` when a step raises OutOfRangeError.
 from towers.errors import TowersError
 
 
+def sampled_batch(dataset, sampler, step):
+    """(images, labels) of a step: the sampler's indices of it into an in-memory DataSet."""
+    batch = sampler.indices(step)
+    return dataset.images[batch], dataset.labels[batch]
+
+
 class InputSource:
     """Base class: the four calls, doing nothing.
 

@@ -26,10 +26,10 @@ class DatasetInput(InputSource):
       epochs: passes over the data, after which training ends (an epoch is
         what cleaning kept, which may be fewer steps than the raw count);
         None repeats until the step count is reached.
-      shuffle_buffer, seed, augment, mean, std: see data.pipeline.make_pipeline;
+      shuffle_buffer, seed, augment, mean, std: see towers.data.pipeline.make_pipeline;
         augment None means its default for the input shape.
       source_fn: optional callable(input_shape) -> (source dataset, init feed)
-        replacing the arrays (e.g. TFRecord shards); see data.pipeline.
+        replacing the arrays (e.g. TFRecord shards); see towers.data.pipeline.
     """
 
     name = 'dataset'

@@ -2,9 +2,11 @@
 
 The Python gather and the host-to-device copy sit on every step's critical path.
 """
+import functools
+
 import tensorflow as tf
 
-from towers.inputs.base import InputSource
+from towers.inputs.base import InputSource, sampled_batch
 from towers.tower import split_batch
 
 tf1 = tf.compat.v1
@@ -26,7 +28,7 @@ class FeedInput(InputSource):
 
     def __init__(self, dataset=None, sampler=None, batches=None):
         self.dataset, self.sampler = dataset, sampler
-        self._make_batch = batches or self._dataset_batch
+        self._make_batch = batches or functools.partial(sampled_batch, dataset, sampler)
         self.images = self.labels = None
 
     def build(self, input_shape, tower_devices):
@@ -34,10 +36,6 @@ class FeedInput(InputSource):
         self.labels = tf1.placeholder(tf.int64, [None], name='labels')
         with tf.device('/cpu:0'):
             return split_batch(self.images, self.labels, len(tower_devices))
-
-    def _dataset_batch(self, step):
-        batch = self.sampler.indices(step)
-        return self.dataset.images[batch], self.dataset.labels[batch]
 
     def step(self, step):
         images, labels = self._make_batch(step)

@@ -17,13 +17,13 @@ class PythonInput(StagingInput):
     For data only Python can produce (tensorpack's DataFlow idea): `source` is
     any sequence (len + getitem) or iterable with a length whose items are
     (images [n, H, W, C] float32, labels [n] int) batches; one pass is one
-    epoch. A data.prefetch.Prefetcher runs its K workers; one loader thread
+    epoch. A towers.data.prefetch.Prefetcher runs its K workers; one loader thread
     moves their batches into the staging queue, in order when ordered=True. A
     worker's error stops training with that error, never a hang.
 
     Args:
       source: the data source; len(source) batches per epoch.
-      num_workers, workers, ordered: see data.prefetch.Prefetcher.
+      num_workers, workers, ordered: see towers.data.prefetch.Prefetcher.
       capacity: host queue capacity, in batches.
     """
 

@@ -6,13 +6,14 @@ into one StagingArea per tower, on that tower's device. Before the first step
 one batch is staged everywhere (priming); each step then computes on the staged
 batch k while the put of batch k+1 (the host-to-device copy) runs beside it.
 """
+import functools
 import threading
 
 import tensorflow as tf
 from tensorflow.python.ops import data_flow_ops
 
 from towers.errors import TowersError
-from towers.inputs.base import InputSource
+from towers.inputs.base import InputSource, sampled_batch
 from towers.tower import TowerSlice, split_batch
 
 tf1 = tf.compat.v1
@@ -27,7 +28,7 @@ class StagingInput(InputSource):
 
     Args:
       dataset: has images [N, H, W, C] float32 and labels [N] int64.
-      sampler: a data.sampler.EpochSampler over it; the loader follows its order.
+      sampler: a towers.data.sampler.EpochSampler over it; the loader follows its order.
       capacity: host queue capacity, in global batches.
       num_threads: loader threads. With more than one, each step's batch is
         still drawn exactly once, but batches may reach the queue out of order.
@@ -41,15 +42,11 @@ class StagingInput(InputSource):
     def __init__(self, dataset=None, sampler=None, capacity=4, num_threads=1, batches=None):
         self.dataset, self.sampler = dataset, sampler
         self.capacity, self.num_threads = capacity, num_threads
-        self._make_batch = batches or self._dataset_batch
+        self._make_batch = batches or functools.partial(sampled_batch, dataset, sampler)
         self._threads, self._error, self._stopping = [], None, False
         self._next_step = self._num_steps = 0
         self._lock = threading.Lock()
         self._puts = []
-
-    def _dataset_batch(self, step):
-        batch = self.sampler.indices(step)
-        return self.dataset.images[batch], self.dataset.labels[batch]
 
     def build(self, input_shape, tower_devices):
         shape = [None] + list(input_shape)

@@ -24,6 +24,12 @@ APPLY_LABEL = re.compile(r'= (Resource)?(Sparse)?Apply\w*\(')  # in a timeline l
 AVERAGE_SCOPES = ('average_gradients', 'all_reduce')  # where the towers' gradients meet
 
 
+def check_trace_step(step):
+    """SettingError unless step is None (the first after warm-up) or a step number >= 1."""
+    if step is not None and not (isinstance(step, int) and step >= 1):
+        raise SettingError('{trace_step} must be at least 1, got %s', step)
+
+
 def check_output(path, setting):
     """Raise SettingError now, not after training, if path cannot be written.
 
@@ -56,8 +62,7 @@ class Trace(Callback):
     order = 45
 
     def __init__(self, path, step=None, plot=None):
-        if step is not None and not (isinstance(step, int) and step >= 1):
-            raise SettingError('{trace_step} must be at least 1, got %s', step)
+        check_trace_step(step)
         check_output(path, 'trace')  # now, not after training
         if plot:
             check_output(plot, 'trace_plot')
