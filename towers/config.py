@@ -13,7 +13,7 @@ import numbers
 import re
 
 from towers.errors import SettingError
-from towers.names import INPUT_MODES, OPTIMIZERS, VARIABLE_UPDATES
+from towers.names import CLUSTER_MODES, INPUT_MODES, OPTIMIZERS, VARIABLE_UPDATES
 
 
 def _text(value):
@@ -38,8 +38,8 @@ def _optional(rule):
     return (lambda v: v is None or check(v)), text
 
 
-def _one_of(names):
-    return (lambda v: v in names), None, names
+def _one_of(names, optional=False):
+    return (lambda v: v in names or (optional and v is None)), None, names
 
 
 _POSITIVE = (lambda v: _is_number(v) and v > 0), 'must be positive'
@@ -65,6 +65,8 @@ RULES = {
     'variable_update': _one_of(VARIABLE_UPDATES),
     'input': _one_of(INPUT_MODES),
     'optimizer': _one_of(OPTIMIZERS),
+    'cluster_mode': _one_of(CLUSTER_MODES, optional=True),
+    'cluster_timeout': _optional(_POSITIVE),
 }
 
 
@@ -94,7 +96,8 @@ class TrainConfig:
     says them itself (its optimizer(), weight_decay(), gradient_processors()).
     """
     # Devices and variables (towers/devices.py, towers/variables.py).
-    towers: object = None  # a tower count, device names, or None: every GPU, else one CPU
+    towers: object = None  # a tower count (per task in a cluster), device names, or None:
+    # every GPU, else one CPU
     param_device: str = None  # 'cpu' (/cpu:0, as None), 'gpu', 'spread' or a device name
     variable_update: str = 'parameter_server'
     sync_bn: bool = False
@@ -129,6 +132,11 @@ class TrainConfig:
     log_every: int = 50
     quiet: bool = False
     warmup_steps: int = 10  # steps left out of images/sec
+    # Across processes (towers/cluster/): how the tasks train together, and how long a
+    # step may wait on another task before the run stops, naming it (None: a few times
+    # the step time, once it is known).
+    cluster_mode: str = None
+    cluster_timeout: float = None
 
     def __post_init__(self):
         for name in ('towers', 'mean', 'std'):

@@ -22,6 +22,9 @@ SCHEDULES = ('constant', 'piecewise', 'exponential')
 # --param-device spread: the variables over the tower devices (towers/devices.py).
 SPREAD = 'spread'
 
+# --cluster-mode: how a cluster's tasks train together (towers/cluster/).
+CLUSTER_MODES = ('in-graph',)  # collective and parameter-server follow
+
 DEFAULT_MODEL = 'mnist_convnet'
 
 # What a training logdir holds (towers/checkpoints.py).

@@ -18,7 +18,7 @@ from towers.errors import TowersError, op_error_summary
 tf1 = tf.compat.v1
 
 
-def open_session(built, config, load=None):
+def open_session(built, config, load=None, target=''):
     """A Session on a built training graph, ready for its first step.
 
     Runs, in order: built.init_op (every variable, the local ones too), then
@@ -30,10 +30,12 @@ def open_session(built, config, load=None):
         sync_op.
       config: the tf.compat.v1.ConfigProto (towers.devices.session_config).
       load: callable(sess), or None.
+      target: the Session's target: '' in this process, 'grpc://host:port'
+        (the chief's server) in a cluster.
     Returns:
       The tf.compat.v1.Session, which the caller closes (`with` does).
     """
-    sess = tf1.Session(graph=built.graph, config=config)
+    sess = tf1.Session(target, graph=built.graph, config=config)
     try:
         # A Saver restores in graph mode only under its graph (else it tries eagerly).
         with built.graph.as_default():

@@ -9,6 +9,7 @@ a Callback (towers/callbacks/). The settings come whole
 in a TrainConfig (towers/config.py). `train()` is what `towers train` runs:
 a ClassifierModel over a registry model_fn, the default callbacks, this loop.
 """
+import contextlib
 import fractions
 import math
 
@@ -16,10 +17,11 @@ import tensorflow as tf
 
 from towers import checkpoints, evaluation
 from towers.callbacks import Checkpoint, Throughput, default_callbacks
+from towers.cluster.ingraph import LOST
+from towers.cluster.placement import local_placement
 from towers.config import TrainConfig
 from towers.data.sampler import EpochSampler
 from towers.dataorder import DataOrder
-from towers.devices import resolve_devices, resolve_param_device, session_config
 from towers.errors import SettingError, TowersError
 from towers.graph import build_training_graph, finalize_graph
 from towers.inputs import InputSource, make_input
@@ -58,19 +60,22 @@ class Trainer:
         asked after every step; a stop saves a checkpoint and skips evaluation.
       run_info: dict written to logdir/run.json (what `towers eval` and
         `towers export` need to rebuild the model).
+      cluster: a towers.cluster.ingraph.InGraph to train on a whole cluster
+        (config.towers towers on each worker task), or None for this process.
     """
 
     def __init__(self, model, data, config=None, *, callbacks=None, source=None, log=print,
-                 stop_requested=None, run_info=None, **settings):
+                 stop_requested=None, run_info=None, cluster=None, **settings):
         if config is None:
             config = TrainConfig(**_renamed(settings))
         elif settings:
             raise TypeError('give a TrainConfig or its settings, not both: %s' % sorted(settings))
         _check_model_settings(model, config)
-        self.model, self.data, self.config = model, data, config
-        self.tower_devices = (list(config.towers) if isinstance(config.towers, (list, tuple))
-                              else resolve_devices(config.towers))
-        self.param_device = resolve_param_device(config.param_device, self.tower_devices)
+        self.model, self.data, self.config, self.cluster = model, data, config, cluster
+        self.placement = (cluster.placement if cluster is not None
+                          else local_placement(config.towers, config.param_device))
+        self.tower_devices = self.placement.tower_devices
+        self.param_device = self.placement.param_device
         self.logdir, self.batch_size = config.logdir, config.batch_size
         self.warmup_steps = config.warmup_steps
         self.log, self.stop_requested, self.run_info = log, stop_requested, run_info
@@ -127,8 +132,13 @@ class Trainer:
             self.model, self.tower_devices, self.param_device, seed=config.seed,
             source=self.source, learning_rate=config.schedule(),
             steps_per_epoch=self.steps_per_epoch, ema_decay=config.ema, finalize=False,
-            variable_update=config.variable_update, sync_bn=config.sync_bn)
-        with graph.graph.as_default():
+            variable_update=config.variable_update, sync_bn=config.sync_bn,
+            default_device=self.placement.default_device)
+        # In a cluster the chief's task completes every device here too: its Savers
+        # write the checkpoints, its host runs the evaluation's slicing.
+        with graph.graph.as_default(), tf1.device(self.placement.default_device):
+            if self.cluster is not None:
+                self.cluster.build_pings()
             self.data_order = DataOrder(self._data_order())
             self.data_order.build(host_device(self.param_device))
             self.graph = graph
@@ -169,10 +179,9 @@ class Trainer:
     def _train(self):
         self._build()
         overall = Throughput(self.warmup_steps)
-        config = session_config(self.tower_devices, self.param_device)
         fetches = self._fetches()
         try:
-            with open_session(self.graph, config, load=self._resume) as self.sess:
+            with self._session() as self.sess:
                 if self.logdir and self.run_info is not None:
                     # Only once the checkpoint there (if any) fits this run: a refused
                     # resume leaves the logdir's record of its model as it was.
@@ -195,6 +204,32 @@ class Trainer:
                 callback.close()
             self.sess = None
 
+    @contextlib.contextmanager
+    def _session(self):
+        """The run's Session: in this process, or on the cluster's chief server.
+
+        On a cluster, a step that fails because a task is gone becomes one line
+        naming that task, and the Session is left unclosed: closing it would wait
+        (30 s) on the lost task's cleanup, and the process ends anyway.
+        """
+        if self.cluster is None:
+            with open_session(self.graph, self.placement.config, load=self._resume) as sess:
+                yield sess
+            return
+        sess = open_session(self.graph, self.placement.config, load=self._resume,
+                            target=self.cluster.start())
+        lost = False
+        try:
+            with sess.as_default(), sess.graph.as_default():
+                self.cluster.check_devices(sess)
+                yield sess
+        except LOST as e:
+            lost = True
+            raise self.cluster.failure(sess, e, self.step) from None
+        finally:
+            if not lost:
+                sess.close()
+
     def _fetches(self):
         """What each step runs: the train op, loss, metrics, ... and the callbacks' fetches."""
         fetches = {'train_op': self.graph.train_op, 'loss': self.graph.loss,
@@ -213,8 +248,9 @@ class Trainer:
         return fetches
 
     def _run_options(self, step):
-        """Trace the coming step when a callback wants it (--trace)."""
-        return trace_options() if any(c.wants_trace(self) for c in self.callbacks) else None
+        """Trace the coming step when a callback wants it (--trace); on a cluster, a timeout."""
+        options = trace_options() if any(c.wants_trace(self) for c in self.callbacks) else None
+        return self.cluster.run_options(options) if self.cluster is not None else options
 
     def _loop(self, fetches, overall):
         with run_steps(self.sess, self.source, fetches, self.step, self.num_steps,
@@ -223,6 +259,8 @@ class Trainer:
                 del values['train_op']
                 self.step = steps.step  # the train op increments global_step by exactly one
                 overall.add(values['batch'], values['seconds'])
+                if self.cluster is not None:
+                    self.cluster.observe(values['seconds'])
                 self.epoch_stats = {}  # what evaluations at this step found
                 for callback in self.callbacks:
                     callback.after_step(self, values)
@@ -290,7 +328,7 @@ def _check_model_settings(model, config):
 
 
 def train(config, model_fn, datasets, input_shape, num_classes=10, log=print, source=None,
-          run_info=None, stop_requested=None, callbacks=()):
+          run_info=None, stop_requested=None, callbacks=(), cluster=None):
     """Train model_fn on datasets.train as config says; test at the end.
 
     What `towers train` runs: a ClassifierModel (mean softmax cross-entropy,
@@ -306,7 +344,7 @@ def train(config, model_fn, datasets, input_shape, num_classes=10, log=print, so
       num_classes: labels lie in [0, num_classes).
       callbacks: more Callbacks besides the default ones (e.g. a
         towers.tools.trace.Trace).
-      log, source, run_info, stop_requested: as for Trainer.
+      log, source, run_info, stop_requested, cluster: as for Trainer.
     Returns:
       dict with steps, test (loss and metrics), test_loss, test_accuracy,
       images_per_sec (mean over the run after warm-up, None if too short),
@@ -318,5 +356,5 @@ def train(config, model_fn, datasets, input_shape, num_classes=10, log=print, so
     trainer = Trainer(model, datasets, config,
                       callbacks=default_callbacks(config, datasets) + list(callbacks),
                       source=source, log=log, stop_requested=stop_requested,
-                      run_info=run_info)
+                      run_info=run_info, cluster=cluster)
     return trainer.train()

@@ -11,6 +11,7 @@ import os
 import numpy as np
 
 from towers import data, models
+from towers.cli.cluster import run_launch, run_server
 from towers.cli.config import flag, int_list, name_list
 from towers.cli.saved import run_eval, run_export
 from towers.cli.train import run_train
@@ -118,4 +119,5 @@ def run_explain(args, log):
 
 COMMANDS = {'train': run_train, 'devices': run_devices, 'bench': run_bench,
             'models': run_models, 'data': run_convert, 'eval': run_eval, 'export': run_export,
-            'check': run_check, 'explain': run_explain}
+            'check': run_check, 'explain': run_explain, 'server': run_server,
+            'launch': run_launch}

@@ -48,13 +48,16 @@ def config_from_args(args, tower_devices, param_device, input_mode):
 
     Args:
       args: the parsed train flags.
-      tower_devices, param_device: the devices they resolved to.
+      tower_devices, param_device: the devices they resolved to (on a cluster, the
+        towers per task, a count).
       input_mode: the --input mode (its default depends on the dataset).
     Raises:
       SettingError: a flag's value no run can use.
     """
     return TrainConfig(
-        towers=tuple(tower_devices), param_device=param_device,
+        towers=tuple(tower_devices) if isinstance(tower_devices, list) else tower_devices,
+        param_device=param_device, cluster_mode=args.cluster_mode,
+        cluster_timeout=args.cluster_timeout,
         variable_update=args.variable_update, sync_bn=args.sync_bn, input=input_mode,
         batch_size=args.batch_size, seed=args.seed, mean=float_list(args.mean, 'mean'),
         std=float_list(args.std, 'std'), epochs=args.epochs, steps=args.steps,

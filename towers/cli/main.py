@@ -73,7 +73,7 @@ def _run(args):
         print(line, flush=True)
 
     try:
-        COMMANDS[args.command](args, log)
+        status = COMMANDS[args.command](args, log)
     except (TowersError, data.DataError, models.ModelError) as e:
         if args.debug:
             raise
@@ -91,4 +91,4 @@ def _run(args):
     except KeyboardInterrupt:
         print('towers: interrupted', file=sys.stderr)
         return 130
-    return 0
+    return status or 0

@@ -7,6 +7,7 @@ stop after the current step, saved.
 import signal
 
 from towers import data, models
+from towers.cli.cluster import cluster_of, in_graph
 from towers.cli.config import config_from_args
 from towers.devices import resolve_devices, resolve_param_device
 from towers.errors import SettingError
@@ -17,7 +18,12 @@ from towers.trainer import train
 
 def run_train(args, log):
     from_records = args.dataset.startswith('records:')
-    config, callbacks = settings(args, from_records)  # all checked before any data is read
+    cluster = cluster_of(args)
+    config, callbacks = settings(args, from_records, cluster)  # checked before any data is read
+    if cluster is not None:
+        cluster = in_graph(args, cluster, log)
+        if cluster is None:
+            return  # this task served the chief's towers until it was stopped
     if from_records:
         if args.input not in (None, 'dataset'):
             raise SettingError('records:DIR streams from disk through {input} dataset; '
@@ -43,15 +49,19 @@ def run_train(args, log):
         result = train(config, model_fn, datasets, input_shape, num_classes, log=log,
                        run_info={'model': args.model, 'model_options': options,
                                  'dataset': args.dataset, 'data_dir': args.data_dir},
-                       stop_requested=stop.requested, callbacks=callbacks)
+                       stop_requested=stop.requested, callbacks=callbacks, cluster=cluster)
     if result['stopped'] == 'SIGINT':
         raise KeyboardInterrupt  # saved and stopped; exit as an interrupted command does
 
 
-def settings(args, from_records):
+def settings(args, from_records, cluster=None):
     """(the TrainConfig of the flags, the callbacks they add); SettingError for a bad one."""
+    if cluster is None and args.cluster_mode:
+        raise SettingError('{cluster_mode} needs a cluster: set TF_CONFIG, or give {cluster} '
+                           'FILE.json {task_type} and {task_index}')
     tower_devices = resolve_devices(args.towers, args.devices)
-    config = config_from_args(args, tower_devices,
+    # On a cluster the towers are per task: the chief places them (towers/cluster/).
+    config = config_from_args(args, tower_devices if cluster is None else args.towers or 1,
                               resolve_param_device(args.param_device, tower_devices),
                               args.input or ('dataset' if from_records else 'feed'))
     if config.best_metric not in ('auto',) + ClassifierModel.METRICS:

@@ -4,9 +4,10 @@ How the tests and the README run a cluster on one machine (on real machines
 each host runs its own `towers train` with its TF_CONFIG). Each task gets a
 free port on 127.0.0.1 and its TF_CONFIG; its output goes to a log of its own
 and, prefixed `[worker 1]`, to ours. When any task fails, the whole job is
-torn down (SIGTERM, then SIGKILL after a grace period) and the launcher exits
-with that task's status; when every worker has finished, the tasks that only
-serve are stopped and the launcher exits 0.
+torn down (the others get a grace period to notice and say what they lost,
+then SIGTERM, then SIGKILL) and the launcher exits with that task's status;
+when every worker has finished, the tasks that only serve are stopped and the
+launcher exits 0.
 """
 import os
 import signal
@@ -120,7 +121,12 @@ def launch(tasks, jobs, logs=None, grace=10.0, log=print, poll=0.1):
     try:
         for task in running:
             task.start()
+        emit('towers launch: %s' % ', '.join('%s is pid %d' % (t.name, t.process.pid)
+                                              for t in running))
         status = _watch(running, interrupted, poll, emit)
+        if status and not interrupted:
+            # The others notice a lost task themselves (and say which): let them.
+            _wait_for([t for t in running if not t.serves], grace)
     finally:
         _teardown(running, grace)
         for signum, handler in previous.items():
@@ -151,11 +157,22 @@ def _watch(running, interrupted, poll, emit):
         time.sleep(poll)
 
 
+def _wait_for(tasks, seconds):
+    """Wait up to `seconds` for the tasks to end on their own."""
+    deadline = time.monotonic() + seconds
+    for task in tasks:
+        try:
+            task.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            return
+
+
 def _teardown(running, grace):
     """SIGTERM every task still running, SIGKILL what is left after grace seconds."""
     for task in running:
         if task.process is not None:
             task.signal(signal.SIGTERM)
+            task.signal(signal.SIGCONT)  # a stopped (frozen) task handles it once continued
     deadline = time.monotonic() + grace
     for task in running:
         if task.process is None:

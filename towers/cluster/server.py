@@ -58,6 +58,35 @@ def check_port_free(address):
         probe.close()
 
 
+def wait_for_tasks(cluster, timeout, poll=0.2):
+    """Wait until every other task of the cluster listens; ClusterError naming those that never do.
+
+    A Session waits forever for a task that is not there, so the tasks are
+    asked first, at the TCP level, for at most `timeout` seconds.
+    """
+    waiting = {'%s %d' % (job, i): address for job, addresses in cluster.jobs.items()
+               for i, address in enumerate(addresses)
+               if (job, i) != (cluster.task_type, cluster.task_index)}
+    deadline = time.monotonic() + timeout
+    while waiting:
+        for name, address in list(waiting.items()):
+            host, _, port = address.rpartition(':')
+            try:
+                socket.create_connection((host.strip('[]'), int(port)), timeout=1).close()
+                del waiting[name]
+            except OSError:
+                pass
+        if not waiting or time.monotonic() > deadline:
+            break
+        time.sleep(poll)
+    if waiting:
+        raise ClusterError('%s never answered within %.0f s: start %s (towers server, or towers '
+                           'train with its TF_CONFIG), or check the address%s' % (
+                               ', '.join('%s (%s)' % item for item in waiting.items()), timeout,
+                               'them' if len(waiting) > 1 else 'it',
+                               'es' if len(waiting) > 1 else ''))
+
+
 def start_server(cluster, config):
     """Start this task's tf.compat.v1.train.Server; ClusterError if it cannot serve."""
     check_port_free(cluster.address)

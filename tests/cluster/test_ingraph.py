@@ -1,0 +1,139 @@
+"""In-graph replication across real processes: exact, and a lost task is named, never a hang.
+
+Every cluster here is real: `towers launch` starts each task as a process of
+this machine on free ports of 127.0.0.1, and every process a test starts is
+ended by it. One tower per task and one thread each keep it to two cores.
+"""
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from towers.cli import main
+
+tf1 = tf.compat.v1
+
+ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
+FLAGS = ['--model', 'small_convnet', '--batch-size', '20', '--eval-every', '0', '--quiet',
+         '--log-every', '1', '--optimizer', 'momentum', '--lr', '0.05']
+
+
+def _variables(logdir):
+    """{name: value} of the newest checkpoint's model variables (not the data order)."""
+    prefix = tf1.train.latest_checkpoint(logdir)
+    return {name: tf.train.load_variable(prefix, name) for name, _ in
+            tf1.train.list_variables(prefix) if not name.startswith('data_order')}
+
+
+def _launch(tmp_path, *args, workers=2, ps=0, timeout=150):
+    """`towers launch` in a process; (status, output lines)."""
+    process = subprocess.run(
+        [sys.executable, '-m', 'towers', 'launch', '--workers', str(workers), '--ps', str(ps),
+         '--grace', '5', '--logs', str(tmp_path / 'logs'), '--', 'train', '--threads', '1']
+        + list(args), env=ENV, cwd=str(tmp_path), capture_output=True, text=True,
+        timeout=timeout)
+    return process.returncode, process.stdout.splitlines()
+
+
+@pytest.fixture(scope='module')
+def one_process(tmp_path_factory):
+    """One process with 2 towers, 8 steps: what the 2-task cluster must equal."""
+    logdir = str(tmp_path_factory.mktemp('one') / 'run')
+    assert main(['train', '--towers', '2', '--steps', '8', '--logdir', logdir] + FLAGS) == 0
+    return _variables(logdir)
+
+
+def _close(a, b):
+    """The largest difference, relative to the largest value (at least 1)."""
+    return max(float(np.max(np.abs(a[n] - b[n]))) / max(1.0, float(np.max(np.abs(a[n]))))
+               for n in a)
+
+
+def test_two_tasks_with_a_ps_equal_one_process_with_two_towers(tmp_path, one_process):
+    logdir = str(tmp_path / 'run')
+    status, lines = _launch(tmp_path, '--steps', '8', '--logdir', logdir, *FLAGS, ps=1)
+    assert status == 0, '\n'.join(lines)
+    assert ('[worker 0] training 8 steps on 2 tower(s) /job:worker/task:0/device:CPU:0,'
+            '/job:worker/task:1/device:CPU:0, global batch 20, feed input') in lines
+    assert '[worker 1] in-graph mode: worker 1 serves; worker 0 trains' in lines
+    cluster = _variables(logdir)
+    assert sorted(cluster) == sorted(one_process)
+    assert _close(one_process, cluster) <= 1e-6
+    # Each task kept a log of its own.
+    chief_log = (tmp_path / 'logs' / 'worker-0.log').read_text()
+    assert 'checkpoint: %s/model.ckpt-8' % logdir in chief_log
+    assert 'serving ps 0' in (tmp_path / 'logs' / 'ps-0.log').read_text()
+
+
+def _pids(line):
+    return {name: int(pid) for name, pid in re.findall(r'(\w+ \d+) is pid (\d+)', line)}
+
+
+def _launch_and(tmp_path, act, *args, at_step=3):
+    """Launch, do act(pid of worker 1) once the chief has logged step at_step; (status, lines)."""
+    process = subprocess.Popen(
+        [sys.executable, '-m', 'towers', 'launch', '--workers', '2', '--grace', '5',
+         '--logs', str(tmp_path / 'logs'), '--', 'train', '--threads', '1'] + list(args),
+        env=ENV, cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines, pids, acted = [], {}, False
+    try:
+        deadline = time.monotonic() + 150
+        for line in process.stdout:
+            lines.append(line.rstrip('\n'))
+            pids.update(_pids(line))
+            if not acted and line.startswith('[worker 0] step %d/' % at_step):
+                act(pids['worker 1'])
+                acted = True
+            assert time.monotonic() < deadline, lines
+        process.wait(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        for pid in pids.values():  # every task is gone, whatever happened
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    assert acted, lines
+    return process.returncode, lines
+
+
+def test_a_killed_worker_is_named_and_a_relaunch_resumes_exactly(tmp_path, one_process):
+    logdir = str(tmp_path / 'run')
+    args = ['--steps', '8', '--logdir', logdir, '--checkpoint-every', '1',
+            '--cluster-timeout', '20'] + FLAGS
+    start = time.monotonic()
+    status, lines = _launch_and(tmp_path, lambda pid: os.kill(pid, signal.SIGKILL), *args)
+    assert status == 128 + signal.SIGKILL, '\n'.join(lines)  # the lost task's status
+    assert time.monotonic() - start < 60
+    lost = [line for line in lines if 'towers: error: lost worker 1 (127.0.0.1:' in line]
+    assert len(lost) == 1 and lost[0].startswith('[worker 0] ') and lost[0].endswith(
+        '(TensorFlow UnavailableError); stop the job and start it again to resume from the '
+        'newest checkpoint'), lines
+    assert 'towers launch: worker 1 was killed by SIGKILL; stopping the other 1 task(s)' in lines
+    saved = int(tf1.train.latest_checkpoint(logdir).rsplit('-', 1)[1])
+    assert 3 <= saved < 8
+    # The same command again: the cluster resumes from the chief's newest checkpoint.
+    status, lines = _launch(tmp_path, *args)
+    assert status == 0, '\n'.join(lines)
+    assert '[worker 0] resumed from %s/model.ckpt-%d' % (logdir, saved) in lines
+    assert _close(one_process, _variables(logdir)) <= 1e-6
+
+
+def test_a_frozen_worker_is_named_within_the_timeout(tmp_path):
+    start = time.monotonic()
+    status, lines = _launch_and(tmp_path, lambda pid: os.kill(pid, signal.SIGSTOP),
+                                '--steps', '400', '--cluster-timeout', '3', *FLAGS)
+    assert status == 1, '\n'.join(lines)
+    assert time.monotonic() - start < 60
+    lost = [line for line in lines if 'towers: error: lost worker 1 (127.0.0.1:' in line]
+    assert len(lost) == 1 and '(the step did not finish within 3 s)' in lost[0], lines
+    assert any(line.startswith('towers launch: worker 0 exited with status 1; stopping the '
+                               'other 1 task(s)') for line in lines), lines

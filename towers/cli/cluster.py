@@ -1,0 +1,69 @@
+"""`towers server` and `towers launch`, and how `towers train` joins a cluster.
+
+A cluster comes from TF_CONFIG or --cluster FILE --task-type T --task-index K.
+In in-graph mode the chief (worker 0) trains and every other task serves, so
+the same `towers train` command can run on every host (as Kubernetes' TFJob
+runs one command everywhere): on a task that only serves it serves.
+"""
+import argparse
+
+from towers.cluster import launch
+from towers.cluster.ingraph import InGraph
+from towers.cluster.server import serve, server_config
+from towers.cluster.spec import ClusterError, resolve
+
+
+def cluster_of(args):
+    """This process's Cluster from its flags or TF_CONFIG, or None."""
+    return resolve(args.cluster, args.task_type, args.task_index)
+
+
+def run_server(args, log):
+    """towers server: this task's server until SIGTERM or SIGINT."""
+    cluster = cluster_of(args)
+    if cluster is None:
+        raise ClusterError('towers server needs a cluster: set TF_CONFIG, or give {cluster} '
+                           'FILE.json {task_type} and {task_index}')
+    serve(cluster, server_config(cluster, args.towers, args.threads), log=log)
+
+
+def in_graph(args, cluster, log):
+    """The InGraph of a train command on a cluster, or None when this task only serves."""
+    if not cluster.is_chief:
+        log('in-graph mode: %s %d serves; worker 0 trains' % (cluster.task_type,
+                                                              cluster.task_index))
+        serve(cluster, server_config(cluster, args.towers or 1, args.threads), log=log)
+        return None
+    return InGraph(cluster, args.towers or 1, args.cluster_timeout, args.threads)
+
+
+def run_launch(args, log):
+    """towers launch: every task of a cluster as a process of this machine."""
+    command = args.task_command
+    command = command[1:] if command[:1] == ['--'] else command
+    if not command:
+        raise ClusterError('towers launch needs the command every worker runs: towers launch '
+                           '--workers 2 -- train ...')
+    if args.workers < 1 or args.ps < 0:
+        raise ClusterError('towers launch needs {workers} of at least 1 and {ps} of 0 or more')
+    mode = _train_flags(command).cluster_mode or 'in-graph'
+    jobs = launch.local_cluster(args.workers, args.ps)
+    tasks = [('worker', i, launch.towers_command(*command),
+              mode == 'in-graph' and i > 0 and command[0] == 'train')
+             for i in range(args.workers)]
+    tasks += [('ps', i, launch.towers_command('server', *_server_flags(command)), True)
+              for i in range(args.ps)]
+    return launch.launch(tasks, jobs, logs=args.logs, grace=args.grace, log=log)
+
+
+def _train_flags(command):
+    """The few train flags the launcher reads: the mode, and what the servers need."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument('--cluster-mode', default=None)
+    parser.add_argument('--threads', default=None)
+    return parser.parse_known_args(command[1:])[0]
+
+
+def _server_flags(command):
+    threads = _train_flags(command).threads
+    return ['--threads', threads] if threads else []
