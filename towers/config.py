@@ -84,6 +84,14 @@ def check(setting, value):
     raise SettingError('{%s} %s, got %%s' % (setting, rule[1]), _text(value))
 
 
+# Trainer keywords of before the TrainConfig, and the setting each became.
+RENAMED = {'max_epoch': 'epochs', 'max_steps': 'steps', 'ema_decay': 'ema',
+           'tower_devices': 'towers', 'input': 'input (a mode) or source (an InputSource)'}
+
+# The settings that describe the ClassifierModel towers.train builds.
+CLASSIFIER_SETTINGS = ('optimizer', 'momentum', 'weight_decay', 'clip_norm', 'freeze')
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
     """What to train on, how long, and what to keep; checked when made.
@@ -158,6 +166,14 @@ class TrainConfig:
                                '{input} dataset')
         if self.std is not None and not all(_is_number(s) and s > 0 for s in self.std):
             raise SettingError('{std} values must be positive, got %s', list(self.std))
+
+    @classmethod
+    def from_keywords(cls, **settings):
+        """A TrainConfig of keywords (the Trainer's), naming a keyword of before it."""
+        for old, new in RENAMED.items():
+            if old in settings and not (old == 'input' and isinstance(settings[old], str)):
+                raise TypeError('the Trainer setting %s is now %s' % (old, new))
+        return cls(**settings)
 
     def schedule(self):
         """The towers.schedules.LearningRate this run follows."""

@@ -13,8 +13,8 @@ cost is the mean softmax cross-entropy and the metric is accuracy.
 import tensorflow as tf
 
 from towers import processors
-from towers.config import check
-from towers.errors import TowersError
+from towers.config import CLASSIFIER_SETTINGS, TrainConfig, check
+from towers.errors import SettingError, TowersError
 from towers.tower import tower_loss
 
 tf1 = tf.compat.v1
@@ -77,6 +77,21 @@ class ModelDesc:
         return None
 
     # What the Trainer uses; built from the methods above.
+
+    def check_settings(self, config):
+        """SettingError for a TrainConfig setting this model would ignore.
+
+        A ModelDesc says its optimizer, weight decay and gradient processors
+        itself; the config's are for the ClassifierModel of towers.train.
+        """
+        defaults = TrainConfig()
+        given = [name for name in CLASSIFIER_SETTINGS
+                 if getattr(config, name) != getattr(defaults, name)]
+        if given:
+            raise SettingError('%s describe%s the ClassifierModel of towers.train; %s says its '
+                               'own in optimizer(), weight_decay() and gradient_processors()'
+                               % (', '.join('{%s}' % n for n in given),
+                                  's' if len(given) == 1 else '', type(self).__name__))
 
     @property
     def input_shape(self):
@@ -144,6 +159,9 @@ class ClassifierModel(ModelDesc):
         return cls(model_fn, input_shape, num_classes, optimizer=config.optimizer,
                    momentum=config.momentum, weight_decay=config.weight_decay,
                    clip_norm=config.clip_norm, freeze=config.freeze)
+
+    def check_settings(self, config):
+        """Every setting of a TrainConfig applies to a ClassifierModel."""
 
     def inputs(self):
         return [tf.TensorSpec([None] + list(self._input_shape), tf.float32, 'images'),

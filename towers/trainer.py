@@ -20,11 +20,10 @@ from towers.callbacks import Checkpoint, Throughput, default_callbacks
 from towers.cluster.ingraph import LOST
 from towers.cluster.placement import local_placement
 from towers.config import TrainConfig
-from towers.data.sampler import EpochSampler
 from towers.dataorder import DataOrder
-from towers.errors import SettingError, TowersError
+from towers.errors import TowersError
 from towers.graph import build_training_graph, finalize_graph
-from towers.inputs import InputSource, make_input
+from towers.inputs import source_for
 from towers.logdir import LogdirLock, prepare_logdir
 from towers.model import ClassifierModel
 from towers.session import open_session, run_steps, trace_options
@@ -67,10 +66,10 @@ class Trainer:
     def __init__(self, model, data, config=None, *, callbacks=None, source=None, log=print,
                  stop_requested=None, run_info=None, cluster=None, **settings):
         if config is None:
-            config = TrainConfig(**_renamed(settings))
+            config = TrainConfig.from_keywords(**settings)
         elif settings:
             raise TypeError('give a TrainConfig or its settings, not both: %s' % sorted(settings))
-        _check_model_settings(model, config)
+        model.check_settings(config)
         self.model, self.data, self.config, self.cluster = model, data, config, cluster
         self.placement = (cluster.placement if cluster is not None
                           else local_placement(config.towers, config.param_device))
@@ -81,7 +80,7 @@ class Trainer:
         self.log, self.stop_requested, self.run_info = log, stop_requested, run_info
         self.callbacks = sorted(default_callbacks(config, data) if callbacks is None
                                 else callbacks, key=lambda c: c.order)
-        self.source, self.sampler = self._make_source(source)
+        self.source, self.sampler = source_for(config, data, model, source)
         self.steps_per_epoch = config.steps_per_epoch or (
             self.sampler.steps_per_epoch if self.sampler else self.source.steps_per_epoch)
         self.num_steps = total_steps(config.epochs, config.steps, self.steps_per_epoch)
@@ -95,28 +94,6 @@ class Trainer:
     def epoch(self):
         """Epochs done so far, fractional mid-epoch."""
         return self.step / self.steps_per_epoch
-
-    def _make_source(self, source):
-        config = self.config
-        if source is not None:
-            if not isinstance(source, InputSource):
-                raise TypeError('source must be an InputSource, got %r' % (source,))
-            if config.steps_per_epoch is None and not hasattr(source, 'steps_per_epoch'):
-                raise SettingError('give {steps_per_epoch} for an input source without one')
-            return source, None
-        train_set = self.data.train
-        if self.batch_size > train_set.num_examples:
-            raise SettingError('{batch_size} %d exceeds the %d training examples; use a smaller '
-                               'batch', self.batch_size, train_set.num_examples)
-        sampler = EpochSampler(train_set.num_examples, self.batch_size, seed=config.seed)
-        # A dataset pipeline ends after the epochs asked for: when cleaning drops
-        # records, its epochs are shorter than the sampler's.
-        epochs = None if (config.steps or config.steps_per_epoch) else math.ceil(config.epochs)
-        # (DataSet and RecordSet know their class count; a ModelDesc may say it too.)
-        num_classes = getattr(self.model, 'num_classes', None) or train_set.num_classes
-        return make_input(config.input, train_set, sampler, self.batch_size, num_classes,
-                          seed=config.seed, epochs=epochs, mean=config.mean,
-                          std=config.std), sampler
 
     def evaluate(self, split):
         """{'loss': ..., metrics...} over data.<split> at this step (computed once per step)."""
@@ -296,35 +273,6 @@ class Trainer:
                 'test_loss': test and test['loss'], 'test_accuracy': test and test.get('accuracy'),
                 'images_per_sec': rate, 'checkpoint': checkpoint, 'dropped': dropped,
                 'stopped': self.stopped}
-
-
-# Trainer keywords of before the TrainConfig, and the setting each became.
-_RENAMED = {'max_epoch': 'epochs', 'max_steps': 'steps', 'ema_decay': 'ema',
-            'tower_devices': 'towers', 'input': 'input (a mode) or source (an InputSource)'}
-
-
-def _renamed(settings):
-    for old, new in _RENAMED.items():
-        if old in settings and not (old == 'input' and isinstance(settings[old], str)):
-            raise TypeError('the Trainer setting %s is now %s' % (old, new))
-    return settings
-
-
-# The settings that describe the ClassifierModel `train` builds.
-_CLASSIFIER = ('optimizer', 'momentum', 'weight_decay', 'clip_norm', 'freeze')
-
-
-def _check_model_settings(model, config):
-    """A ModelDesc of one's own says these itself: a config setting them would be ignored."""
-    if isinstance(model, ClassifierModel):
-        return
-    defaults = TrainConfig()
-    given = [name for name in _CLASSIFIER if getattr(config, name) != getattr(defaults, name)]
-    if given:
-        raise SettingError('%s describe%s the ClassifierModel of towers.train; %s says its '
-                           'own in optimizer(), weight_decay() and gradient_processors()'
-                           % (', '.join('{%s}' % n for n in given), 's' if len(given) == 1
-                              else '', type(model).__name__))
 
 
 def train(config, model_fn, datasets, input_shape, num_classes=10, log=print, source=None,

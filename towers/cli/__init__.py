@@ -5,6 +5,8 @@
   commands.py   models, devices, bench, check, explain, data convert
   train.py      towers train, and the signals that stop it cleanly
   saved.py      eval and export: what is done with a trained logdir
+  cluster.py    towers server, towers launch, and train on a cluster
+  cluster_flags.py  their flags (TensorFlow-free)
   main.py       main(): parse, run, and one line per error
 """
 from towers.cli.main import main

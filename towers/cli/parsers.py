@@ -2,12 +2,14 @@
 
 TensorFlow-free, so that `towers --help` is instant: the choices come from
 towers/names.py, and towers.data is numpy-only. What each command does is in
-commands.py, train.py and saved.py; the flags become a TrainConfig in config.py.
+commands.py, train.py, saved.py and cluster.py; the flags become a TrainConfig in
+config.py; cluster_flags.py has the cluster commands' flags.
 """
 import argparse
 
+from towers.cli.cluster_flags import cluster_train_flags, launch_parser, server_parser
 from towers.data import DEFAULT_DATASET
-from towers.names import CLUSTER_MODES, DEFAULT_MODEL, INPUT_MODES, OPTIMIZERS, VARIABLE_UPDATES
+from towers.names import DEFAULT_MODEL, INPUT_MODES, OPTIMIZERS, VARIABLE_UPDATES
 
 
 def _device_flags(parser):
@@ -61,15 +63,7 @@ def train_parser(commands):
     _train_strategy_flags(train)
     _train_optimizer_flags(train)
     _train_run_flags(train)
-    _cluster_flags(train)
-    train.add_argument('--cluster-mode', default=None, choices=CLUSTER_MODES,
-                       help='with a cluster (TF_CONFIG or --cluster): in-graph, the chief '
-                            'builds one graph with towers on every worker task and the '
-                            'variables on the ps tasks (default: in-graph)')
-    train.add_argument('--cluster-timeout', type=float, default=None, metavar='SECONDS',
-                       help='with a cluster: how long a step may wait on another task before '
-                            'the run stops, naming it (default: 5 times the step time, at '
-                            'least 30 s)')
+    cluster_train_flags(train)
     return train
 
 
@@ -163,48 +157,6 @@ def _train_run_flags(train):
     train.add_argument('--quiet', action='store_true',
                        help='no progress bar: plain log lines, as when not on a terminal')
     train.add_argument('--seed', type=int, default=0, help='random seed (default: 0)')
-
-
-def _cluster_flags(parser):
-    """Which cluster and which task, besides TF_CONFIG (towers/cluster/spec.py)."""
-    group = parser.add_argument_group('cluster (default: $TF_CONFIG, if set)')
-    group.add_argument('--cluster', default=None, metavar='FILE.json',
-                       help='the cluster: {"worker": ["host:port", ...], "ps": [...]}')
-    group.add_argument('--task-type', default=None, choices=['worker', 'ps'],
-                       help='with --cluster: which job this task is in')
-    group.add_argument('--task-index', type=int, default=None,
-                       help='with --cluster: its index in that job (worker 0 is the chief)')
-    group.add_argument('--threads', type=int, default=None,
-                       help="intra- and inter-op threads of this task's server (default: "
-                            "TensorFlow's choice)")
-
-
-def server_parser(commands):
-    """towers server: serve this task's devices until SIGTERM."""
-    server = commands.add_parser('server', help="run this task's TensorFlow server until "
-                                                'SIGTERM (a ps task, or a worker the chief '
-                                                'places towers on)')
-    _cluster_flags(server)
-    server.add_argument('--towers', type=int, default=1,
-                        help='devices this task offers: its virtual CPUs without GPUs '
-                             '(default: 1)')
-    return server
-
-
-def launch_parser(commands):
-    """towers launch: every task of a cluster on this machine."""
-    launch = commands.add_parser('launch', help='start every task of a cluster on this '
-                                                'machine: towers launch --workers N -- train ...')
-    launch.add_argument('--workers', type=int, required=True, help='worker tasks')
-    launch.add_argument('--ps', type=int, default=0, help='parameter-server tasks (default: 0)')
-    launch.add_argument('--logs', default=None, metavar='DIR',
-                        help='one log per task here (default: a new temporary folder)')
-    launch.add_argument('--grace', type=float, default=10.0,
-                        help='seconds between SIGTERM and SIGKILL when the job is torn down '
-                             '(default: 10)')
-    launch.add_argument('task_command', nargs=argparse.REMAINDER, metavar='-- COMMAND',
-                        help='-- then the towers command every worker runs, e.g. train ...')
-    return launch
 
 
 def devices_parser(commands):

@@ -19,9 +19,12 @@ copying happens, which is what decides whether the towers wait for data:
              TensorFlow's own threads, prefetched ahead of the step.
 
 base.py says how the Session loop drives a source; make_input picks one by
-its --input name.
+its --input name, source_for the one a TrainConfig asks for.
 """
+import math
+
 from towers.config import check
+from towers.data.sampler import EpochSampler
 from towers.errors import SettingError
 from towers.inputs.base import InputSource
 from towers.inputs.dataset import DatasetInput
@@ -32,7 +35,7 @@ from towers.inputs.synthetic import SyntheticInput
 from towers.names import INPUT_MODES
 
 __all__ = ['INPUT_MODES', 'DatasetInput', 'FeedInput', 'InputSource', 'PythonInput',
-           'StagingInput', 'SyntheticInput', 'make_input']
+           'StagingInput', 'SyntheticInput', 'make_input', 'source_for']
 
 
 def make_input(mode, dataset, sampler, batch_size, num_classes, seed=0, epochs=None, mean=None,
@@ -65,3 +68,34 @@ def make_input(mode, dataset, sampler, batch_size, num_classes, seed=0, epochs=N
         return DatasetInput(dataset.images, dataset.labels, num_classes, batch_size, seed=seed,
                             epochs=epochs, mean=mean, std=std)
     return SyntheticInput(batch_size, num_classes)
+
+
+def source_for(config, data, model, source=None):
+    """(the InputSource a run trains from, its EpochSampler or None).
+
+    Args:
+      config: the run's TrainConfig (input, batch_size, seed, epochs, ...).
+      data: its towers.data.Datasets; data.train is what the source reads.
+      model: its ModelDesc (its num_classes, when it says one).
+      source: an InputSource given instead (e.g. a PythonInput); it must say
+        its steps_per_epoch unless the config does.
+    """
+    if source is not None:
+        if not isinstance(source, InputSource):
+            raise TypeError('source must be an InputSource, got %r' % (source,))
+        if config.steps_per_epoch is None and not hasattr(source, 'steps_per_epoch'):
+            raise SettingError('give {steps_per_epoch} for an input source without one')
+        return source, None
+    train_set = data.train
+    if config.batch_size > train_set.num_examples:
+        raise SettingError('{batch_size} %d exceeds the %d training examples; use a smaller '
+                           'batch', config.batch_size, train_set.num_examples)
+    sampler = EpochSampler(train_set.num_examples, config.batch_size, seed=config.seed)
+    # A dataset pipeline ends after the epochs asked for: when cleaning drops
+    # records, its epochs are shorter than the sampler's.
+    epochs = None if (config.steps or config.steps_per_epoch) else math.ceil(config.epochs)
+    # (DataSet and RecordSet know their class count; a ModelDesc may say it too.)
+    num_classes = getattr(model, 'num_classes', None) or train_set.num_classes
+    return make_input(config.input, train_set, sampler, config.batch_size, num_classes,
+                      seed=config.seed, epochs=epochs, mean=config.mean,
+                      std=config.std), sampler

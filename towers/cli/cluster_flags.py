@@ -1,0 +1,62 @@
+"""The flags of the cluster commands (`towers server`, `towers launch`) and of train on one.
+
+TensorFlow-free, as parsers.py, which adds them to its parser.
+"""
+import argparse
+
+from towers.names import CLUSTER_MODES
+
+
+def cluster_train_flags(train):
+    """towers train on a cluster: which one, in which mode, with what timeout."""
+    cluster_flags(train)
+    train.add_argument('--cluster-mode', default=None, choices=CLUSTER_MODES,
+                       help='with a cluster (TF_CONFIG or --cluster): in-graph, the chief '
+                            'builds one graph with towers on every worker task and the '
+                            'variables on the ps tasks (default: in-graph)')
+    train.add_argument('--cluster-timeout', type=float, default=None, metavar='SECONDS',
+                       help='with a cluster: how long a step may wait on another task before '
+                            'the run stops, naming it (default: 5 times the step time, at '
+                            'least 30 s)')
+
+
+def cluster_flags(parser):
+    """Which cluster and which task, besides TF_CONFIG (towers/cluster/spec.py)."""
+    group = parser.add_argument_group('cluster (default: $TF_CONFIG, if set)')
+    group.add_argument('--cluster', default=None, metavar='FILE.json',
+                       help='the cluster: {"worker": ["host:port", ...], "ps": [...]}')
+    group.add_argument('--task-type', default=None, choices=['worker', 'ps'],
+                       help='with --cluster: which job this task is in')
+    group.add_argument('--task-index', type=int, default=None,
+                       help='with --cluster: its index in that job (worker 0 is the chief)')
+    group.add_argument('--threads', type=int, default=None,
+                       help="intra- and inter-op threads of this task's server (default: "
+                            "TensorFlow's choice)")
+
+
+def server_parser(commands):
+    """towers server: serve this task's devices until SIGTERM."""
+    server = commands.add_parser('server', help="run this task's TensorFlow server until "
+                                                'SIGTERM (a ps task, or a worker the chief '
+                                                'places towers on)')
+    cluster_flags(server)
+    server.add_argument('--towers', type=int, default=1,
+                        help='devices this task offers: its virtual CPUs without GPUs '
+                             '(default: 1)')
+    return server
+
+
+def launch_parser(commands):
+    """towers launch: every task of a cluster on this machine."""
+    launch = commands.add_parser('launch', help='start every task of a cluster on this '
+                                                'machine: towers launch --workers N -- train ...')
+    launch.add_argument('--workers', type=int, required=True, help='worker tasks')
+    launch.add_argument('--ps', type=int, default=0, help='parameter-server tasks (default: 0)')
+    launch.add_argument('--logs', default=None, metavar='DIR',
+                        help='one log per task here (default: a new temporary folder)')
+    launch.add_argument('--grace', type=float, default=10.0,
+                        help='seconds between SIGTERM and SIGKILL when the job is torn down '
+                             '(default: 10)')
+    launch.add_argument('task_command', nargs=argparse.REMAINDER, metavar='-- COMMAND',
+                        help='-- then the towers command every worker runs, e.g. train ...')
+    return launch
