@@ -5,6 +5,9 @@ initial values, replica sync) and run_steps (the source started, the steps,
 the source stopped), as the Trainer, bench, check and explain do, so a test
 never drives a Session in a way the library does not.
 """
+import hashlib
+import os
+
 import tensorflow as tf
 
 from towers.devices import session_config
@@ -50,3 +53,21 @@ def run_graph(graph, devices, steps, initial=None, fetches=None, param_device='/
         with graph.graph.as_default():
             everything = {v.op.name: v for v in tf1.global_variables()}
         return sess.run(saved_variables(graph)), sess.run(everything), per_step
+
+
+def snapshot(folder, times=True):
+    """{relative path: (size, SHA-256[, mtime_ns])} of every file under folder.
+
+    Equal snapshots mean nothing there changed; with times, not even rewritten
+    in place (a refused run must not touch a file, let alone change it).
+    """
+    files = {}
+    for directory, _, names in os.walk(folder):
+        for name in names:
+            path = os.path.join(directory, name)
+            with open(path, 'rb') as f:
+                digest = hashlib.sha256(f.read()).hexdigest()
+            info = os.stat(path)
+            files[os.path.relpath(path, folder)] = (
+                (info.st_size, digest, info.st_mtime_ns) if times else (info.st_size, digest))
+    return files

@@ -24,10 +24,10 @@ from tests.faults.runs import (
     TINY,
     Training,
     holder_line,
-    snapshot,
     towers,
     wait_until,
 )
+from tests.harness import snapshot
 from towers import checkpoints
 from towers.cli.config import flag
 from towers.errors import TowersError

@@ -99,17 +99,6 @@ def state_steps(folder):
     return [int(path.rsplit('-', 1)[1]) for path in state.all_model_checkpoint_paths]
 
 
-def snapshot(folder):
-    """Every file under folder -> its bytes."""
-    files = {}
-    for root, _, names in os.walk(folder):
-        for name in names:
-            path = os.path.join(root, name)
-            with open(path, 'rb') as f:
-                files[os.path.relpath(path, folder)] = f.read()
-    return files
-
-
 def finite_variables(checkpoint):
     """Names of the checkpoint's float variables, asserting each is all finite."""
     names = []

@@ -13,9 +13,9 @@ from tests.callbacks.common import (
     index_steps,
     make_trainer,
     model_fn,
-    snapshot,
     state_steps,
 )
+from tests.harness import snapshot
 from towers import callbacks as cb
 from towers.callbacks import default_callbacks
 from towers.config import TrainConfig
@@ -74,7 +74,7 @@ def test_a_resume_with_another_data_order_is_refused_and_changes_nothing(tmp_pat
     callbacks = default_callbacks(TrainConfig(logdir=logdir, log_every=1000, checkpoint_every=2))
     make_trainer(callbacks, [], steps=3, logdir=logdir, run_info={'model': 'small_convnet'},
                  datasets=sets).train()
-    before = snapshot(logdir)
+    before = snapshot(logdir, times=False)
     assert {'model.ckpt-3.index', 'stats.jsonl', 'run.json', 'best/best.json'} <= set(before)
 
     for changed, asked in [
@@ -95,19 +95,19 @@ def test_a_resume_with_another_data_order_is_refused_and_changes_nothing(tmp_pat
             '%s: resuming would train on other batches; use the same seed, batch_size, '
             'dataset and input, or a new logdir' % (logdir, asked))
         assert lines == []
-        assert snapshot(logdir) == before, changed
+        assert snapshot(logdir, times=False) == before, changed
 
 
 def test_a_resume_refused_for_another_model_leaves_run_json_alone(tmp_path):
     logdir = str(tmp_path)
     make_trainer([cb.Checkpoint()], [], steps=2, logdir=logdir,
                  run_info={'model': 'small_convnet'}).train()
-    before = snapshot(logdir)
+    before = snapshot(logdir, times=False)
     other = ClassifierModel(model_fn('mnist_convnet'), SHAPE, 10, optimizer='sgd')
     with pytest.raises(TowersError, match='does not match this model'):
         make_trainer([cb.Checkpoint()], [], model=other, steps=4, logdir=logdir,
                      run_info={'model': 'mnist_convnet'}).train()
-    assert snapshot(logdir) == before
+    assert snapshot(logdir, times=False) == before
     with open(os.path.join(logdir, 'run.json'), encoding='utf-8') as f:
         assert json.load(f)['model'] == 'small_convnet'
 

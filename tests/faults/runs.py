@@ -6,7 +6,6 @@ fault lands in the phase under test. Where no process has to die, the command
 runs in this one through towers.cli.main (`towers`): TensorFlow is imported
 once, not once per run, and the whole suite stays fast.
 """
-import hashlib
 import os
 import queue
 import re
@@ -160,19 +159,6 @@ def assert_same_variables(expected, actual):
     assert sorted(actual) == sorted(expected)
     differ = [name for name in expected if not np.array_equal(expected[name], actual[name])]
     assert differ == [], 'these variables differ from the uninterrupted run: %s' % differ
-
-
-def snapshot(folder):
-    """{relative path: (size, mtime_ns, SHA-256)} of every file under folder."""
-    files = {}
-    for directory, _, names in os.walk(folder):
-        for name in names:
-            path = os.path.join(directory, name)
-            with open(path, 'rb') as f:
-                digest = hashlib.sha256(f.read()).hexdigest()
-            info = os.stat(path)
-            files[os.path.relpath(path, folder)] = (info.st_size, info.st_mtime_ns, digest)
-    return files
 
 
 def holder_line(logdir, pid, command):

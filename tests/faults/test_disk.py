@@ -22,10 +22,10 @@ from tests.faults.runs import (
     Training,
     assert_same_variables,
     listed,
-    snapshot,
     towers,
     variables,
 )
+from tests.harness import snapshot
 from towers import checkpoints
 from towers.logdir import in_use_by
 
