@@ -16,7 +16,13 @@ from towers.config import check
 from towers.inputs.feed import FeedInput
 from towers.schedules import LearningRate
 from towers.tower import build_towers_from_slices, split_batch
-from towers.variables import host_device, make_strategy, variable_name, variable_placement
+from towers.variables import (
+    VariableStrategy,
+    host_device,
+    make_strategy,
+    variable_name,
+    variable_placement,
+)
 
 tf1 = tf.compat.v1
 
@@ -92,7 +98,7 @@ def build_training_graph(model, tower_devices, param_device='/cpu:0', seed=None,
       finalize: finalize the graph; the Trainer says False, adds its
         callbacks' ops, then finalizes it itself.
       variable_update: 'parameter_server', 'replicated' or 'independent'
-        (towers/variables.py).
+        (towers/variables.py), or a VariableStrategy (e.g. a cluster's).
       sync_bn: batch norms use the moments of the whole global batch, pooled
         over the towers; default: each tower its own slice's, and the moving
         averages from tower 0 (as tf_cnn_benchmarks).
@@ -110,7 +116,8 @@ def build_training_graph(model, tower_devices, param_device='/cpu:0', seed=None,
     with graph.as_default(), tf1.device(default_device):
         if seed is not None:
             tf1.set_random_seed(seed)
-        strategy = make_strategy(variable_update, tower_devices, param_device)
+        strategy = (variable_update if isinstance(variable_update, VariableStrategy)
+                    else make_strategy(variable_update, tower_devices, param_device))
         host = host_device(param_device)
         slices = source.build(model.input_shape, tower_devices)
         with tf.device(host):
@@ -128,7 +135,7 @@ def build_training_graph(model, tower_devices, param_device='/cpu:0', seed=None,
         masters = [v for v in tf1.trainable_variables() if variable_name(v) == v.op.name]
         train_op, ema = _moving_average(train_op, masters, global_step, ema_decay)
         evaluation = _eval_towers(model, tower_devices, host, reuse=True, ema=ema)
-        loss, metrics, batch, finite = _step_results(towers, decay, masters, applied)
+        loss, metrics, batch, finite = _step_results(towers, decay, masters, applied, strategy)
         sync_op = strategy.sync_op()
         # Without finalize the caller adds variables of its own, then makes these.
         init_op, saver = finalize_graph(graph, strategy) if finalize else (None, None)
@@ -159,14 +166,14 @@ def _moving_average(train_op, masters, global_step, ema_decay):
         return tf.group(ema.apply(masters), name='train_op_ema'), ema
 
 
-def _step_results(towers, decay, masters, applied):
+def _step_results(towers, decay, masters, applied, strategy):
     """What a step reports: (loss, metrics, batch, finite), see TrainGraph."""
     with tf.device('/cpu:0'):
-        loss = weighted_loss(towers)
+        loss, metrics, batch = strategy.step_results(
+            weighted_loss(towers), weighted_metrics(towers),
+            tf.add_n([t.count for t in towers], name='batch'))
         if decay is not None:
             loss = tf.add(loss, decay.loss(masters), name='total_loss')
-        metrics = weighted_metrics(towers)
-        batch = tf.add_n([t.count for t in towers], name='batch')
         finite = _all_finite([loss] + [g for g, _ in applied if g is not None])
     return loss, metrics, batch, finite
 

@@ -60,7 +60,7 @@ def trace_options():
     return tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE)
 
 
-def run_step(sess, source, step, fetches, options=None, run_metadata=None):
+def run_step(sess, source, step, fetches, options=None, run_metadata=None, feed=None):
     """Run one train step fed by source; None when its data has ended.
 
     Args:
@@ -69,13 +69,15 @@ def run_step(sess, source, step, fetches, options=None, run_metadata=None):
       step: the global step about to run.
       fetches: what to run (a dict, list or single tensor/op; the train op among them).
       options, run_metadata: passed to sess.run (e.g. to trace the step).
+      feed: more {placeholder: value} to feed, or None.
     Returns:
       The values of fetches, or None at the end of the source's data.
     Raises:
       TowersError: the source failed (e.g. its loader raised), ended early,
         read corrupt records, or found a file of its data gone.
     """
-    extra, feed = source.step(step)
+    extra, source_feed = source.step(step)
+    feed = {**(source_feed or {}), **feed} if feed else source_feed
     try:
         return sess.run({'fetches': fetches, 'extra': extra}, feed, options=options,
                         run_metadata=run_metadata)['fetches']
@@ -93,9 +95,9 @@ def run_step(sess, source, step, fetches, options=None, run_metadata=None):
 
 
 def run_steps(sess, source, fetches, start_step, num_steps, run_options=None,
-              clock=time.perf_counter):
+              clock=time.perf_counter, feed=None):
     """The StepLoop of train steps start_step .. num_steps - 1: `with run_steps(...) as steps`."""
-    return StepLoop(sess, source, fetches, start_step, num_steps, run_options, clock)
+    return StepLoop(sess, source, fetches, start_step, num_steps, run_options, clock, feed)
 
 
 class StepLoop:
@@ -118,13 +120,15 @@ class StepLoop:
       run_options: callable(step) -> RunOptions or None, asked before each
         step (e.g. to trace one).
       clock: the timer.
+      feed: callable(step) -> {placeholder: value} fed besides the source's,
+        or None (a cluster's stop vote).
     """
 
     def __init__(self, sess, source, fetches, start_step, num_steps, run_options=None,
-                 clock=time.perf_counter):
+                 clock=time.perf_counter, feed=None):
         self.sess, self.source, self.fetches = sess, source, fetches
         self.step, self.num_steps = start_step, num_steps
-        self.run_options, self.clock = run_options, clock
+        self.run_options, self.clock, self.feed = run_options, clock, feed
 
     def __enter__(self):
         self.source.start(self.sess, self.step, self.num_steps)
@@ -152,7 +156,8 @@ class StepLoop:
         options = self.run_options(self.step) if self.run_options else None
         metadata = tf1.RunMetadata() if options is not None else None
         start = self.clock()
-        values = run_step(self.sess, self.source, self.step, self.fetches, options, metadata)
+        values = run_step(self.sess, self.source, self.step, self.fetches, options, metadata,
+                          self.feed(self.step) if self.feed else None)
         if values is None:
             return None
         values = dict(values, seconds=self.clock() - start)

@@ -17,8 +17,8 @@ import tensorflow as tf
 
 from towers import checkpoints, evaluation
 from towers.callbacks import Checkpoint, Throughput, default_callbacks
-from towers.cluster.ingraph import LOST
 from towers.cluster.placement import local_placement
+from towers.cluster.runtime import LOST
 from towers.config import TrainConfig
 from towers.dataorder import DataOrder
 from towers.errors import TowersError
@@ -59,8 +59,8 @@ class Trainer:
         asked after every step; a stop saves a checkpoint and skips evaluation.
       run_info: dict written to logdir/run.json (what `towers eval` and
         `towers export` need to rebuild the model).
-      cluster: a towers.cluster.ingraph.InGraph to train on a whole cluster
-        (config.towers towers on each worker task), or None for this process.
+      cluster: a towers.cluster.runtime.ClusterRun, this task's part in a
+        cluster run (config.towers towers on each worker task), or None.
     """
 
     def __init__(self, model, data, config=None, *, callbacks=None, source=None, log=print,
@@ -80,7 +80,8 @@ class Trainer:
         self.log, self.stop_requested, self.run_info = log, stop_requested, run_info
         self.callbacks = sorted(default_callbacks(config, data) if callbacks is None
                                 else callbacks, key=lambda c: c.order)
-        self.source, self.sampler = source_for(config, data, model, source)
+        self.source, self.sampler = source_for(config, data, model, source,
+                                               share=cluster and cluster.share)
         self.steps_per_epoch = config.steps_per_epoch or (
             self.sampler.steps_per_epoch if self.sampler else self.source.steps_per_epoch)
         self.num_steps = total_steps(config.epochs, config.steps, self.steps_per_epoch)
@@ -109,13 +110,13 @@ class Trainer:
             self.model, self.tower_devices, self.param_device, seed=config.seed,
             source=self.source, learning_rate=config.schedule(),
             steps_per_epoch=self.steps_per_epoch, ema_decay=config.ema, finalize=False,
-            variable_update=config.variable_update, sync_bn=config.sync_bn,
-            default_device=self.placement.default_device)
+            variable_update=(self.cluster and self.cluster.strategy) or config.variable_update,
+            sync_bn=config.sync_bn, default_device=self.placement.default_device)
         # In a cluster the chief's task completes every device here too: its Savers
         # write the checkpoints, its host runs the evaluation's slicing.
         with graph.graph.as_default(), tf1.device(self.placement.default_device):
             if self.cluster is not None:
-                self.cluster.build_pings()
+                self.cluster.build_graph_ops(host_device(self.param_device))
             self.data_order = DataOrder(self._data_order())
             self.data_order.build(host_device(self.param_device))
             self.graph = graph
@@ -199,6 +200,7 @@ class Trainer:
         try:
             with sess.as_default(), sess.graph.as_default():
                 self.cluster.check_devices(sess)
+                self.cluster.check_fingerprint(sess, self._fingerprint())
                 yield sess
         except LOST as e:
             lost = True
@@ -207,10 +209,22 @@ class Trainer:
             if not lost:
                 sess.close()
 
+    def _fingerprint(self):
+        """What every worker of a collective run must agree on."""
+        with self.graph.graph.as_default():
+            variables = sorted((v.op.name, v.shape.as_list()) for v in tf1.global_variables())
+        return {'model': type(self.model).__name__, 'variables': variables,
+                'batch_size': self.batch_size, 'seed': self.config.seed,
+                'steps': self.num_steps, 'steps_per_epoch': self.steps_per_epoch,
+                'learning_rate': self.config.schedule().describe(), 'ema': self.config.ema,
+                'input': self.source.name}
+
     def _fetches(self):
         """What each step runs: the train op, loss, metrics, ... and the callbacks' fetches."""
         fetches = {'train_op': self.graph.train_op, 'loss': self.graph.loss,
                    'batch': self.graph.batch, 'learning_rate': self.graph.learning_rate}
+        if self.cluster is not None and self.cluster.votes is not None:
+            fetches['stop_votes'] = self.cluster.votes
         for name, tensor in self.graph.metrics.items():
             if name in fetches or name == 'seconds':
                 raise TowersError('the model names a metric %r, which the trainer uses itself; '
@@ -230,8 +244,10 @@ class Trainer:
         return self.cluster.run_options(options) if self.cluster is not None else options
 
     def _loop(self, fetches, overall):
+        asked = None  # a stop asked of this process; in a collective run, voted on
+        feed = (lambda step: self.cluster.vote_feed(asked)) if 'stop_votes' in fetches else None
         with run_steps(self.sess, self.source, fetches, self.step, self.num_steps,
-                       run_options=self._run_options) as steps:
+                       run_options=self._run_options, feed=feed) as steps:
             for values in steps:
                 del values['train_op']
                 self.step = steps.step  # the train op increments global_step by exactly one
@@ -246,7 +262,11 @@ class Trainer:
                 if self.step % self.steps_per_epoch == 0:
                     for callback in self.callbacks:
                         callback.after_epoch(self)
-                self.stopped = self.stop_requested() if self.stop_requested else None
+                asked = asked or (self.stop_requested() if self.stop_requested else None)
+                if 'stop_votes' not in values:
+                    self.stopped = asked
+                elif values['stop_votes'] > 0:  # every worker stops after this same step
+                    self.stopped = asked or 'a stop asked of another worker'
                 if self.stopped:
                     self.log('%s: stopping after step %d' % (self.stopped, self.step))
                     break

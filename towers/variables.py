@@ -131,6 +131,15 @@ class VariableStrategy(abc.ABC):
           (train_op, the grads_and_vars applied to the master variables).
         """
 
+    def step_results(self, loss, metrics, batch):
+        """What the step reports, from this process's towers: (loss, metrics, batch).
+
+        The loss and metrics are means over this process's share of the batch,
+        batch its size. A strategy across processes makes them the whole global
+        batch's; the others hand them back as they are.
+        """
+        return loss, metrics, batch
+
     @abc.abstractmethod
     def saved_variables(self):
         """{checkpoint name: variable} of the default graph: one copy of each."""

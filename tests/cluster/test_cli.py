@@ -82,3 +82,17 @@ def test_a_worker_that_never_answers_is_named_within_the_timeout(tmp_path):
         'towers: error: worker 1 (%s) never answered within 2 s: start it (towers server, or '
         'towers train with its TF_CONFIG), or check the address' % missing], process.stderr
     assert time.monotonic() - start < 60
+
+
+def test_collective_mode_takes_workers_only_and_one_copy_per_worker(capsys, monkeypatch):
+    cluster = {'worker': ['127.0.0.1:1'], 'ps': ['127.0.0.1:2']}
+    monkeypatch.setenv('TF_CONFIG', json.dumps({'cluster': cluster,
+                                                'task': {'type': 'worker', 'index': 0}}))
+    assert main(['train', '--cluster-mode', 'collective']) == 1
+    assert _one_line(capsys) == ('--cluster-mode collective has no ps tasks: give the cluster '
+                                 'workers only, or use --cluster-mode in-graph')
+    monkeypatch.setenv('TF_CONFIG', _tf_config(['127.0.0.1:1']))
+    assert main(['train', '--cluster-mode', 'collective', '--variable-update',
+                 'replicated']) == 1
+    assert _one_line(capsys) == ('--cluster-mode collective keeps one copy of the variables per '
+                                 'worker: leave --variable-update at parameter_server')

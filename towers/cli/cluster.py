@@ -1,14 +1,14 @@
 """`towers server` and `towers launch`, and how `towers train` joins a cluster.
 
 A cluster comes from TF_CONFIG or --cluster FILE --task-type T --task-index K.
-In in-graph mode the chief (worker 0) trains and every other task serves, so
-the same `towers train` command can run on every host (as Kubernetes' TFJob
-runs one command everywhere): on a task that only serves it serves.
+In in-graph mode the chief (worker 0) trains and every other task serves; in
+collective mode every worker trains. Either way the same `towers train`
+command can run on every host (as Kubernetes' TFJob runs one command
+everywhere): on a task that only serves, it serves.
 """
 import argparse
 
-from towers.cluster import launch
-from towers.cluster.ingraph import InGraph
+from towers.cluster import launch, runtime
 from towers.cluster.server import serve, server_config
 from towers.cluster.spec import ClusterError, resolve
 
@@ -27,14 +27,24 @@ def run_server(args, log):
     serve(cluster, server_config(cluster, args.towers, args.threads), log=log)
 
 
-def in_graph(args, cluster, log):
-    """The InGraph of a train command on a cluster, or None when this task only serves."""
+def cluster_run(args, cluster, log):
+    """This task's ClusterRun of a train command, or None once a task that only serves is done."""
+    mode = args.cluster_mode or 'in-graph'
+    towers = args.towers or 1
+    if mode == 'collective':
+        if cluster.num_ps:
+            raise ClusterError('{cluster_mode} collective has no ps tasks: give the cluster '
+                               'workers only, or use {cluster_mode} in-graph')
+        if args.variable_update != 'parameter_server':
+            raise ClusterError('{cluster_mode} collective keeps one copy of the variables per '
+                               'worker: leave {variable_update} at parameter_server')
+        return runtime.collective(cluster, towers, args.cluster_timeout, args.threads)
     if not cluster.is_chief:
         log('in-graph mode: %s %d serves; worker 0 trains' % (cluster.task_type,
                                                               cluster.task_index))
-        serve(cluster, server_config(cluster, args.towers or 1, args.threads), log=log)
+        serve(cluster, server_config(cluster, towers, args.threads), log=log)
         return None
-    return InGraph(cluster, args.towers or 1, args.cluster_timeout, args.threads)
+    return runtime.in_graph(cluster, towers, args.cluster_timeout, args.threads)
 
 
 def run_launch(args, log):

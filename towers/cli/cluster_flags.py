@@ -13,7 +13,9 @@ def cluster_train_flags(train):
     train.add_argument('--cluster-mode', default=None, choices=CLUSTER_MODES,
                        help='with a cluster (TF_CONFIG or --cluster): in-graph, the chief '
                             'builds one graph with towers on every worker task and the '
-                            'variables on the ps tasks (default: in-graph)')
+                            'variables on the ps tasks; collective, every worker its own '
+                            'towers and a copy of the variables, gradients all-reduced over '
+                            'the workers (default: in-graph)')
     train.add_argument('--cluster-timeout', type=float, default=None, metavar='SECONDS',
                        help='with a cluster: how long a step may wait on another task before '
                             'the run stops, naming it (default: 5 times the step time, at '

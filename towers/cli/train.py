@@ -4,10 +4,11 @@ The order is what a user waiting on a bad flag wants: every setting is checked
 (the TrainConfig, the devices) before any data is read; SIGINT and SIGTERM
 stop after the current step, saved.
 """
+import dataclasses
 import signal
 
 from towers import data, models
-from towers.cli.cluster import cluster_of, in_graph
+from towers.cli.cluster import cluster_of, cluster_run
 from towers.cli.config import config_from_args
 from towers.devices import resolve_devices, resolve_param_device
 from towers.errors import SettingError
@@ -20,28 +21,18 @@ def run_train(args, log):
     from_records = args.dataset.startswith('records:')
     cluster = cluster_of(args)
     config, callbacks = settings(args, from_records, cluster)  # checked before any data is read
+    worker = False  # a collective worker but the chief: trains, keeps nothing
     if cluster is not None:
-        cluster = in_graph(args, cluster, log)
+        worker, cluster = not cluster.is_chief, cluster_run(args, cluster, log)
         if cluster is None:
             return  # this task served the chief's towers until it was stopped
-    if from_records:
-        if args.input not in (None, 'dataset'):
-            raise SettingError('records:DIR streams from disk through {input} dataset; '
-                               '{input} %s needs an in-memory dataset', args.input)
-        input_shape, num_classes, datasets, skipped = load_records(args)
-        for shard, count, problem in skipped:
-            log('skipped %s (%d records): %s' % (shard, count, problem))
-    else:
-        info = data.dataset_info(args.dataset)
-        input_shape, num_classes = info.input_shape, info.num_classes
-        if args.validation_size is not None and not 0 <= args.validation_size < info.num_train:
-            raise SettingError('{validation_size} must be in [0, %d) for %s, got %d',
-                               info.num_train, args.dataset, args.validation_size)
+        if worker:
+            config, callbacks = dataclasses.replace(config, logdir=None, eval_every=0), []
+    input_shape, num_classes, datasets = load_data(args, from_records, log)
     options = {} if args.dropout is None else {'dropout_rate': args.dropout}
     model_fn = models.build_model(args.model, input_shape, num_classes, **options)
-    if not from_records:
-        datasets = data.load_dataset(args.dataset, data_dir=args.data_dir,
-                                     validation_size=args.validation_size, seed=args.seed)
+    if worker:  # the chief evaluates
+        datasets = data.Datasets(datasets.train, _empty(datasets.test), _empty(datasets.test))
     log('dataset %s: %d train, %d validation, %d test; model %s'
         % (args.dataset, datasets.train.num_examples, datasets.validation.num_examples,
            datasets.test.num_examples, args.model))
@@ -52,6 +43,30 @@ def run_train(args, log):
                        stop_requested=stop.requested, callbacks=callbacks, cluster=cluster)
     if result['stopped'] == 'SIGINT':
         raise KeyboardInterrupt  # saved and stopped; exit as an interrupted command does
+
+
+def load_data(args, from_records, log):
+    """(input_shape, num_classes, Datasets) of --dataset: records stream, others load."""
+    if from_records:
+        if args.input not in (None, 'dataset'):
+            raise SettingError('records:DIR streams from disk through {input} dataset; '
+                               '{input} %s needs an in-memory dataset', args.input)
+        input_shape, num_classes, datasets, skipped = load_records(args)
+        for shard, count, problem in skipped:
+            log('skipped %s (%d records): %s' % (shard, count, problem))
+        return input_shape, num_classes, datasets
+    info = data.dataset_info(args.dataset)
+    if args.validation_size is not None and not 0 <= args.validation_size < info.num_train:
+        raise SettingError('{validation_size} must be in [0, %d) for %s, got %d',
+                           info.num_train, args.dataset, args.validation_size)
+    models.build_model(args.model, info.input_shape, info.num_classes)  # a bad name: now
+    datasets = data.load_dataset(args.dataset, data_dir=args.data_dir,
+                                 validation_size=args.validation_size, seed=args.seed)
+    return info.input_shape, info.num_classes, datasets
+
+
+def _empty(dataset):
+    return data.DataSet(dataset.images[:0], dataset.labels[:0], num_classes=dataset.num_classes)
 
 
 def settings(args, from_records, cluster=None):

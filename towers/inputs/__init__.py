@@ -70,7 +70,7 @@ def make_input(mode, dataset, sampler, batch_size, num_classes, seed=0, epochs=N
     return SyntheticInput(batch_size, num_classes)
 
 
-def source_for(config, data, model, source=None):
+def source_for(config, data, model, source=None, share=None):
     """(the InputSource a run trains from, its EpochSampler or None).
 
     Args:
@@ -79,6 +79,8 @@ def source_for(config, data, model, source=None):
       model: its ModelDesc (its num_classes, when it says one).
       source: an InputSource given instead (e.g. a PythonInput); it must say
         its steps_per_epoch unless the config does.
+      share: (index, count): read only share `index` of `count` of each global
+        batch (a cluster worker's, cut as split_batch cuts); None: all of it.
     """
     if source is not None:
         if not isinstance(source, InputSource):
@@ -96,6 +98,29 @@ def source_for(config, data, model, source=None):
     epochs = None if (config.steps or config.steps_per_epoch) else math.ceil(config.epochs)
     # (DataSet and RecordSet know their class count; a ModelDesc may say it too.)
     num_classes = getattr(model, 'num_classes', None) or train_set.num_classes
+    if share is not None:
+        shortest = train_set.num_examples % config.batch_size or config.batch_size
+        if shortest < share[1]:
+            raise SettingError('{batch_size} %d leaves a batch of %d for %d workers: every '
+                               'worker needs at least one example of each batch',
+                               config.batch_size, shortest, share[1])
+        return _shared_input(config.input, train_set, sampler, share), sampler
     return make_input(config.input, train_set, sampler, config.batch_size, num_classes,
                       seed=config.seed, epochs=epochs, mean=config.mean,
                       std=config.std), sampler
+
+
+def _shared_input(mode, train_set, sampler, share):
+    """feed or staging of one share of every global batch (the batch cut as split_batch does)."""
+    if mode not in ('feed', 'staging'):
+        raise SettingError('a worker of a cluster reads its share of each batch through {input} '
+                           'feed or staging, not %s', mode)
+    index, count = share
+
+    def batches(step):
+        indices = sampler.indices(step)
+        base, extra = divmod(len(indices), count)
+        start = index * base + min(index, extra)
+        mine = indices[start:start + base + (index < extra)]
+        return train_set.images[mine], train_set.labels[mine]
+    return FeedInput(batches=batches) if mode == 'feed' else StagingInput(batches=batches)

@@ -1,4 +1,4 @@
-"""In-graph replication across real processes: exact, and a lost task is named, never a hang.
+"""Across real processes, in-graph and collective: exact, and a lost task is named, never a hang.
 
 Every cluster here is real: `towers launch` starts each task as a process of
 this machine on free ports of 127.0.0.1, and every process a test starts is
@@ -31,13 +31,13 @@ def _variables(logdir):
             tf1.train.list_variables(prefix) if not name.startswith('data_order')}
 
 
-def _launch(tmp_path, *args, workers=2, ps=0, timeout=150):
+def _launch(tmp_path, *args, workers=2, ps=0, timeout=150, mode='in-graph'):
     """`towers launch` in a process; (status, output lines)."""
     process = subprocess.run(
         [sys.executable, '-m', 'towers', 'launch', '--workers', str(workers), '--ps', str(ps),
-         '--grace', '5', '--logs', str(tmp_path / 'logs'), '--', 'train', '--threads', '1']
-        + list(args), env=ENV, cwd=str(tmp_path), capture_output=True, text=True,
-        timeout=timeout)
+         '--grace', '5', '--logs', str(tmp_path / 'logs'), '--', 'train', '--threads', '1',
+         '--cluster-mode', mode] + list(args), env=ENV, cwd=str(tmp_path), capture_output=True,
+        text=True, timeout=timeout)
     return process.returncode, process.stdout.splitlines()
 
 
@@ -75,11 +75,12 @@ def _pids(line):
     return {name: int(pid) for name, pid in re.findall(r'(\w+ \d+) is pid (\d+)', line)}
 
 
-def _launch_and(tmp_path, act, *args, at_step=3):
+def _launch_and(tmp_path, act, *args, at_step=3, mode='in-graph'):
     """Launch, do act(pid of worker 1) once the chief has logged step at_step; (status, lines)."""
     process = subprocess.Popen(
         [sys.executable, '-m', 'towers', 'launch', '--workers', '2', '--grace', '5',
-         '--logs', str(tmp_path / 'logs'), '--', 'train', '--threads', '1'] + list(args),
+         '--logs', str(tmp_path / 'logs'), '--', 'train', '--threads', '1',
+         '--cluster-mode', mode] + list(args),
         env=ENV, cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines, pids, acted = [], {}, False
     try:
@@ -105,12 +106,29 @@ def _launch_and(tmp_path, act, *args, at_step=3):
     return process.returncode, lines
 
 
-def test_a_killed_worker_is_named_and_a_relaunch_resumes_exactly(tmp_path, one_process):
+def test_two_collective_workers_equal_one_process_with_two_towers(tmp_path, one_process):
+    logdir = str(tmp_path / 'run')
+    status, lines = _launch(tmp_path, '--steps', '8', '--logdir', logdir, *FLAGS,
+                            mode='collective')
+    assert status == 0, '\n'.join(lines)
+    for k in (0, 1):  # each its own tower, its share of every global batch of 20
+        assert ('[worker %d] training 8 steps on 1 tower(s) /job:worker/task:%d/device:CPU:0, '
+                'global batch 20, feed input' % (k, k)) in lines
+    # Every worker reports the whole batch's loss: the same line on both.
+    steps = [[line.split('] ', 1)[1] for line in lines if line.startswith('[worker %d] step 8/'
+                                                                          % k)] for k in (0, 1)]
+    assert steps[0] == steps[1] and len(steps[0]) == 1
+    assert _close(one_process, _variables(logdir)) <= 1e-6
+
+
+@pytest.mark.parametrize('mode', ['in-graph', 'collective'])
+def test_a_killed_worker_is_named_and_a_relaunch_resumes_exactly(tmp_path, one_process, mode):
     logdir = str(tmp_path / 'run')
     args = ['--steps', '8', '--logdir', logdir, '--checkpoint-every', '1',
             '--cluster-timeout', '20'] + FLAGS
     start = time.monotonic()
-    status, lines = _launch_and(tmp_path, lambda pid: os.kill(pid, signal.SIGKILL), *args)
+    status, lines = _launch_and(tmp_path, lambda pid: os.kill(pid, signal.SIGKILL), *args,
+                                mode=mode)
     assert status == 128 + signal.SIGKILL, '\n'.join(lines)  # the lost task's status
     assert time.monotonic() - start < 60
     lost = [line for line in lines if 'towers: error: lost worker 1 (127.0.0.1:' in line]
@@ -121,19 +139,59 @@ def test_a_killed_worker_is_named_and_a_relaunch_resumes_exactly(tmp_path, one_p
     saved = int(tf1.train.latest_checkpoint(logdir).rsplit('-', 1)[1])
     assert 3 <= saved < 8
     # The same command again: the cluster resumes from the chief's newest checkpoint.
-    status, lines = _launch(tmp_path, *args)
+    status, lines = _launch(tmp_path, *args, mode=mode)
     assert status == 0, '\n'.join(lines)
     assert '[worker 0] resumed from %s/model.ckpt-%d' % (logdir, saved) in lines
     assert _close(one_process, _variables(logdir)) <= 1e-6
 
 
-def test_a_frozen_worker_is_named_within_the_timeout(tmp_path):
+@pytest.mark.parametrize('mode', ['in-graph', 'collective'])
+def test_a_frozen_worker_is_named_within_the_timeout(tmp_path, mode):
     start = time.monotonic()
     status, lines = _launch_and(tmp_path, lambda pid: os.kill(pid, signal.SIGSTOP),
-                                '--steps', '400', '--cluster-timeout', '3', *FLAGS)
+                                '--steps', '400', '--cluster-timeout', '3', *FLAGS, mode=mode)
     assert status == 1, '\n'.join(lines)
     assert time.monotonic() - start < 60
     lost = [line for line in lines if 'towers: error: lost worker 1 (127.0.0.1:' in line]
     assert len(lost) == 1 and '(the step did not finish within 3 s)' in lost[0], lines
     assert any(line.startswith('towers launch: worker 0 exited with status 1; stopping the '
                                'other 1 task(s)') for line in lines), lines
+
+
+def test_a_stop_asked_of_one_collective_worker_stops_all_after_the_same_step(tmp_path):
+    logdir = str(tmp_path / 'run')
+    status, lines = _launch_and(tmp_path, lambda pid: os.kill(pid, signal.SIGTERM),
+                                '--steps', '400', '--logdir', logdir, *FLAGS, mode='collective')
+    assert status == 0, '\n'.join(lines)  # a polite stop: saved, and no error anywhere
+    stopped = {k: [line for line in lines if line.startswith('[worker %d] ' % k)
+                   and 'stopping after step' in line] for k in (0, 1)}
+    assert len(stopped[0]) == len(stopped[1]) == 1, lines
+    step = int(stopped[1][0].rsplit(' ', 1)[1])
+    assert stopped[1][0] == '[worker 1] SIGTERM: stopping after step %d' % step
+    assert stopped[0][0] == ('[worker 0] a stop asked of another worker: stopping after step %d'
+                             % step)
+    assert tf1.train.latest_checkpoint(logdir).endswith('model.ckpt-%d' % step)
+
+
+def test_workers_started_with_other_settings_are_refused(tmp_path):
+    from towers.cluster.launch import local_cluster
+    from towers.cluster.spec import Cluster
+    jobs = local_cluster(2)
+    processes = [subprocess.Popen(
+        [sys.executable, '-m', 'towers', 'train', '--cluster-mode', 'collective', '--threads',
+         '1', '--steps', '4'] + FLAGS[:2] + ['--batch-size', batch] + FLAGS[4:],
+        env=dict(ENV, TF_CONFIG=Cluster(jobs, 'worker', k).tf_config()), cwd=str(tmp_path),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for k, batch in ((0, '20'), (1, '10'))]
+    try:
+        outcomes = [p.communicate(timeout=120) for p in processes]
+    finally:
+        for p in processes:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for process, (_, err) in zip(processes, outcomes):
+        assert process.returncode == 1
+        assert err.splitlines() == ['towers: error: the workers were started with different '
+                                    'batch_size, steps_per_epoch: start every worker with the '
+                                    'same flags'], err

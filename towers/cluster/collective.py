@@ -1,0 +1,126 @@
+"""Collective mode: every worker builds its own towers; the workers meet in an all-reduce.
+
+Between-graph data parallelism on TensorFlow's collective ops, without ps
+tasks: each worker holds a copy of the variables on its own CPU, reads a
+disjoint share of every global batch, averages its own towers' gradients
+(weighted by share, as in one process), then all-reduces the sum of
+b_k * g_k over the workers, packed into few buffers, and divides by the
+global batch B = sum b_k: exactly the one-device gradient of the whole batch.
+Every worker applies that same update, so the copies stay equal. The chief's
+initial values (or its restored checkpoint) are broadcast to all before the
+first step; only the chief saves checkpoints and writes events.
+
+Collective instance keys are handed out in the order the graph is built,
+which is the same on every worker, so the k-th collective of each meets the
+k-th of the others.
+"""
+import tensorflow as tf
+from tensorflow.python.ops import collective_ops
+
+from towers.gradients import average_gradients, process_gradients
+from towers.tower import tower_update_ops
+from towers.variables import VariableStrategy
+
+tf1 = tf.compat.v1
+
+GROUP_KEY = 100  # the workers' group (the towers of one process use TowerContext.GROUP_KEY)
+BUFFER_BYTES = 32 << 20  # gradients are packed into all-reduce buffers of at most this
+
+
+class Collectives:
+    """All-reduces over the workers, with instance keys in the order they are made.
+
+    Args:
+      num_workers: the group's size.
+      timeout: seconds a collective may wait for the others (a backstop: each
+        step also has its own timeout).
+    """
+
+    def __init__(self, num_workers, timeout):
+        self.num_workers, self.timeout, self._next = num_workers, timeout, 0
+
+    def all_reduce(self, tensor, merge='Add'):
+        self._next += 1
+        return collective_ops.all_reduce(tensor, self.num_workers, GROUP_KEY, self._next,
+                                         merge, 'Id', timeout=self.timeout)
+
+    def sum_packed(self, tensors):
+        """The sum over the workers of each tensor, packed into buffers of one dtype."""
+        out, buffer, size = [None] * len(tensors), [], 0
+        for i, tensor in enumerate(tensors):
+            buffer.append(i)
+            size += tensor.shape.num_elements() * tensor.dtype.size
+            last = i + 1 == len(tensors) or tensors[i + 1].dtype != tensor.dtype
+            if last or size >= BUFFER_BYTES:
+                self._reduce_buffer(tensors, buffer, out)
+                buffer, size = [], 0
+        return out
+
+    def _reduce_buffer(self, tensors, indices, out):
+        flat = tf.concat([tf.reshape(tensors[i], [-1]) for i in indices], axis=0)
+        total = self.all_reduce(flat)
+        pieces = tf.split(total, [tensors[i].shape.num_elements() for i in indices])
+        for i, piece in zip(indices, pieces):
+            out[i] = tf.reshape(piece, tensors[i].shape)
+
+
+class AcrossWorkers(VariableStrategy):
+    """This worker's copy of the variables, its towers' average, the workers' all-reduce.
+
+    Args:
+      collectives: the workers' Collectives.
+      host: this worker's CPU, where its copy of the variables lives.
+      is_chief: whether this worker's values are the ones broadcast to all.
+    """
+
+    name = 'collective'
+
+    def __init__(self, collectives, host, is_chief):
+        super().__init__([host])
+        self.collectives, self.host, self.is_chief = collectives, host, is_chief
+
+    def tower_variables(self, index, device):
+        return None, self.host
+
+    def build_train_op(self, towers, optimizers, global_step, weight_decay=None,
+                       processors=()):
+        """Local average -> sum of b_k * g_k over the workers / B -> decay, processors -> apply."""
+        local = average_gradients([t.grads_and_vars for t in towers],
+                                  weights=[t.weight for t in towers])
+        with tf1.name_scope('all_reduce'), tf.device(self.host):
+            count = tf.cast(tf.add_n([t.count for t in towers]), tf.float32)
+            present = [(g, v) for g, v in local if g is not None]
+            summed = self.collectives.sum_packed(
+                [tf.convert_to_tensor(g) * count for g, _ in present] + [tf.reshape(count, [1])])
+            total = summed[-1][0]
+            grads = [(g / total, v) for g, (_, v) in zip(summed, present)]
+        grads = process_gradients(grads, weight_decay, processors)
+        apply_op = optimizers[0].apply_gradients(grads, global_step=global_step)
+        return tf.group(apply_op, *tower_update_ops(towers[0]), name='train_op'), grads
+
+    def step_results(self, loss, metrics, batch):
+        """The global batch's loss, metrics and size, from every worker's share."""
+        with tf1.name_scope('all_reduce_results'), tf.device(self.host):
+            count = tf.cast(batch, tf.float64)
+            names = sorted(metrics)
+            local = tf.stack([tf.cast(loss, tf.float64) * count]
+                             + [tf.cast(metrics[n], tf.float64) * count for n in names]
+                             + [count])
+            total = self.collectives.all_reduce(local)
+            size = tf.maximum(total[-1], 1.0)
+            loss = tf.cast(total[0] / size, tf.float32, name='loss')
+            metrics = {n: tf.identity(total[1 + i] / size, name=n) for i, n in enumerate(names)}
+            return loss, metrics, tf.cast(total[-1], tf.int32, name='batch')
+
+    def saved_variables(self):
+        return {v.op.name: v for v in tf1.global_variables()}
+
+    def sync_op(self):
+        """Every worker takes the chief's values: an all-reduce of the chief's, zeros elsewhere."""
+        variables = sorted(tf1.global_variables(), key=lambda v: (v.dtype.name, v.op.name))
+        with tf1.name_scope('broadcast_chief'), tf.device(self.host):
+            mine = [v.read_value() if self.is_chief else tf.zeros(v.shape, v.dtype.base_dtype)
+                    for v in variables]
+            values = self.collectives.sum_packed(mine)
+            return tf.group(*[tf1.assign(v, value) for v, value in zip(variables, values)],
+                            name='sync_replicas')

@@ -1,0 +1,204 @@
+"""A task's part in a cluster run: where its graph goes, and how a lost task is told.
+
+  in-graph    the chief builds one graph whose towers run on every worker task
+              (T per task), the variables on the ps tasks or the chief; only the
+              chief runs a Session, the other tasks serve. N tasks x T towers
+              train as one process with N*T towers on the same global batch.
+  collective  every worker builds its own towers on its own devices and reads its
+              share of each global batch; the workers meet in all-reduces
+              (towers/cluster/collective.py); all take the same steps, and a stop
+              asked of one is voted on, so that all stop after the same step.
+
+Never a hang: before the first step every other task must answer (TCP, within
+the timeout); every step has a timeout (--cluster-timeout, or a few times the
+step time once it is known); and a step that fails on the cluster asks every
+task at once, briefly, whether it is there, so the error names the lost ones.
+"""
+import statistics
+import threading
+import zlib
+
+import tensorflow as tf
+
+from towers.cluster.collective import AcrossWorkers, Collectives
+from towers.cluster.placement import Placement, in_graph_placement
+from towers.cluster.server import server_config, start_server, wait_for_tasks
+from towers.cluster.spec import ClusterError
+
+tf1 = tf.compat.v1
+
+# What TensorFlow raises when a step cannot reach a task, or waits on it too long.
+LOST = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError, tf.errors.AbortedError,
+        tf.errors.CancelledError, tf.errors.InternalError)
+
+FIRST_STEPS_S = 300.0  # until the step time is known (placement, first compiles)
+MIN_TIMEOUT_S = 30.0
+STEP_TIMES = 5  # x the median step time: the default step timeout
+PING_S = 5.0
+
+
+class ClusterRun:
+    """This task's side of a cluster run (in_graph() or collective() make one).
+
+    Attributes:
+      mode: 'in-graph' or 'collective'.
+      cluster: the towers.cluster.spec.Cluster.
+      placement: where this task's graph goes (towers/cluster/placement.py).
+      strategy: the VariableStrategy the graph uses, or None for the config's.
+      share: (index, count): the share of each global batch this task reads,
+        or None for all of it.
+    """
+
+    def __init__(self, mode, cluster, placement, timeout, strategy=None, share=None):
+        self.mode, self.cluster, self.placement = mode, cluster, placement
+        self.timeout, self.strategy, self.share = timeout, strategy, share
+        self.server, self._seconds, self._pings = None, [], {}
+        self._feed = self.votes = self._vote = self._fingerprint = None
+
+    @property
+    def tasks(self):
+        """['worker 0', 'worker 1', 'ps 0', ...]: every task of the cluster."""
+        return ['%s %d' % (job, i) for job in self.cluster.jobs
+                for i in range(len(self.cluster.jobs[job]))]
+
+    def start(self):
+        """Start this task's server, wait for the others; the Session target."""
+        self.server = start_server(self.cluster, self.placement.config)
+        wait_for_tasks(self.cluster, self.timeout or FIRST_STEPS_S)
+        return self.server.target
+
+    def build_graph_ops(self, host):
+        """In the default graph: a ping per task; in collective mode a stop vote and the
+        fingerprint check, on this task's host."""
+        self._feed = tf1.placeholder(tf.float32, [], name='cluster_ping')
+        for name in self.tasks:
+            job, index = name.split()
+            with tf.device('/job:%s/task:%s/device:CPU:0' % (job, index)):
+                # Fed, so that no optimisation folds it onto this task.
+                self._pings[name] = tf.identity(self._feed, name='ping_%s_%s' % (job, index))
+        if self.mode == 'collective':
+            collectives = self.strategy.collectives
+            with tf.device(host), tf1.name_scope('cluster'):
+                self._vote = tf1.placeholder(tf.float32, [], name='stop_vote')
+                self.votes = collectives.all_reduce(tf.reshape(self._vote, [1]))[0]
+                self._fingerprint = tf1.placeholder(tf.int64, [None], name='fingerprint')
+                self._fingerprints = [collectives.all_reduce(self._fingerprint, merge)
+                                      for merge in ('Max', 'Min')]
+
+    def vote_feed(self, stop):
+        """The feed of a step in which this task votes to stop (or not)."""
+        return {self._vote: 1.0 if stop else 0.0} if self._vote is not None else {}
+
+    def check_fingerprint(self, sess, settings):
+        """ClusterError unless every worker runs with the same settings as this one.
+
+        Args:
+          settings: {name: value} that must agree (model, batch, seed, steps...).
+        """
+        if self._fingerprint is None:
+            return
+        names = sorted(settings)
+        mine = [zlib.crc32(repr(settings[n]).encode()) for n in names]
+        high, low = sess.run(self._fingerprints, {self._fingerprint: mine},
+                             options=self.run_options())
+        differ = [n for n, most, least in zip(names, high, low) if most != least]
+        if differ:
+            raise ClusterError('the workers were started with different %s: start every '
+                               'worker with the same flags' % ', '.join(differ))
+
+    def check_devices(self, sess):
+        """ClusterError unless every tower device exists: each task started with its towers."""
+        have = {_short(d.name) for d in sess.list_devices()}
+        missing = [d for d in self.placement.tower_devices if _short(d) not in have]
+        if missing:
+            raise ClusterError('the cluster lacks %s: start each worker with as many devices '
+                               'as it has towers (towers server --towers N)'
+                               % ', '.join(missing[:4]))
+
+    def observe(self, seconds):
+        """A finished step's time, for the default timeout."""
+        self._seconds = (self._seconds + [seconds])[-50:]
+
+    def step_timeout_s(self):
+        if self.timeout:
+            return self.timeout
+        if len(self._seconds) < 3:
+            return FIRST_STEPS_S
+        return max(MIN_TIMEOUT_S, STEP_TIMES * statistics.median(self._seconds))
+
+    def run_options(self, options=None):
+        """options (or new RunOptions) with this step's timeout."""
+        options = options or tf1.RunOptions()
+        options.timeout_in_ms = int(1000 * self.step_timeout_s())
+        return options
+
+    def lost(self, sess):
+        """The tasks that do not answer a ping within PING_S (all asked at once)."""
+        answered = set()
+
+        def ask(name):
+            try:
+                sess.run(self._pings[name], {self._feed: 0.0},
+                         options=tf1.RunOptions(timeout_in_ms=int(1000 * PING_S)))
+                answered.add(name)
+            except tf.errors.OpError:
+                pass  # not answering is the answer
+        threads = [threading.Thread(target=ask, args=(name,), daemon=True,
+                                    name='towers-ping-' + name.replace(' ', '-'))
+                   for name in self._pings]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(PING_S + 1)  # a frozen task's ping may never return
+        return [name for name in self.tasks if name not in answered]
+
+    def failure(self, sess, error, step):
+        """The one-line error for a step that failed on the cluster."""
+        lost = self.lost(sess)
+        what = ('lost %s (%s)' % (', '.join(lost), ', '.join(self._address(n) for n in lost))
+                if lost else 'the cluster failed')
+        why = ('the step did not finish within %.0f s' % self.step_timeout_s()
+               if isinstance(error, tf.errors.DeadlineExceededError)
+               else 'TensorFlow %s' % type(error).__name__)
+        return ClusterError('%s at step %d (%s); stop the job and start it again to resume '
+                            'from the newest checkpoint' % (what, step + 1, why))
+
+    def _address(self, name):
+        job, index = name.split()
+        return self.cluster.jobs[job][int(index)]
+
+
+def in_graph(cluster, towers_per_task=1, timeout=None, threads=None):
+    """The chief's ClusterRun of in-graph replication over the whole cluster."""
+    if not cluster.is_chief:
+        raise ClusterError('in-graph mode trains on the chief (worker 0) only; %s %d '
+                           'serves: run `towers server` there' % (cluster.task_type,
+                                                                  cluster.task_index))
+    # The session's own timeout is a backstop for every run (init, evaluation).
+    placement = in_graph_placement(cluster, towers_per_task, timeout=timeout or FIRST_STEPS_S,
+                                   threads=threads)
+    return ClusterRun('in-graph', cluster, placement, timeout)
+
+
+def collective(cluster, towers_per_task=1, timeout=None, threads=None):
+    """A worker's ClusterRun of collective training: its own towers, the workers' all-reduce."""
+    if cluster.task_type != 'worker':
+        raise ClusterError('collective mode has no ps tasks: every task is a worker')
+    task = '/job:worker/task:%d' % cluster.task_index
+    tower_devices = ['%s/device:CPU:%d' % (task, i) for i in range(towers_per_task)]
+    config = server_config(cluster, towers_per_task, threads,
+                           timeout_ms=1000 * (timeout or FIRST_STEPS_S))
+    config.device_filters.append('/job:worker')  # its own towers, and the others' pings
+    host = task + '/device:CPU:0'
+    placement = Placement(tower_devices, host, task, None, config)
+    strategy = AcrossWorkers(Collectives(cluster.num_workers, timeout or FIRST_STEPS_S), host,
+                             cluster.is_chief)
+    return ClusterRun('collective', cluster, placement, timeout, strategy,
+                      share=(cluster.task_index, cluster.num_workers))
+
+
+def _short(device):
+    """'/job:worker/replica:0/task:1/device:CPU:0' -> '/job:worker/task:1/device:CPU:0'."""
+    spec = tf.DeviceSpec.from_string(device)
+    return '/job:%s/task:%d/device:%s:%d' % (spec.job, spec.task, spec.device_type,
+                                             spec.device_index)
