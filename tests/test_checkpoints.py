@@ -91,15 +91,17 @@ def test_remove_unfinished_takes_what_a_kill_left_and_nothing_else(tmp_path):
     (tmp_path / 'model.ckpt-12.data-00000-of-00001.tempstate123').write_bytes(b'half')
     (tmp_path / 'model.ckpt-4.index').write_bytes(b'a deletion cut short')
     (tmp_path / '.run.json.abc123').write_bytes(b'{')
-    _save(str(tmp_path / 'by_hand'), [7])
+    _save(str(tmp_path / 'by_hand'), [1, 7])
     for name in os.listdir(tmp_path / 'by_hand'):
-        if name.startswith('model.ckpt-7'):  # a whole checkpoint put here, not listed
+        if name.startswith('model.ckpt-'):  # whole checkpoints put here, not listed
             os.replace(os.path.join(tmp_path, 'by_hand', name), os.path.join(folder, name))
     assert remove_unfinished(folder) == [
         '.run.json.abc123', 'model.ckpt-12.data-00000-of-00001.tempstate123',
         'model.ckpt-12.meta', 'model.ckpt-4.index']
-    assert sorted(n for n in os.listdir(folder) if n.startswith('model.ckpt-7')) == [
-        'model.ckpt-7.data-00000-of-00001', 'model.ckpt-7.index', 'model.ckpt-7.meta']
+    for step in (1, 7):  # older than every listed one, or between them: whole, so they stay
+        assert sorted(n for n in os.listdir(folder) if n.startswith('model.ckpt-%d.' % step)) \
+            == ['model.ckpt-%d.%s' % (step, end) for end in ('data-00000-of-00001', 'index',
+                                                              'meta')]
     assert checkpoints.newest_complete(folder).endswith('model.ckpt-10')
     # Without a state file, only what does not read back whole goes.
     lone = tmp_path / 'lone'

@@ -81,8 +81,9 @@ def checkpoint_state(folder):
     except ValueError:  # parsed, but names no checkpoint
         state = None
     if state is None:
-        raise TowersError('%s is damaged: it does not list checkpoints; remove it to '
-                          'start that folder over, or use another {logdir}' % path)
+        raise TowersError('%s is damaged: it does not list checkpoints; move the folder '
+                          'aside (its checkpoints are still there) and train into another '
+                          '{logdir}' % path)
     return state
 
 

@@ -140,28 +140,31 @@ _STEM = re.compile(r'%s-(\d+)' % re.escape(CHECKPOINT_NAME))  # model.ckpt-STEP 
 def remove_unfinished(folder):
     """Remove what an interrupted run left half written in folder; the names removed.
 
-    Also the files of checkpoints the state file does not list, newer than
-    its newest (a run killed after writing them, before listing them) or
-    older than its oldest (killed while deleting an old one), or, with no
-    list, that do not read back whole (a first save cut short): nothing
-    reads them, and the Saver would never delete them. Only while holding the
+    Also the files of checkpoints the state file does not list: those newer
+    than its newest (a run killed after writing them, before listing them),
+    and the others that are not whole, graph included (killed while deleting
+    an old one, or during a first save): nothing reads them, and the Saver
+    would never delete them. A whole unlisted checkpoint older than the
+    newest listed one stays. Only while holding the
     logdir (LogdirLock): another run's writes in progress look the same.
     """
     def matching(pattern):
         return glob.glob(os.path.join(glob.escape(folder), pattern))
     removed = {path for pattern in _UNFINISHED for path in matching(pattern)}
     state = checkpoints.checkpoint_state(folder)
-    listed = sorted({_step(path) for path in list(state.all_model_checkpoint_paths)
-                     + [state.model_checkpoint_path]}) if state else []
+    named = list(state.all_model_checkpoint_paths) + [state.model_checkpoint_path] if state \
+        else []
+    listed = sorted(step for step in {_step(path) for path in named} if step is not None)
     for path in matching(CHECKPOINT_NAME + '-*'):
         step = _step(path)
         if step is None or step in listed:
             continue
-        # Newer than the newest listed: a save not yet listed; older than the oldest:
-        # a deletion cut short; with no list, a first save cut short. What else is
-        # here (a whole checkpoint put here by hand) is left alone.
-        if (step > listed[-1] or step < listed[0]) if listed else not checkpoints.reads_back(
-                os.path.join(folder, '%s-%d' % (CHECKPOINT_NAME, step))):
+        # Newer than the newest listed: a save not yet listed. Older, or with no list:
+        # a deletion (which takes the graph first) or a first save cut short, if it is
+        # not whole; a whole one is the user's, or was about to go anyway: it stays.
+        prefix = os.path.join(folder, '%s-%d' % (CHECKPOINT_NAME, step))
+        if (listed and step > listed[-1]) or not (os.path.exists(prefix + '.meta')
+                                                  and checkpoints.reads_back(prefix)):
             removed.add(path)
     for path in removed:
         checkpoints.remove_path(path)
@@ -172,3 +175,24 @@ def _step(path):
     """STEP of a model.ckpt-STEP file (or prefix), else None."""
     stem = _STEM.match(os.path.basename(path))
     return int(stem.group(1)) if stem else None
+
+
+def take_over(folder, saver, log, shown=''):
+    """What a run does with a checkpoint folder it now holds; the folder's CheckpointState.
+
+    What a killed run left half written goes (and the log says what); the
+    Saver learns of the checkpoints there, so that it goes on keeping the
+    newest and deleting the oldest (a fresh Saver knows none of them, and
+    would drop them from the state file and never delete them).
+
+    Args:
+      shown: the folder as the log line names it, relative to the logdir.
+    """
+    removed = remove_unfinished(folder)
+    if removed:
+        log('removed what an interrupted run left unfinished: %s'
+            % ', '.join(os.path.join(shown, name) for name in removed))
+    state = checkpoints.checkpoint_state(folder)
+    if state and state.all_model_checkpoint_paths:
+        saver.recover_last_checkpoints(state.all_model_checkpoint_paths)
+    return state

@@ -37,16 +37,21 @@ def open_session(built, config, load=None, target=''):
     """
     sess = tf1.Session(target, graph=built.graph, config=config)
     try:
-        # A Saver restores in graph mode only under its graph (else it tries eagerly).
-        with built.graph.as_default():
-            sess.run(built.init_op)
-            if load is not None:
-                load(sess)
-            sess.run(built.sync_op)
+        prepare_session(sess, built, load)
     except BaseException:
         sess.close()
         raise
     return sess
+
+
+def prepare_session(sess, built, load=None):
+    """init_op, then load(sess), then sync_op: what open_session runs on a new Session."""
+    # A Saver restores in graph mode only under its graph (else it tries eagerly).
+    with built.graph.as_default():
+        sess.run(built.init_op)
+        if load is not None:
+            load(sess)
+        sess.run(built.sync_op)
 
 
 def load_variables(sess, variables, values):
@@ -86,7 +91,8 @@ def run_step(sess, source, step, fetches, options=None, run_metadata=None, feed=
         return None
     except tf.errors.DataLossError as e:
         # A shard damaged after its check (or read unchecked): say so in one line.
-        raise TowersError('corrupt input data at step %d: %s' % (step, e.message)) from None
+        raise TowersError('corrupt input data at step %d: %s'
+                          % (step, op_error_summary(e))) from None
     except (tf.errors.NotFoundError, tf.errors.PermissionDeniedError) as e:
         # A file the input opens again each epoch (a records shard) was removed,
         # moved or made unreadable after the run checked it.

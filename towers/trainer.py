@@ -9,7 +9,6 @@ a Callback (towers/callbacks/). The settings come whole
 in a TrainConfig (towers/config.py). `train()` is what `towers train` runs:
 a ClassifierModel over a registry model_fn, the default callbacks, this loop.
 """
-import contextlib
 import fractions
 import math
 
@@ -18,7 +17,6 @@ import tensorflow as tf
 from towers import checkpoints, evaluation
 from towers.callbacks import Checkpoint, Throughput, default_callbacks
 from towers.cluster.placement import local_placement
-from towers.cluster.runtime import LOST
 from towers.config import TrainConfig
 from towers.dataorder import DataOrder
 from towers.errors import TowersError
@@ -182,32 +180,15 @@ class Trainer:
                 callback.close()
             self.sess = None
 
-    @contextlib.contextmanager
     def _session(self):
-        """The run's Session: in this process, or on the cluster's chief server.
-
-        On a cluster, a step that fails because a task is gone becomes one line
-        naming that task, and the Session is left unclosed: closing it would wait
-        (30 s) on the lost task's cleanup, and the process ends anyway.
-        """
+        """The run's Session: in this process, or on the cluster (towers/cluster/runtime.py)."""
         if self.cluster is None:
-            with open_session(self.graph, self.placement.config, load=self._resume) as sess:
-                yield sess
-            return
-        sess = open_session(self.graph, self.placement.config, load=self._resume,
-                            target=self.cluster.start())
-        lost = False
-        try:
-            with sess.as_default(), sess.graph.as_default():
-                self.cluster.check_devices(sess)
-                self.cluster.check_fingerprint(sess, self._fingerprint())
-                yield sess
-        except LOST as e:
-            lost = True
-            raise self.cluster.failure(sess, e, self.step) from None
-        finally:
-            if not lost:
-                sess.close()
+            return open_session(self.graph, self.placement.config, load=self._resume)
+
+        def load(sess):  # the workers agree before any collective runs, then the restore
+            self.cluster.check_fingerprint(sess, self._fingerprint())
+            self._resume(sess)
+        return self.cluster.session(self.graph, load, lambda: self.step)
 
     def _fingerprint(self):
         """What every worker of a collective run must agree on."""
@@ -241,7 +222,12 @@ class Trainer:
     def _run_options(self, step):
         """Trace the coming step when a callback wants it (--trace); on a cluster, a timeout."""
         options = trace_options() if any(c.wants_trace(self) for c in self.callbacks) else None
-        return self.cluster.run_options(options) if self.cluster is not None else options
+        if self.cluster is None:
+            return options
+        every = self.config.checkpoint_every
+        after_chief_work = step > 0 and (step % self.steps_per_epoch == 0
+                                         or bool(every and step % every == 0))
+        return self.cluster.run_options(options, after_chief_work)
 
     def _loop(self, fetches, overall):
         asked = None  # a stop asked of this process; in a collective run, voted on

@@ -1,7 +1,9 @@
 """towers launch's process handling: TF_CONFIG per task, prefixed output, logs, teardown."""
 import os
 import shutil
+import signal
 import socket
+import subprocess
 import sys
 import time
 
@@ -84,3 +86,33 @@ def test_logs_go_to_a_new_folder_when_none_is_given():
             assert f.read() == 'hi\n'
     finally:
         shutil.rmtree(folder)
+
+
+def test_the_tasks_end_when_the_launcher_is_killed(tmp_path):
+    code = ('import sys; from towers.cluster.launch import launch, local_cluster; '
+            'launch([("worker", 0, [sys.executable, "-c", "import time; time.sleep(60)"], '
+            'False)], local_cluster(1), logs=sys.argv[1], grace=1)')
+    launcher = subprocess.Popen([sys.executable, '-c', code, str(tmp_path)],
+                                stdout=subprocess.PIPE, text=True)
+    try:
+        line = ''
+        while 'is pid' not in line:
+            line = launcher.stdout.readline()
+            assert line, 'the launcher said nothing'
+        pid = int(line.rsplit(' ', 1)[1])
+        launcher.kill()  # SIGKILL: no teardown runs
+        launcher.wait()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.1)
+        else:
+            os.kill(pid, signal.SIGKILL)
+            raise AssertionError('the task outlived its launcher')
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()

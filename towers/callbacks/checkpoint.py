@@ -2,7 +2,7 @@
 from towers import checkpoints
 from towers.callbacks.base import Callback
 from towers.errors import TowersError
-from towers.logdir import remove_unfinished
+from towers.logdir import take_over
 
 
 class Checkpoint(Callback):
@@ -32,16 +32,8 @@ class Checkpoint(Callback):
         self.weights_finite = checkpoints.weights_finite()
 
     def before_train(self, trainer):
-        # This run holds the logdir now: what a killed one left half written goes.
-        removed = remove_unfinished(trainer.logdir)
-        if removed:
-            trainer.log('removed what an interrupted run left unfinished: %s'
-                        % ', '.join(removed))
-        state = checkpoints.checkpoint_state(trainer.logdir)
+        state = take_over(trainer.logdir, self.saver, trainer.log)  # this run holds it now
         if state and state.model_checkpoint_path:
-            # A fresh Saver knows none of the earlier checkpoints: without this it
-            # would drop them from the state file and never delete them (keep).
-            self.saver.recover_last_checkpoints(state.all_model_checkpoint_paths)
             self.last_saved = state.model_checkpoint_path
 
     def save(self, trainer):

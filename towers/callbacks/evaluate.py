@@ -7,7 +7,7 @@ from towers.callbacks.base import Callback
 from towers.data.atomic import atomic_output
 from towers.errors import SettingError, TowersError
 from towers.evaluation import format_metrics, split_size
-from towers.logdir import remove_unfinished
+from towers.logdir import take_over
 from towers.names import BEST_DIR, BEST_FILE
 
 
@@ -57,15 +57,9 @@ class Evaluate(Callback):
 
     def before_train(self, trainer):
         if self.saver:
-            removed = remove_unfinished(self.folder)
-            if removed:
-                trainer.log('removed what an interrupted run left unfinished: %s'
-                            % ', '.join(os.path.join(BEST_DIR, name) for name in removed))
+            # So that the next best replaces the one a resumed run left here.
+            take_over(self.folder, self.saver, trainer.log, BEST_DIR)
             self.best = self._read_best(trainer)
-            state = checkpoints.checkpoint_state(self.folder)
-            if state and state.all_model_checkpoint_paths:
-                # So that the next best replaces the one a resumed run left here.
-                self.saver.recover_last_checkpoints(state.all_model_checkpoint_paths)
 
     def _read_best(self, trainer):
         """best.json, when it describes the checkpoint best/ holds; else None."""

@@ -35,6 +35,9 @@ def cluster_run(args, cluster, log):
         if cluster.num_ps:
             raise ClusterError('{cluster_mode} collective has no ps tasks: give the cluster '
                                'workers only, or use {cluster_mode} in-graph')
+        if args.sync_bn:
+            raise ClusterError('{sync_bn} pools batch norm over the towers of one process; '
+                               '{cluster_mode} collective does not pool it across workers yet')
         if args.variable_update != 'parameter_server':
             raise ClusterError('{cluster_mode} collective keeps one copy of the variables per '
                                'worker: leave {variable_update} at parameter_server')

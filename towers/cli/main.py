@@ -7,6 +7,7 @@ status 1; --debug shows the traceback instead.
 """
 import os
 import sys
+import traceback
 
 from towers.cli.parsers import build_parser
 
@@ -67,6 +68,7 @@ def _run(args):
     from towers import data, models
     from towers.cli.commands import COMMANDS
     from towers.cli.config import flag
+    from towers.cluster.runtime import LostTaskError
     from towers.errors import TowersError, op_error_summary
 
     def log(line):
@@ -74,11 +76,27 @@ def _run(args):
 
     try:
         status = COMMANDS[args.command](args, log)
+    except LostTaskError as e:
+        if args.debug:
+            traceback.print_exc()
+        print('towers: error: %s' % e.named(flag), file=sys.stderr)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # Its Session to the cluster can never close (nor can Python at exit): end here.
+        os._exit(1)
     except (TowersError, data.DataError, models.ModelError) as e:
         if args.debug:
             raise
         message = e.named(flag) if isinstance(e, TowersError) else str(e)
         print('towers: error: %s' % message, file=sys.stderr)
+        return 1
+    except OSError as e:
+        # A disk that fills up or a folder that turns read-only outside the checkpoints
+        # (best.json, stats.jsonl, run.json): what and where, in one line.
+        if args.debug:
+            raise
+        print('towers: error: %s%s' % (e.strerror or e, ': %s' % e.filename if e.filename
+                                       else ''), file=sys.stderr)
         return 1
     except tensorflow.errors.OpError as e:
         # What only TensorFlow noticed (a disk that fills up, a device that

@@ -25,6 +25,8 @@ tf1 = tf.compat.v1
 
 GROUP_KEY = 100  # the workers' group (the towers of one process use TowerContext.GROUP_KEY)
 BUFFER_BYTES = 32 << 20  # gradients are packed into all-reduce buffers of at most this
+FINGERPRINT_KEYS = (1, 2)  # reserved: the workers' first collectives, whatever their graphs
+FIRST_KEY = 10  # the others, in the order they are built
 
 
 class Collectives:
@@ -37,12 +39,14 @@ class Collectives:
     """
 
     def __init__(self, num_workers, timeout):
-        self.num_workers, self.timeout, self._next = num_workers, timeout, 0
+        self.num_workers, self.timeout, self._next = num_workers, timeout, FIRST_KEY
 
-    def all_reduce(self, tensor, merge='Add'):
-        self._next += 1
-        return collective_ops.all_reduce(tensor, self.num_workers, GROUP_KEY, self._next,
-                                         merge, 'Id', timeout=self.timeout)
+    def all_reduce(self, tensor, merge='Add', key=None):
+        """The reduction of tensor over the workers (key: a reserved instance key, or the next)."""
+        if key is None:
+            key, self._next = self._next, self._next + 1
+        return collective_ops.all_reduce(tensor, self.num_workers, GROUP_KEY, key, merge, 'Id',
+                                         timeout=self.timeout)
 
     def sum_packed(self, tensors):
         """The sum over the workers of each tensor, packed into buffers of one dtype."""

@@ -9,6 +9,7 @@ then SIGTERM, then SIGKILL) and the launcher exits with that task's status;
 when every worker has finished, the tasks that only serve are stopped and the
 launcher exits 0.
 """
+import ctypes
 import os
 import signal
 import socket
@@ -19,6 +20,14 @@ import threading
 import time
 
 from towers.cluster.spec import Cluster
+
+
+def _die_with_parent():
+    """In the child, before exec: SIGTERM it when the launcher dies (Linux's PR_SET_PDEATHSIG)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass  # not Linux: the teardown still ends the tasks, unless the launcher is killed
 
 
 def free_ports(count, host='127.0.0.1'):
@@ -57,23 +66,34 @@ class Task:
         self.name = '%s %d' % (task_type, index)
         self.log_path, self._emit, self._env = log_path, emit, env
         self.process = self._thread = None
+        self.reported = False  # its end was told
 
     def start(self):
-        # Its own process group, so that a teardown reaches the task's children too.
+        """Start the process (before any copying thread: preexec_fn and threads do not mix)."""
+        self._log_file = open(self.log_path, 'wb')  # a folder that cannot hold it: an error now
+        # Its own process group, so that a teardown reaches the task's children too;
+        # and SIGTERM when the launcher dies, so that no task outlives it.
         self.process = subprocess.Popen(self.argv, env=self._env, stdout=subprocess.PIPE,
                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                        start_new_session=True)
-        self._thread = threading.Thread(target=self._copy, daemon=True,
+                                        start_new_session=True, preexec_fn=_die_with_parent)
+
+    def copy_output(self):
+        """Start the thread copying its output to its log and ours."""
+        self._thread = threading.Thread(target=self._copy, args=(self._log_file,), daemon=True,
                                         name='towers-launch-%s-%d' % (self.task_type,
                                                                       self.index))
         self._thread.start()
 
-    def _copy(self):
-        with open(self.log_path, 'wb') as log_file:
+    def _copy(self, log_file):
+        with log_file:
             for line in self.process.stdout:
                 log_file.write(line)
                 log_file.flush()
-                self._emit('[%s] %s' % (self.name, line.decode(errors='replace').rstrip('\n')))
+                try:
+                    self._emit('[%s] %s' % (self.name,
+                                            line.decode(errors='replace').rstrip('\n')))
+                except OSError:
+                    pass  # our output went away: the log still has it, and the pipe drains
 
     def signal(self, signum):
         if self.process.poll() is None:
@@ -117,16 +137,23 @@ def launch(tasks, jobs, logs=None, grace=10.0, log=print, poll=0.1):
          % (len(running), ', '.join(a for addresses in jobs.values() for a in addresses), logs))
     interrupted = []
     previous = {s: signal.signal(s, lambda signum, frame: interrupted.append(signum))
-                for s in (signal.SIGTERM, signal.SIGINT)}
+                for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
     try:
         for task in running:
             task.start()
+        for task in running:
+            task.copy_output()
         emit('towers launch: %s' % ', '.join('%s is pid %d' % (t.name, t.process.pid)
                                               for t in running))
         status = _watch(running, interrupted, poll, emit)
         if status and not interrupted:
             # The others notice a lost task themselves (and say which): let them.
             _wait_for([t for t in running if not t.serves], grace)
+            for task in running:
+                code = task.process.poll()
+                if code is not None and not task.reported:
+                    emit('towers launch: %s ended with status %d' % (task.name,
+                                                                     exit_status(code)))
     finally:
         _teardown(running, grace)
         for signum, handler in previous.items():
@@ -141,11 +168,13 @@ def _watch(running, interrupted, poll, emit):
             name = signal.Signals(interrupted[0]).name
             emit('towers launch: %s; stopping all %d task(s)' % (name, len(running)))
             return 128 + interrupted[0]
-        for task in running:
+        # Tasks ended since the last look: a killed one first, the cause of the others'.
+        for task in sorted(running, key=lambda t: (t.process.poll() or 0) >= 0):
             code = task.process.poll()
             if code is None or (code == 0 and not task.serves):
                 continue
             others = [t for t in running if t.process.poll() is None]
+            task.reported = True
             emit('towers launch: %s %s; stopping the other %d task(s)' % (
                 task.name, 'was killed by %s' % signal.Signals(-code).name if code < 0
                 else 'ended early' if code == 0 else 'exited with status %d' % code,

@@ -22,7 +22,7 @@ from towers.devices import resolve_devices, resolve_param_device, session_config
 tf1 = tf.compat.v1
 
 Placement = collections.namedtuple(
-    'Placement', ['tower_devices', 'param_device', 'default_device', 'target', 'config'])
+    'Placement', ['tower_devices', 'param_device', 'default_device', 'config'])
 Placement.__doc__ = """Everything a Trainer needs to know about where its graph runs.
 
   tower_devices: one device per tower.
@@ -30,8 +30,8 @@ Placement.__doc__ = """Everything a Trainer needs to know about where its graph 
     variables over by bytes (the ps tasks).
   default_device: what completes every device of the graph (the chief's
     task in a cluster), or None.
-  target: the Session target: '' in process, 'grpc://host:port' in a cluster.
-  config: the Session's ConfigProto.
+  config: the Session's ConfigProto (its target is this task's server in a
+    cluster: towers/cluster/runtime.py).
 """
 
 
@@ -40,7 +40,7 @@ def local_placement(towers=None, param_device=None):
     tower_devices = (list(towers) if isinstance(towers, (list, tuple))
                      else resolve_devices(towers))
     param = resolve_param_device(param_device, tower_devices)
-    return Placement(tower_devices, param, None, '', session_config(tower_devices, param))
+    return Placement(tower_devices, param, None, session_config(tower_devices, param))
 
 
 def cluster_tower_devices(cluster, towers_per_task, kind='CPU'):
@@ -64,5 +64,4 @@ def in_graph_placement(cluster, towers_per_task=1, timeout=None, threads=None):
                            timeout_ms=timeout and 1000 * timeout)
     # Only the cluster's own jobs: a session never waits on a task it does not use.
     config.device_filters.extend('/job:%s' % job for job in cluster.jobs)
-    return Placement(tower_devices, param, '/job:worker/task:0',
-                     'grpc://' + cluster.jobs['worker'][0], config)
+    return Placement(tower_devices, param, '/job:worker/task:0', config)

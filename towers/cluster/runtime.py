@@ -14,16 +14,19 @@ the timeout); every step has a timeout (--cluster-timeout, or a few times the
 step time once it is known); and a step that fails on the cluster asks every
 task at once, briefly, whether it is there, so the error names the lost ones.
 """
+import contextlib
 import statistics
 import threading
 import zlib
 
 import tensorflow as tf
 
-from towers.cluster.collective import AcrossWorkers, Collectives
+from towers.cluster.collective import FINGERPRINT_KEYS, AcrossWorkers, Collectives
 from towers.cluster.placement import Placement, in_graph_placement
 from towers.cluster.server import server_config, start_server, wait_for_tasks
 from towers.cluster.spec import ClusterError
+from towers.errors import op_error_summary
+from towers.session import prepare_session
 
 tf1 = tf.compat.v1
 
@@ -35,6 +38,18 @@ FIRST_STEPS_S = 300.0  # until the step time is known (placement, first compiles
 MIN_TIMEOUT_S = 30.0
 STEP_TIMES = 5  # x the median step time: the default step timeout
 PING_S = 5.0
+
+# Sessions whose task was lost: never closed, never collected. Closing one (its
+# __del__ too) waits forever on the lost task's cleanup; the process should end.
+_ABANDONED = []
+
+
+class LostTaskError(ClusterError):
+    """A task of the cluster went away or froze; the message names it.
+
+    The process's Session to the cluster cannot be closed any more: end the
+    process (the command line does, with status 1).
+    """
 
 
 class ClusterRun:
@@ -67,6 +82,38 @@ class ClusterRun:
         wait_for_tasks(self.cluster, self.timeout or FIRST_STEPS_S)
         return self.server.target
 
+    @contextlib.contextmanager
+    def session(self, built, load, steps_done):
+        """A Session on the cluster, prepared (init, load, sync) and checked.
+
+        Whatever fails while it is open (a step, an evaluation, a save, the
+        restore), the tasks are asked whether they are there: a lost one
+        becomes a LostTaskError naming it, and the Session is abandoned.
+
+        Args:
+          built: the TrainGraph.
+          load: callable(sess) run after init and before the replicas sync.
+          steps_done: callable() -> the steps done, for the message.
+        """
+        sess = tf1.Session(self.start(), graph=built.graph, config=self.placement.config)
+        try:
+            with sess.as_default(), built.graph.as_default():
+                self.check_devices(sess)
+                prepare_session(sess, built, load)
+                yield sess
+        except Exception as error:
+            lost = self.lost(sess)
+            if not lost:
+                sess.close()
+                raise
+            _ABANDONED.append(sess)
+            raise self.failure(error, lost, steps_done()) from None
+        except BaseException:
+            sess.close()
+            raise
+        else:
+            sess.close()
+
     def build_graph_ops(self, host):
         """In the default graph: a ping per task; in collective mode a stop vote and the
         fingerprint check, on this task's host."""
@@ -81,9 +128,10 @@ class ClusterRun:
             with tf.device(host), tf1.name_scope('cluster'):
                 self._vote = tf1.placeholder(tf.float32, [], name='stop_vote')
                 self.votes = collectives.all_reduce(tf.reshape(self._vote, [1]))[0]
+                # Keys of their own: they meet even when the graphs differ elsewhere.
                 self._fingerprint = tf1.placeholder(tf.int64, [None], name='fingerprint')
-                self._fingerprints = [collectives.all_reduce(self._fingerprint, merge)
-                                      for merge in ('Max', 'Min')]
+                self._fingerprints = [collectives.all_reduce(self._fingerprint, merge, key)
+                                      for merge, key in zip(('Max', 'Min'), FINGERPRINT_KEYS)]
 
     def vote_feed(self, stop):
         """The feed of a step in which this task votes to stop (or not)."""
@@ -126,10 +174,17 @@ class ClusterRun:
             return FIRST_STEPS_S
         return max(MIN_TIMEOUT_S, STEP_TIMES * statistics.median(self._seconds))
 
-    def run_options(self, options=None):
-        """options (or new RunOptions) with this step's timeout."""
+    def run_options(self, options=None, after_chief_work=False):
+        """options (or new RunOptions) with this step's timeout.
+
+        after_chief_work: the step follows an epoch end or a checkpoint, when the
+        chief may evaluate and save while the others wait in the step's
+        all-reduce: without --cluster-timeout it may take FIRST_STEPS_S.
+        """
         options = options or tf1.RunOptions()
-        options.timeout_in_ms = int(1000 * self.step_timeout_s())
+        seconds = (FIRST_STEPS_S if after_chief_work and not self.timeout
+                   else self.step_timeout_s())
+        options.timeout_in_ms = int(1000 * seconds)
         return options
 
     def lost(self, sess):
@@ -152,16 +207,18 @@ class ClusterRun:
             thread.join(PING_S + 1)  # a frozen task's ping may never return
         return [name for name in self.tasks if name not in answered]
 
-    def failure(self, sess, error, step):
-        """The one-line error for a step that failed on the cluster."""
-        lost = self.lost(sess)
-        what = ('lost %s (%s)' % (', '.join(lost), ', '.join(self._address(n) for n in lost))
-                if lost else 'the cluster failed')
-        why = ('the step did not finish within %.0f s' % self.step_timeout_s()
-               if isinstance(error, tf.errors.DeadlineExceededError)
-               else 'TensorFlow %s' % type(error).__name__)
-        return ClusterError('%s at step %d (%s); stop the job and start it again to resume '
-                            'from the newest checkpoint' % (what, step + 1, why))
+    def failure(self, error, lost, steps_done):
+        """The one-line LostTaskError for what failed while tasks were lost."""
+        if isinstance(error, tf.errors.DeadlineExceededError):
+            why = 'the step did not finish within %.0f s' % self.step_timeout_s()
+        elif isinstance(error, tf.errors.OpError):
+            why = 'TensorFlow %s' % type(error).__name__
+        else:
+            why = op_error_summary(error) if hasattr(error, 'message') else str(error)
+        return LostTaskError('lost %s (%s) after step %d (%s); stop the job and start it again '
+                             'to resume from the newest checkpoint'
+                             % (', '.join(lost), ', '.join(self._address(n) for n in lost),
+                                steps_done, why))
 
     def _address(self, name):
         job, index = name.split()
@@ -190,7 +247,7 @@ def collective(cluster, towers_per_task=1, timeout=None, threads=None):
                            timeout_ms=1000 * (timeout or FIRST_STEPS_S))
     config.device_filters.append('/job:worker')  # its own towers, and the others' pings
     host = task + '/device:CPU:0'
-    placement = Placement(tower_devices, host, task, None, config)
+    placement = Placement(tower_devices, host, task, config)
     strategy = AcrossWorkers(Collectives(cluster.num_workers, timeout or FIRST_STEPS_S), host,
                              cluster.is_chief)
     return ClusterRun('collective', cluster, placement, timeout, strategy,

@@ -46,6 +46,8 @@ def check_port_free(address):
     """Raise ClusterError when this machine cannot listen on address's port (it is taken)."""
     host, _, port = address.rpartition(':')
     probe = socket.socket(socket.AF_INET6 if host.startswith('[') else socket.AF_INET)
+    # As gRPC binds: a port left in TIME_WAIT by a job just stopped is free to it.
+    probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         probe.bind(('', int(port)))
     except OSError as e:

@@ -57,10 +57,6 @@ class Cluster:
         """host:port this task serves on."""
         return self.jobs[self.task_type][self.task_index]
 
-    def task(self, task_type, task_index):
-        """'/job:worker/task:1': where a task's ops are placed."""
-        return '/job:%s/task:%d' % (task_type, task_index)
-
     def as_dict(self):
         """The cluster as tf.compat.v1.train.ClusterSpec takes it."""
         return {job: list(addresses) for job, addresses in self.jobs.items()}

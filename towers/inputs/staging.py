@@ -12,7 +12,7 @@ import threading
 import tensorflow as tf
 from tensorflow.python.ops import data_flow_ops
 
-from towers.errors import TowersError
+from towers.errors import TowersError, op_error_summary
 from towers.inputs.base import InputSource, sampled_batch
 from towers.tower import TowerSlice, split_batch
 
@@ -124,8 +124,11 @@ class StagingInput(InputSource):
 
     def end_of_data(self):
         if self._error is not None:
+            error = self._error
+            cause = (op_error_summary(error) if isinstance(error, tf.errors.OpError)
+                     else str(error).strip().splitlines()[-1] if str(error).strip() else '')
             raise TowersError('the data loader failed: %s: %s'
-                              % (type(self._error).__name__, self._error)) from self._error
+                              % (type(error).__name__, cause)) from error
         super().end_of_data()
 
     def stop(self, sess):
