@@ -143,15 +143,17 @@ def build_training_graph(model, tower_devices, param_device='/cpu:0', seed=None,
                       finite, ema, *evaluation, init_op, saver, strategy, sync_op)
 
 
-def finalize_graph(graph, strategy):
-    """(init_op of every variable, a Saver of what a checkpoint holds); the graph is frozen.
+def finalize_graph(graph, strategy, freeze=True):
+    """(init_op of every variable, a Saver of what a checkpoint holds); the graph is frozen
+    (unless not to freeze: a MonitoredSession that freezes it itself).
 
     The Trainer calls it once its callbacks have added their ops.
     """
     init_op = tf.group(tf1.global_variables_initializer(), tf1.local_variables_initializer(),
                        name='init')
     saver = tf1.train.Saver(strategy.saved_variables(), max_to_keep=5)
-    graph.finalize()
+    if freeze:
+        graph.finalize()
     return init_op, saver
 
 

@@ -23,7 +23,7 @@ SCHEDULES = ('constant', 'piecewise', 'exponential')
 SPREAD = 'spread'
 
 # --cluster-mode: how a cluster's tasks train together (towers/cluster/).
-CLUSTER_MODES = ('in-graph', 'collective')  # parameter-server follows
+CLUSTER_MODES = ('in-graph', 'collective', 'parameter-server')
 
 DEFAULT_MODEL = 'mnist_convnet'
 

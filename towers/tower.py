@@ -52,11 +52,15 @@ def variables_on(param_device, compute_device):
     """Device function: variables on param_device, every other op on compute_device.
 
     param_device may itself be a device function (e.g. one that spreads the
-    variables over several devices, towers/variables.py).
+    variables over several devices, towers/variables.py), or None: the
+    variables go where the graph's own device function puts them (a cluster's
+    replica_device_setter).
     """
     def device_fn(op):
         if op.type not in _VARIABLE_OPS:
             return compute_device
+        if param_device is None:
+            return op.device
         return param_device(op) if callable(param_device) else param_device
     return device_fn
 

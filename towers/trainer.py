@@ -120,8 +120,12 @@ class Trainer:
             self.graph = graph
             for callback in self.callbacks:
                 callback.setup_graph(self)
+            if self.cluster is not None:
+                self.cluster.build_fingerprint(self._fingerprint())
             self.saved = graph.strategy.saved_variables()
-            init_op, saver = finalize_graph(graph.graph, graph.strategy)
+            # A MonitoredSession finalizes the graph itself, once its hooks have built.
+            init_op, saver = finalize_graph(graph.graph, graph.strategy,
+                                            freeze=not (self.cluster and self.cluster.monitored))
         self.graph = graph._replace(init_op=init_op, saver=saver)
 
     def _data_order(self):
@@ -186,14 +190,17 @@ class Trainer:
             return open_session(self.graph, self.placement.config, load=self._resume)
 
         def load(sess):  # the workers agree before any collective runs, then the restore
-            self.cluster.check_fingerprint(sess, self._fingerprint())
+            self.cluster.check_fingerprint(sess)
             self._resume(sess)
         return self.cluster.session(self.graph, load, lambda: self.step)
 
     def _fingerprint(self):
         """What every worker of a collective run must agree on."""
+        # With one copy on the ps tasks, every worker must also place each variable alike.
+        where = (lambda v: v.device) if self.cluster.monitored else (lambda v: '')
         with self.graph.graph.as_default():
-            variables = sorted((v.op.name, v.shape.as_list()) for v in tf1.global_variables())
+            variables = sorted((v.op.name, v.shape.as_list(), where(v))
+                               for v in tf1.global_variables())
         return {'model': type(self.model).__name__, 'variables': variables,
                 'batch_size': self.batch_size, 'seed': self.config.seed,
                 'steps': self.num_steps, 'steps_per_epoch': self.steps_per_epoch,

@@ -96,3 +96,25 @@ def test_collective_mode_takes_workers_only_and_one_copy_per_worker(capsys, monk
                  'replicated']) == 1
     assert _one_line(capsys) == ('--cluster-mode collective keeps one copy of the variables per '
                                  'worker: leave --variable-update at parameter_server')
+
+
+def test_parameter_server_mode_needs_ps_tasks_and_one_copy(capsys, monkeypatch):
+    monkeypatch.setenv('TF_CONFIG', _tf_config(['127.0.0.1:1']))
+    assert main(['train', '--cluster-mode', 'parameter-server']) == 1
+    assert _one_line(capsys) == ('--cluster-mode parameter-server needs ps tasks: give the '
+                                 'cluster a "ps" job (towers launch --ps 1)')
+    cluster = {'worker': ['127.0.0.1:1'], 'ps': ['127.0.0.1:2']}
+    monkeypatch.setenv('TF_CONFIG', json.dumps({'cluster': cluster,
+                                                'task': {'type': 'worker', 'index': 0}}))
+    for flags, message in (
+            (['--variable-update', 'replicated'],
+             '--cluster-mode parameter-server keeps one copy of the variables on the ps tasks: '
+             'leave --variable-update at parameter_server'),
+            (['--ema', '0.99'],
+             "--ema is not kept in --cluster-mode parameter-server yet: the averages would "
+             "follow every worker's push, not each update"),
+            (['--sync-bn'],
+             '--sync-bn pools batch norm over the towers of one process; --cluster-mode '
+             'parameter-server does not pool it across workers')):
+        assert main(['train', '--cluster-mode', 'parameter-server'] + flags) == 1
+        assert _one_line(capsys) == message

@@ -1,4 +1,4 @@
-"""Across real processes, in-graph and collective: exact, and a lost task is named, never a hang.
+"""Across real processes, in every mode: exact, and a lost task is named, never a hang.
 
 Every cluster here is real: `towers launch` starts each task as a process of
 this machine on free ports of 127.0.0.1, and every process a test starts is
@@ -81,8 +81,9 @@ def _pids(line):
 
 def _launch_and(tmp_path, act, *args, at_step=3, mode='in-graph'):
     """Launch, do act(pid of worker 1) once the chief has logged step at_step; (status, lines)."""
+    ps = '1' if mode == 'parameter-server' else '0'
     process = subprocess.Popen(
-        [sys.executable, '-m', 'towers', 'launch', '--workers', '2', '--grace', '5',
+        [sys.executable, '-m', 'towers', 'launch', '--workers', '2', '--ps', ps, '--grace', '5',
          '--logs', str(tmp_path / 'logs'), '--', 'train', '--threads', '1',
          '--cluster-mode', mode] + list(args),
         env=ENV, cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -131,11 +132,46 @@ def test_two_collective_workers_equal_one_process_with_two_towers(tmp_path, one_
     assert _close(one_process, _variables(logdir)) <= 1e-6
 
 
-@pytest.mark.parametrize('mode', ['in-graph', 'collective'])
+# A lost peer fails a collective or in-graph step at once; a parameter-server worker
+# never talks to the others, so the chief learns of it when the step's timeout ends.
+WHY_LOST = {'in-graph': 'TensorFlow UnavailableError', 'collective': 'TensorFlow UnavailableError',
+            'parameter-server': 'the step did not finish within 3 s'}
+
+
+def test_two_synchronous_workers_with_two_ps_equal_one_process_on_an_uneven_batch(tmp_path):
+    """Shares of 11 and 10, clipping and weight decay on the whole batch's gradient."""
+    flags = ['--steps', '6', '--batch-size', '21', '--clip-norm', '0.5', '--weight-decay',
+             '0.01'] + FLAGS[:2] + FLAGS[4:]
+    one = str(tmp_path / 'one')
+    assert main(['train', '--towers', '2', '--logdir', one] + flags) == 0
+    logdir = str(tmp_path / 'run')
+    status, lines = _launch(tmp_path, '--logdir', logdir, *flags, ps=2,
+                            mode='parameter-server')
+    assert status == 0, '\n'.join(lines)
+    for k in (0, 1):
+        assert ('[worker %d] training 6 steps on 1 tower(s) /job:worker/task:%d/device:CPU:0, '
+                'global batch 21, feed input' % (k, k)) in lines
+    # Both report the whole batch's loss and accuracy, as the one process did.
+    steps = [[line.split('] ', 1)[1] for line in lines if line.startswith('[worker %d] step '
+                                                                          % k)] for k in (0, 1)]
+    assert steps[0] == steps[1] and len(steps[0]) == 6
+    cluster, reference = _variables(logdir), _variables(one)
+    assert sorted(cluster) == sorted(reference)  # nothing of the cluster's own is saved
+    assert _close(reference, cluster) <= 1e-6
+    # The variables were spread over both ps tasks by bytes.
+    with tf.Graph().as_default() as graph:
+        tf1.train.import_meta_graph(tf1.train.latest_checkpoint(logdir) + '.meta')
+    tasks = {op.device.split('/task:')[1][0] for op in graph.get_operations()
+             if op.type == 'VarHandleOp' and op.device.startswith('/job:ps')}
+    assert tasks == {'0', '1'}
+
+
+@pytest.mark.parametrize('mode', ['in-graph', 'collective', 'parameter-server'])
 def test_a_killed_worker_is_named_and_a_relaunch_resumes_exactly(tmp_path, one_process, mode):
     logdir = str(tmp_path / 'run')
+    timeout = '3' if mode == 'parameter-server' else '20'
     args = ['--steps', '8', '--logdir', logdir, '--checkpoint-every', '1',
-            '--cluster-timeout', '20'] + FLAGS
+            '--cluster-timeout', timeout] + FLAGS
     start = time.monotonic()
     status, lines = _launch_and(tmp_path, lambda pid: os.kill(pid, signal.SIGKILL), *args,
                                 mode=mode)
@@ -143,21 +179,22 @@ def test_a_killed_worker_is_named_and_a_relaunch_resumes_exactly(tmp_path, one_p
     assert time.monotonic() - start < 60
     lost = [line for line in lines if 'towers: error: lost worker 1 (127.0.0.1:' in line]
     assert len(lost) == 1 and lost[0].startswith('[worker 0] ') and lost[0].endswith(
-        '(TensorFlow UnavailableError); stop the job and start it again to resume from the '
-        'newest checkpoint'), lines
+        '(%s); stop the job and start it again to resume from the newest checkpoint'
+        % WHY_LOST[mode]), '\n'.join(lines)
     assert any(re.fullmatch(r'towers launch: worker 1 was killed by SIGKILL; stopping the other '
-                            r'[01] task\(s\)', line) for line in lines), lines
+                            r'[012] task\(s\)', line) for line in lines), lines
     # The chief named it and ended by itself (its Session to the lost task cannot close).
     assert 'towers launch: worker 0 ended with status 1' in lines
     saved = int(tf1.train.latest_checkpoint(logdir).rsplit('-', 1)[1])
     assert 3 <= saved < 8
     # The same command again: the cluster resumes from the chief's newest checkpoint.
-    status, lines = _launch(tmp_path, *args, mode=mode)
+    status, lines = _launch(tmp_path, *args, mode=mode, ps=int(mode == 'parameter-server'))
     assert status == 0, '\n'.join(lines)
     assert '[worker 0] resumed from %s/model.ckpt-%d' % (logdir, saved) in lines
     assert _close(one_process, _variables(logdir)) <= 1e-6
 
 
+# (In parameter-server mode a frozen worker is a killed one: the step's timeout names it.)
 @pytest.mark.parametrize('mode', ['in-graph', 'collective'])
 def test_a_frozen_worker_is_named_within_the_timeout(tmp_path, mode):
     start = time.monotonic()
@@ -171,10 +208,11 @@ def test_a_frozen_worker_is_named_within_the_timeout(tmp_path, mode):
                                'other 1 task(s)') for line in lines), lines
 
 
-def test_a_stop_asked_of_one_collective_worker_stops_all_after_the_same_step(tmp_path):
+@pytest.mark.parametrize('mode', ['collective', 'parameter-server'])
+def test_a_stop_asked_of_one_worker_stops_all_after_the_same_step(tmp_path, mode):
     logdir = str(tmp_path / 'run')
     status, lines = _launch_and(tmp_path, lambda pid: os.kill(pid, signal.SIGTERM),
-                                '--steps', '400', '--logdir', logdir, *FLAGS, mode='collective')
+                                '--steps', '400', '--logdir', logdir, *FLAGS, mode=mode)
     assert status == 0, '\n'.join(lines)  # a polite stop: saved, and no error anywhere
     stopped = {k: [line for line in lines if line.startswith('[worker %d] ' % k)
                    and 'stopping after step' in line] for k in (0, 1)}
@@ -186,25 +224,38 @@ def test_a_stop_asked_of_one_collective_worker_stops_all_after_the_same_step(tmp
     assert tf1.train.latest_checkpoint(logdir).endswith('model.ckpt-%d' % step)
 
 
-def test_workers_started_with_other_settings_are_refused(tmp_path):
+@pytest.mark.parametrize('mode', ['collective', 'parameter-server'])
+def test_workers_started_with_other_settings_are_refused(tmp_path, mode):
     from towers.cluster.launch import local_cluster
     from towers.cluster.spec import Cluster
-    jobs = local_cluster(2)
+    ps = int(mode == 'parameter-server')
+    jobs = local_cluster(2, ps)
+    commands = [(Cluster(jobs, 'worker', k), ['train', '--cluster-mode', mode, '--threads', '1',
+                                               '--steps', '4', '--cluster-timeout', '5']
+                 + FLAGS[:2] + ['--batch-size', batch] + FLAGS[4:])
+                for k, batch in ((0, '20'), (1, '10'))]
+    commands += [(Cluster(jobs, 'ps', 0), ['server', '--threads', '1'])] * ps
     processes = [subprocess.Popen(
-        [sys.executable, '-m', 'towers', 'train', '--cluster-mode', 'collective', '--threads',
-         '1', '--steps', '4'] + FLAGS[:2] + ['--batch-size', batch] + FLAGS[4:],
-        env=dict(ENV, TF_CONFIG=Cluster(jobs, 'worker', k).tf_config()), cwd=str(tmp_path),
+        [sys.executable, '-m', 'towers'] + command,
+        env=dict(ENV, TF_CONFIG=cluster.tf_config()), cwd=str(tmp_path),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for k, batch in ((0, '20'), (1, '10'))]
+        for cluster, command in commands]
     try:
-        outcomes = [p.communicate(timeout=120) for p in processes]
+        outcomes = [p.communicate(timeout=120) for p in processes[:2]]
     finally:
         for p in processes:
             if p.poll() is None:
                 p.kill()
                 p.wait()
-    for process, (_, err) in zip(processes, outcomes):
-        assert process.returncode == 1
-        assert err.splitlines() == ['towers: error: the workers were started with different '
-                                    'batch_size, steps_per_epoch: start every worker with the '
-                                    'same flags'], err
+    refused = ['towers: error: the workers were started with different batch_size, '
+               'steps_per_epoch: start every worker with the same flags']
+    # Every collective worker compares; in parameter-server mode each worker compares
+    # with the chief, which then names the worker it waits for in vain.
+    errors = [err.splitlines() for _, err in outcomes]
+    assert [p.returncode for p in processes[:2]] == [1, 1]
+    assert errors[1] == refused, errors
+    if mode == 'collective':
+        assert errors[0] == refused, errors
+    else:
+        assert len(errors[0]) == 1 and errors[0][0].startswith(
+            'towers: error: lost worker 1 (%s) after step 0' % jobs['worker'][1]), errors

@@ -42,6 +42,19 @@ def cluster_run(args, cluster, log):
             raise ClusterError('{cluster_mode} collective keeps one copy of the variables per '
                                'worker: leave {variable_update} at parameter_server')
         return runtime.collective(cluster, towers, args.cluster_timeout, args.threads)
+    if mode == 'parameter-server':
+        if args.ema is not None:
+            raise ClusterError('{ema} is not kept in {cluster_mode} parameter-server yet: the '
+                               "averages would follow every worker's push, not each update")
+        if args.sync_bn:
+            raise ClusterError('{sync_bn} pools batch norm over the towers of one process; '
+                               '{cluster_mode} parameter-server does not pool it across '
+                               'workers')
+        if args.variable_update != 'parameter_server':
+            raise ClusterError('{cluster_mode} parameter-server keeps one copy of the '
+                               'variables on the ps tasks: leave {variable_update} at '
+                               'parameter_server')
+        return runtime.parameter_server(cluster, towers, args.cluster_timeout, args.threads)
     if not cluster.is_chief:
         log('in-graph mode: %s %d serves; worker 0 trains' % (cluster.task_type,
                                                               cluster.task_index))

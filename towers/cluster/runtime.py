@@ -8,6 +8,12 @@
               share of each global batch; the workers meet in all-reduces
               (towers/cluster/collective.py); all take the same steps, and a stop
               asked of one is voted on, so that all stop after the same step.
+  parameter-server
+              the classic TF1 recipe: every worker builds its own graph under
+              replica_device_setter, the variables on the ps tasks, one
+              synchronous update per step (SyncReplicasOptimizer,
+              towers/cluster/syncreplicas.py), the Session made by
+              MonitoredTrainingSession on the chief.
 
 Never a hang: before the first step every other task must answer (TCP, within
 the timeout); every step has a timeout (--cluster-timeout, or a few times the
@@ -25,6 +31,7 @@ from towers.cluster.collective import FINGERPRINT_KEYS, AcrossWorkers, Collectiv
 from towers.cluster.placement import Placement, in_graph_placement
 from towers.cluster.server import server_config, start_server, wait_for_tasks
 from towers.cluster.spec import ClusterError
+from towers.cluster.syncreplicas import Readiness, SyncReplicas, monitored_session, ps_device_setter
 from towers.errors import op_error_summary
 from towers.session import prepare_session
 
@@ -56,7 +63,7 @@ class ClusterRun:
     """This task's side of a cluster run (in_graph() or collective() make one).
 
     Attributes:
-      mode: 'in-graph' or 'collective'.
+      mode: 'in-graph', 'collective' or 'parameter-server'.
       cluster: the towers.cluster.spec.Cluster.
       placement: where this task's graph goes (towers/cluster/placement.py).
       strategy: the VariableStrategy the graph uses, or None for the config's.
@@ -69,6 +76,12 @@ class ClusterRun:
         self.timeout, self.strategy, self.share = timeout, strategy, share
         self.server, self._seconds, self._pings = None, [], {}
         self._feed = self.votes = self._vote = self._fingerprint = None
+        self._settings = self._readiness = None
+
+    @property
+    def monitored(self):
+        """Whether a MonitoredSession makes the Session (it finalizes the graph itself)."""
+        return self.mode == 'parameter-server'
 
     @property
     def tasks(self):
@@ -95,24 +108,34 @@ class ClusterRun:
           load: callable(sess) run after init and before the replicas sync.
           steps_done: callable() -> the steps done, for the message.
         """
-        sess = tf1.Session(self.start(), graph=built.graph, config=self.placement.config)
+        target, monitored = self.start(), None
+        if self.monitored:
+            with built.graph.as_default():
+                monitored, sess = monitored_session(
+                    target, built, self.placement.config, self.strategy, self._readiness,
+                    load, self.timeout or FIRST_STEPS_S)
+        else:
+            sess = tf1.Session(target, graph=built.graph, config=self.placement.config)
         try:
             with sess.as_default(), built.graph.as_default():
                 self.check_devices(sess)
-                prepare_session(sess, built, load)
+                if monitored is None:
+                    prepare_session(sess, built, load)
+                elif not self.cluster.is_chief:
+                    load(sess)  # the chief's ran in its MonitoredTrainingSession
                 yield sess
         except Exception as error:
             lost = self.lost(sess)
             if not lost:
-                sess.close()
+                _close(monitored, sess)
                 raise
-            _ABANDONED.append(sess)
+            _ABANDONED.append((monitored, sess))
             raise self.failure(error, lost, steps_done()) from None
         except BaseException:
-            sess.close()
+            _close(monitored, sess)
             raise
         else:
-            sess.close()
+            _close(monitored, sess)
 
     def build_graph_ops(self, host):
         """In the default graph: a ping per task; in collective mode a stop vote and the
@@ -123,6 +146,8 @@ class ClusterRun:
             with tf.device('/job:%s/task:%s/device:CPU:0' % (job, index)):
                 # Fed, so that no optimisation folds it onto this task.
                 self._pings[name] = tf.identity(self._feed, name='ping_%s_%s' % (job, index))
+        if self.mode == 'parameter-server':
+            self._vote, self.votes = self.strategy.vote, self.strategy.votes
         if self.mode == 'collective':
             collectives = self.strategy.collectives
             with tf.device(host), tf1.name_scope('cluster'):
@@ -137,16 +162,23 @@ class ClusterRun:
         """The feed of a step in which this task votes to stop (or not)."""
         return {self._vote: 1.0 if stop else 0.0} if self._vote is not None else {}
 
-    def check_fingerprint(self, sess, settings):
-        """ClusterError unless every worker runs with the same settings as this one.
+    def build_fingerprint(self, settings):
+        """The run's settings every worker must agree on (model, batch, seed, steps...):
+        {name: value}, given once the graph holds every variable but is not finalized."""
+        self._settings = settings
+        if self.monitored:
+            self._readiness = Readiness(settings)
 
-        Args:
-          settings: {name: value} that must agree (model, batch, seed, steps...).
-        """
+    def check_fingerprint(self, sess):
+        """ClusterError unless every worker runs with the same settings as this one."""
+        if self._readiness is not None:
+            if not self.cluster.is_chief:
+                self._readiness.check(sess)
+            return
         if self._fingerprint is None:
             return
-        names = sorted(settings)
-        mine = [zlib.crc32(repr(settings[n]).encode()) for n in names]
+        names = sorted(self._settings)
+        mine = [zlib.crc32(repr(self._settings[n]).encode()) for n in names]
         high, low = sess.run(self._fingerprints, {self._fingerprint: mine},
                              options=self.run_options())
         differ = [n for n, most, least in zip(names, high, low) if most != least]
@@ -209,10 +241,14 @@ class ClusterRun:
 
     def failure(self, error, lost, steps_done):
         """The one-line LostTaskError for what failed while tasks were lost."""
-        if isinstance(error, tf.errors.DeadlineExceededError):
+        cause = _op_error(error)
+        # In parameter-server mode the chief's update times out waiting for the lost
+        # worker's gradient and closes the token queue the steps wait on.
+        if isinstance(cause, tf.errors.DeadlineExceededError) or (
+                self.monitored and isinstance(cause, tf.errors.OutOfRangeError)):
             why = 'the step did not finish within %.0f s' % self.step_timeout_s()
-        elif isinstance(error, tf.errors.OpError):
-            why = 'TensorFlow %s' % type(error).__name__
+        elif isinstance(cause, tf.errors.OpError):
+            why = 'TensorFlow %s' % type(cause).__name__
         else:
             why = op_error_summary(error) if hasattr(error, 'message') else str(error)
         return LostTaskError('lost %s (%s) after step %d (%s); stop the job and start it again '
@@ -252,6 +288,54 @@ def collective(cluster, towers_per_task=1, timeout=None, threads=None):
                              cluster.is_chief)
     return ClusterRun('collective', cluster, placement, timeout, strategy,
                       share=(cluster.task_index, cluster.num_workers))
+
+
+def parameter_server(cluster, towers_per_task=1, timeout=None, threads=None):
+    """A worker's ClusterRun of the classic recipe: replica_device_setter, SyncReplicas."""
+    if cluster.task_type != 'worker':
+        raise ClusterError('in parameter-server mode the ps tasks serve: run `towers server` '
+                           'there')
+    if not cluster.num_ps:
+        raise ClusterError('{cluster_mode} parameter-server needs ps tasks: give the cluster '
+                           'a "ps" job (towers launch --ps 1)')
+    task = '/job:worker/task:%d' % cluster.task_index
+    tower_devices = ['%s/device:CPU:%d' % (task, i) for i in range(towers_per_task)]
+    config = server_config(cluster, towers_per_task, threads,
+                           timeout_ms=1000 * (timeout or FIRST_STEPS_S))
+    # The ps tasks and the workers (whose pings name a lost one); never another job.
+    config.device_filters.extend(['/job:ps', '/job:worker'])
+    placement = Placement(tower_devices, None, ps_device_setter(cluster, cluster.task_index),
+                          config)
+    strategy = SyncReplicas(cluster.num_workers, cluster.is_chief)
+    return ClusterRun('parameter-server', cluster, placement, timeout, strategy,
+                      share=(cluster.task_index, cluster.num_workers))
+
+
+def _op_error(error):
+    """The TensorFlow error a TowersError was raised from (e.g. a closed queue read as the
+    end of the data), or error itself."""
+    cause = error
+    while not isinstance(cause, tf.errors.OpError):
+        cause = cause.__cause__ or cause.__context__
+        if cause is None:
+            return error
+    return cause
+
+
+def _close(monitored, sess):
+    """Close the run's Session; a MonitoredSession's raw Session first.
+
+    The chief's queue runner waits for a step no worker will take: closing
+    the raw Session cancels that wait, so the thread ends (telling its
+    Coordinator, which the MonitoredSession's close then joins) instead of
+    outliving the close.
+    """
+    sess.close()
+    if monitored is not None:
+        try:
+            monitored.close()
+        except tf.errors.CancelledError:
+            pass  # the queue runner's wait, cancelled above
 
 
 def _short(device):

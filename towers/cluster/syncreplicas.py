@@ -1,0 +1,259 @@
+"""Parameter-server mode: the classic TF1 recipe, between-graph, synchronous.
+
+Every worker builds its own graph under `replica_device_setter`: the variables
+go to the ps tasks (each to the task with the fewest bytes so far, as the
+estimator's GreedyLoadBalancingStrategy, gone from TensorFlow 2: the same on
+every worker, since all build the same graph), every other op to the worker's
+own devices. Each worker averages its own towers (weighted by share, as in one
+process) and hands the result to `SyncReplicasOptimizer`, whose accumulators
+on the ps tasks collect one gradient per worker for each step; the chief's
+queue runner then applies their mean once and releases every worker into the
+next step (no initial tokens: no worker ever computes a step on variables a
+step old). So every step is one synchronous update, as one process on the
+whole global batch.
+
+Exact for any split of the batch: each worker pushes b_k * g_k (its share's
+size times its mean gradient) and, beside it, a few numbers of its step
+(b_k * loss, b_k * each metric, b_k, its stop vote) as the "gradient" of one
+small variable of results; the accumulators take the mean over the workers
+of each, and the update divides by the mean b_k: sum(b_k g_k) / B, the
+one-device gradient. Weight decay and gradient processors (clipping by the
+global norm, freezing) then act on that whole-batch gradient once, as in one
+process. The same results give every worker the global batch's loss and
+metrics, and the votes: a stop asked of one worker stops all after the same step.
+
+Not tf_cnn_benchmarks' `parameter_server` across workers, where each worker
+applies its own gradient to the shared variables as it comes (asynchronous:
+N updates a step, each from a worker's share, on variables another worker may
+just have changed): there N workers are not one device on N shares.
+"""
+import zlib
+
+import tensorflow as tf
+
+from towers.cluster.spec import ClusterError
+from towers.gradients import average_gradients, process_gradients
+from towers.graph import weighted_loss, weighted_metrics
+from towers.tower import tower_update_ops
+from towers.variables import LeastLoaded, VariableStrategy
+
+tf1 = tf.compat.v1
+
+RESULTS_SCOPE = 'cluster'  # the results, ready flag and fingerprint: never in a checkpoint
+POLL_S = 0.2  # how often a worker asks whether the chief has made the model ready
+
+
+def ps_device_setter(cluster, task_index):
+    """replica_device_setter for worker task_index: variables by bytes over the ps tasks."""
+    greedy = LeastLoaded(range(cluster.num_ps))  # op -> a ps task's index
+    return tf1.train.replica_device_setter(
+        cluster=tf1.train.ClusterSpec(cluster.jobs), worker_device='/job:worker/task:%d'
+        % task_index, ps_strategy=greedy)
+
+
+class SyncReplicas(VariableStrategy):
+    """One copy of each variable on the ps tasks; one synchronous update per step.
+
+    Args:
+      num_workers: the workers whose gradients make each update.
+      is_chief: whether this worker runs the update (the queue runner) and
+        keeps tower 0's batch-norm statistics.
+    Attributes (once the train op is built):
+      optimizer: the SyncReplicasOptimizer (its hook starts the chief's queue runner).
+      vote: a float placeholder, 1 when this worker asks to stop after the step.
+      votes: the number of workers that voted to stop in the step just run.
+    """
+
+    name = 'parameter-server'
+
+    def __init__(self, num_workers, is_chief):
+        super().__init__([])
+        self.num_workers, self.is_chief = num_workers, is_chief
+        self.optimizer = self.vote = self.votes = self._results = None
+
+    def tower_variables(self, index, device):
+        return None, None  # where replica_device_setter puts them: a ps task
+
+    def build_train_op(self, towers, optimizers, global_step, weight_decay=None,
+                       processors=()):
+        """b_k * (this worker's average), and its step results -> the mean over the workers."""
+        local = [(g, v) for g, v in average_gradients([t.grads_and_vars for t in towers],
+                                                      weights=[t.weight for t in towers])
+                 if g is not None]
+        metrics = weighted_metrics(towers)
+        with tf1.name_scope(RESULTS_SCOPE + '/'):  # one scope, however often opened
+            count = tf.cast(tf.add_n([t.count for t in towers]), tf.float64)
+            self.vote = tf1.placeholder_with_default(0.0, [], name='stop_vote')
+            mine = tf.stack([tf.cast(weighted_loss(towers), tf.float64) * count]
+                            + [metrics[n] * count for n in sorted(metrics)]
+                            + [count, tf.cast(self.vote, tf.float64)])
+            mine = tf.cast(mine, tf.float64)  # exact counts, and accuracies that print exact
+            results = tf1.Variable(tf.zeros(mine.shape, tf.float64), trainable=False,
+                                   name='step_results')
+        share = tf.cast(count, tf.float32)
+        pushed = [(tf.convert_to_tensor(g) * share, v) for g, v in local] + [(mine, results)]
+        update = _WholeBatchUpdate(optimizers[0], results, weight_decay, processors)
+        self.optimizer = tf1.train.SyncReplicasOptimizer(update, self.num_workers)
+        token = self.optimizer.apply_gradients(pushed, global_step=global_step)
+        # Tower 0's statistics, as in one process: the chief's, once per step.
+        updates = tower_update_ops(towers[0]) if self.is_chief else []
+        train_op = tf.group(token, *updates, name='train_op')
+        with tf.control_dependencies([train_op]):  # read once the update is done
+            self._results = tf.identity(results.read_value())
+        self.votes = self._results[-1] * self.num_workers
+        return train_op, pushed[:-1]
+
+    def step_results(self, loss, metrics, batch):
+        """The global batch's loss, metrics and size, from the step's mean results."""
+        names, results = sorted(metrics), self._results
+        count = tf.maximum(results[-2], 1e-30)
+        return (tf.cast(results[0] / count, tf.float32, name='loss'),
+                {n: tf.identity(results[1 + i] / count, name=n) for i, n in enumerate(names)},
+                tf.cast(tf.round(results[-2] * self.num_workers), tf.int32, name='batch'))
+
+    def saved_variables(self):
+        return {v.op.name: v for v in tf1.global_variables()
+                if not v.op.name.startswith(RESULTS_SCOPE + '/')}
+
+    def sync_op(self):
+        return tf.no_op(name='sync_replicas')  # one copy: nothing to sync
+
+    def hooks(self):
+        """The SessionRunHooks of the MonitoredSession: the optimizer's, no initial tokens."""
+        return [self.optimizer.make_session_run_hook(self.is_chief, num_tokens=0)]
+
+
+class _WholeBatchUpdate:
+    """The optimizer SyncReplicasOptimizer wraps: it gets the workers' mean of each pushed
+    value, divides by the mean share to make the whole batch's gradient, decays and
+    processes it once, and keeps the step's results.
+
+    Duck-typed as the tf1 Optimizer SyncReplicasOptimizer calls (apply_gradients,
+    compute_gradients and the slot accessors).
+    """
+
+    def __init__(self, optimizer, results, weight_decay, processors):
+        self._opt, self._results = optimizer, results
+        self._decay, self._processors = weight_decay, processors
+
+    def apply_gradients(self, grads_and_vars, global_step=None, name=None):
+        pairs = list(grads_and_vars)
+        mean = next(g for g, v in pairs if v is self._results)
+        share = tf.cast(tf.maximum(mean[-2], 1e-30), tf.float32)  # the mean b_k = B / N
+        grads = [(g / share, v) for g, v in pairs if v is not self._results and g is not None]
+        grads = process_gradients(grads, self._decay, self._processors)
+        keep = tf1.assign(self._results, mean)
+        with tf.control_dependencies([keep]):
+            return self._opt.apply_gradients(grads, global_step=global_step, name=name)
+
+    def compute_gradients(self, *args, **kwargs):
+        return self._opt.compute_gradients(*args, **kwargs)
+
+    def get_slot(self, *args, **kwargs):
+        return self._opt.get_slot(*args, **kwargs)
+
+    def get_slot_names(self, *args, **kwargs):
+        return self._opt.get_slot_names(*args, **kwargs)
+
+    def variables(self):
+        return self._opt.variables()
+
+
+class Readiness:
+    """What a worker waits for before its first step, and the run's fingerprint.
+
+    The chief initializes (or restores) the variables and, once its queue
+    runner is started, sets a flag on the ps tasks; the other workers wait for
+    that flag, not merely for initialized variables (a restore comes after the
+    init). The fingerprint variable holds the chief's settings, as its
+    initializer made them: each worker compares its own.
+
+    Build it in the default graph after every other variable, on every worker alike.
+    """
+
+    def __init__(self, settings):
+        self.names = sorted(settings)
+        self.mine = [zlib.crc32(repr(settings[n]).encode()) for n in self.names]
+        with tf1.name_scope(RESULTS_SCOPE + '/'):
+            self.flag = tf1.Variable(False, trainable=False, name='chief_ready')
+            self.fingerprint = tf1.Variable(tf.constant(self.mine, tf.int64), trainable=False,
+                                            name='fingerprint')
+            self.set_flag = tf1.assign(self.flag, True)
+            initialized = tf1.is_variable_initialized(self.flag)
+            ready = tf.cond(initialized, self.flag.read_value, lambda: tf.constant(False))
+            self.worker_ready_op = tf.concat(
+                [tf1.report_uninitialized_variables(),
+                 tf.boolean_mask(tf.constant(['the chief (worker 0) has not started']),
+                                 tf.reshape(tf.logical_not(ready), [1]))], 0)
+
+    def check(self, sess):
+        """ClusterError unless this worker's settings are the chief's."""
+        chief = sess.run(self.fingerprint)
+        differ = [n for n, a, b in zip(self.names, chief, self.mine) if a != b]
+        if differ:
+            raise ClusterError('the workers were started with different %s: start every '
+                               'worker with the same flags' % ', '.join(differ))
+
+
+class _SetFlag(tf1.train.SessionRunHook):
+    """The chief's last hook: the model is ready, the queue runner started."""
+
+    def __init__(self, op):
+        self.op = op
+
+    def after_create_session(self, session, coord):
+        session.run(self.op)
+
+
+class _WorkerSession(tf1.train.SessionCreator):
+    """A worker's Session once the chief has made the model ready.
+
+    As MonitoredTrainingSession's WorkerSessionCreator, but asking every
+    POLL_S instead of every 30 s, and for the chief's flag.
+    """
+
+    def __init__(self, scaffold, master, config, wait_s):
+        self.scaffold, self.master, self.config, self.wait_s = scaffold, master, config, wait_s
+
+    def create_session(self):
+        self.scaffold.finalize()
+        manager = tf1.train.SessionManager(
+            local_init_op=self.scaffold.local_init_op, ready_op=self.scaffold.ready_op,
+            ready_for_local_init_op=self.scaffold.ready_for_local_init_op,
+            graph=tf1.get_default_graph(), recovery_wait_secs=POLL_S)
+        try:
+            return manager.wait_for_session(self.master, config=self.config,
+                                            max_wait_secs=self.wait_s)
+        except tf.errors.DeadlineExceededError:
+            raise ClusterError('the chief (worker 0) did not make the model ready within %.0f s: '
+                               'start it, or give it longer with {cluster_timeout}'
+                               % self.wait_s) from None
+
+
+def monitored_session(target, built, config, strategy, readiness, load, wait_s):
+    """(the MonitoredSession of this worker, its raw Session), in built's graph.
+
+    The chief's is MonitoredTrainingSession's: it runs init_op, then load
+    (the restore), then the optimizer's hook (the accumulators' step, the
+    queue runner) and sets the ready flag. No checkpoint or summary hooks: the
+    Trainer's callbacks keep those. The steps run on the raw Session, so that
+    a lost task is reported (towers/cluster/runtime.py) instead of
+    MonitoredSession's recovery, which would close the Session (waiting on the
+    lost task forever) and make a new one.
+    """
+    hooks = strategy.hooks()
+    if strategy.is_chief:
+        scaffold = tf1.train.Scaffold(init_op=built.init_op, saver=built.saver,
+                                      init_fn=lambda scaffold, sess: load(sess))
+        monitored = tf1.train.MonitoredTrainingSession(
+            master=target, is_chief=True, scaffold=scaffold,
+            hooks=hooks + [_SetFlag(readiness.set_flag)], config=config,
+            save_checkpoint_secs=None, save_checkpoint_steps=None, save_summaries_steps=None,
+            save_summaries_secs=None, log_step_count_steps=None, stop_grace_period_secs=1)
+    else:
+        scaffold = tf1.train.Scaffold(saver=built.saver, ready_op=readiness.worker_ready_op)
+        monitored = tf1.train.MonitoredSession(
+            session_creator=_WorkerSession(scaffold, target, config, wait_s), hooks=hooks,
+            stop_grace_period_secs=1)
+    raw = monitored.run_step_fn(lambda step_context: step_context.session)
+    return monitored, raw
