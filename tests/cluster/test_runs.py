@@ -138,6 +138,25 @@ WHY_LOST = {'in-graph': 'TensorFlow UnavailableError', 'collective': 'TensorFlow
             'parameter-server': 'the step did not finish within 3 s'}
 
 
+@pytest.fixture(scope='module')
+def one_process_dataset(tmp_path_factory):
+    """One process with 2 towers reading through the tf.data pipeline, 6 steps."""
+    logdir = str(tmp_path_factory.mktemp('one_dataset') / 'run')
+    assert main(['train', '--towers', '2', '--steps', '6', '--input', 'dataset', '--logdir',
+                 logdir] + FLAGS) == 0
+    return _variables(logdir)
+
+
+@pytest.mark.parametrize('mode', ['in-graph', 'collective'])
+def test_with_the_dataset_input_each_task_reads_its_own_rows(tmp_path, one_process_dataset,
+                                                             mode):
+    logdir = str(tmp_path / 'run')
+    status, lines = _launch(tmp_path, '--steps', '6', '--input', 'dataset', '--logdir', logdir,
+                            *FLAGS, mode=mode)
+    assert status == 0, '\n'.join(lines)
+    assert _close(one_process_dataset, _variables(logdir)) <= 1e-6
+
+
 def test_two_synchronous_workers_with_two_ps_equal_one_process_on_an_uneven_batch(tmp_path):
     """Shares of 11 and 10, clipping and weight decay on the whole batch's gradient."""
     flags = ['--steps', '6', '--batch-size', '21', '--clip-norm', '0.5', '--weight-decay',

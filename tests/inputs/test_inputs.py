@@ -82,6 +82,52 @@ def test_dataset_delivers_each_example_exactly_once_per_epoch():
     assert list(first) != list(second), 'each epoch is reshuffled'
 
 
+def _rows(source, devices, num_steps=8, start=0):
+    """Per step, per tower: (example ids, count, batch) of a source run alone."""
+    with tf.Graph().as_default() as graph:
+        slices = source.build(SHAPE, devices)
+        init = tf1.local_variables_initializer()
+    with tf1.Session(graph=graph, config=session_config(['/cpu:0', '/cpu:1'])) as sess:
+        sess.run(init)
+        source.start(sess, start, num_steps)
+        return [[(list(images[:count, 0, 0, 0].astype(int)), count, batch)
+                 for images, count, batch in sess.run([(s.images, s.count, s.batch)
+                                                       for s in slices])]
+                for _ in range(num_steps)]
+
+
+def test_a_cluster_workers_dataset_keeps_the_rows_of_its_towers_in_one_process():
+    """Worker k of 2 (one tower each) reads what tower k of one process reads, resumed alike."""
+    train_set = _numbered(50)
+
+    def source(share=None):
+        return DatasetInput(train_set.images, train_set.labels, batch_size=7, seed=3,
+                            share=share)
+    for start in (0, 5):
+        whole = _rows(source(), DEVICES, start=start)
+        for k in (0, 1):
+            mine = _rows(source((k, 2)), ['/cpu:0'], start=start)
+            # The same rows; the weights within the worker's own share.
+            assert [step[0] for step in mine] == [(ids, count, count) for ids, count, _
+                                                  in (step[k] for step in whole)]
+    assert [len(step[0][0]) + len(step[1][0]) for step in whole] == [7] * 2 + [1] + [7] * 5
+
+
+def test_in_graph_towers_on_several_tasks_read_on_their_own_task():
+    """No batch crosses the network: each task has its pipeline, its towers' rows on it."""
+    train_set = _numbered(50)
+    devices = ['/job:worker/task:%d/device:CPU:%d' % (k, i) for k in (0, 1) for i in (0, 1)]
+    with tf.Graph().as_default() as graph:
+        slices = DatasetInput(train_set.images, train_set.labels, batch_size=8,
+                              seed=3).build(SHAPE, devices)
+    reads = sorted(op.device for op in graph.get_operations() if op.type == 'IteratorGetNextSync'
+                   or op.type == 'IteratorGetNext')
+    assert reads == ['/job:worker/task:0/device:CPU:0', '/job:worker/task:1/device:CPU:0']
+    for i, piece in enumerate(slices):
+        assert piece.images.device == '/job:worker/task:%d/device:CPU:0' % (i // 2)
+        assert piece.batch.device.startswith('/job:worker/task:%d/' % (i // 2))
+
+
 def _drain(source):
     """Read a finite dataset source to its end on one tower.
 

@@ -39,7 +39,7 @@ __all__ = ['INPUT_MODES', 'DatasetInput', 'FeedInput', 'InputSource', 'PythonInp
 
 
 def make_input(mode, dataset, sampler, batch_size, num_classes, seed=0, epochs=None, mean=None,
-               std=None):
+               std=None, share=None):
     """The InputSource for an --input mode over an in-memory DataSet.
 
     Args:
@@ -52,6 +52,8 @@ def make_input(mode, dataset, sampler, batch_size, num_classes, seed=0, epochs=N
       seed: shuffle seed of the dataset pipeline.
       epochs: passes the dataset pipeline makes before it ends (None: forever).
       mean, std: per-channel normalisation of the dataset pipeline, or None.
+      share: (index, count): the dataset pipeline of a cluster worker keeps
+        only its share of each global batch (towers/inputs/dataset.py).
     """
     check('input', mode)
     if hasattr(dataset, 'source'):  # records on disk (towers.data.records.RecordSet)
@@ -59,14 +61,14 @@ def make_input(mode, dataset, sampler, batch_size, num_classes, seed=0, epochs=N
             raise SettingError('records stream through {input} dataset, not %s', mode)
         return DatasetInput(num_classes=num_classes, batch_size=batch_size, seed=seed,
                             pixel_scale=255.0, source_fn=dataset.source, epochs=epochs,
-                            mean=mean, std=std)
+                            mean=mean, std=std, share=share)
     if mode == 'feed':
         return FeedInput(dataset, sampler)
     if mode == 'staging':
         return StagingInput(dataset, sampler)
     if mode == 'dataset':
         return DatasetInput(dataset.images, dataset.labels, num_classes, batch_size, seed=seed,
-                            epochs=epochs, mean=mean, std=std)
+                            epochs=epochs, mean=mean, std=std, share=share)
     return SyntheticInput(batch_size, num_classes)
 
 
@@ -104,17 +106,18 @@ def source_for(config, data, model, source=None, share=None):
             raise SettingError('{batch_size} %d leaves a batch of %d for %d workers: every '
                                'worker needs at least one example of each batch',
                                config.batch_size, shortest, share[1])
-        return _shared_input(config.input, train_set, sampler, share), sampler
+        if config.input != 'dataset' and not hasattr(train_set, 'source'):
+            return _shared_input(config.input, train_set, sampler, share), sampler
     return make_input(config.input, train_set, sampler, config.batch_size, num_classes,
                       seed=config.seed, epochs=epochs, mean=config.mean,
-                      std=config.std), sampler
+                      std=config.std, share=share), sampler
 
 
 def _shared_input(mode, train_set, sampler, share):
     """feed or staging of one share of every global batch (the batch cut as split_batch does)."""
     if mode not in ('feed', 'staging'):
         raise SettingError('a worker of a cluster reads its share of each batch through {input} '
-                           'feed or staging, not %s', mode)
+                           'feed, staging or dataset, not %s', mode)
     index, count = share
 
     def batches(step):

@@ -3,6 +3,14 @@
 Cleaning, normalisation, augmentation, shuffling and batching run in
 TensorFlow's own threads, prefetched ahead of the step; the batch is split
 over the towers on the host.
+
+On a cluster each task reads on its own host, so that no batch crosses the
+network: with towers on several tasks (in-graph) every task runs its own copy
+of the pipeline (the same seed, hence the same global batches) on its CPU and
+keeps the rows of its own towers; a worker of a between-graph run (share) does
+the same for its share. The rows are those split_batch gives the towers of one
+process with every task's towers, so the cluster trains on what one process
+would.
 """
 import tensorflow as tf
 
@@ -30,19 +38,23 @@ class DatasetInput(InputSource):
         augment None means its default for the input shape.
       source_fn: optional callable(input_shape) -> (source dataset, init feed)
         replacing the arrays (e.g. TFRecord shards); see towers.data.pipeline.
+      share: (index, count): this worker of a between-graph run keeps share
+        `index` of every global batch, cut among `count` workers with as many
+        towers each as it has; None for the whole batch.
     """
 
     name = 'dataset'
 
     def __init__(self, images=None, labels=None, num_classes=10, batch_size=100,
                  pixel_scale=None, epochs=None, shuffle_buffer=10000, seed=0, augment=None,
-                 mean=None, std=None, source_fn=None):
+                 mean=None, std=None, source_fn=None, share=None):
         if source_fn is None:
             def source_fn(input_shape):
                 return pipeline.array_source(images, labels, input_shape)
             if pixel_scale is None:
                 pixel_scale = 255.0 if images.dtype == 'uint8' else 1.0
         self._source_fn, self.pixel_scale = source_fn, pixel_scale or 1.0
+        self.share = share
         self.options = dict(num_classes=num_classes, batch_size=batch_size, epochs=epochs,
                             shuffle_buffer=shuffle_buffer, seed=seed, augment=augment,
                             mean=mean, std=std)
@@ -55,21 +67,45 @@ class DatasetInput(InputSource):
                                    input_shape[-1], list(options[name]))
         if options['augment'] is None:
             options['augment'] = pipeline.should_augment(input_shape)
-        with tf.device('/cpu:0'), tf1.name_scope('pipeline'):
-            source, self._init_feed = self._source_fn(input_shape)
-            dataset, self.counts = pipeline.make_pipeline(
+        self._pipelines, self._init_feed = [], {}
+        tasks = _by_task(tower_devices)
+        if self.share is None and len(tasks) == 1:  # one process: the host reads
+            with tf.device('/cpu:0'):
+                return split_batch(*self._pipeline('/cpu:0', input_shape, options),
+                                   len(tower_devices))
+        slices = []
+        for k, (task, devices) in enumerate(tasks):  # in-graph: each task its copy
+            index, count = self.share or (k, len(tasks))
+            host = task + '/device:CPU:0' if task else '/cpu:0'
+            # A scope per copy: each its own counts, on its own task.
+            with tf.device(host), tf1.variable_scope('task_%d' % index):
+                images, labels = self._pipeline(host, input_shape, options)
+                everyone = split_batch(images, labels, len(devices) * count)
+                mine = everyone[index * len(devices):(index + 1) * len(devices)]
+                if self.share is not None:  # weights within this worker's share
+                    total = tf.add_n([piece.count for piece in mine])
+                    mine = [piece._replace(batch=total) for piece in mine]
+            slices.extend(mine)
+        return slices
+
+    def _pipeline(self, host, input_shape, options):
+        """(images, labels) of one copy of the pipeline, read on host."""
+        with tf.device(host), tf1.name_scope('pipeline'):
+            source, feed = self._source_fn(input_shape)
+            dataset, counts = pipeline.make_pipeline(
                 source, input_shape, pixel_scale=self.pixel_scale, **options)
             # A resumed run skips the batches it already trained on; with a
             # seeded shuffle that continues the uninterrupted run's order.
-            self._skip = tf1.placeholder_with_default(tf.constant(0, tf.int64), [], 'skip')
-            self._iterator = tf1.data.make_initializable_iterator(dataset.skip(self._skip))
-            images, labels = self._iterator.get_next()
-            return split_batch(images, labels, len(tower_devices))
+            skip = tf1.placeholder_with_default(tf.constant(0, tf.int64), [], 'skip')
+            iterator = tf1.data.make_initializable_iterator(dataset.skip(skip))
+        self._pipelines.append((iterator, skip, counts))
+        self._init_feed.update(feed)
+        self.counts = self._pipelines[0][2]  # every copy reads and cleans alike
+        return iterator.get_next()
 
     def start(self, sess, start_step, num_steps):
-        feed = dict(self._init_feed)
-        feed[self._skip] = start_step
-        sess.run(self._iterator.initializer, feed)
+        for iterator, skip, _ in self._pipelines:
+            sess.run(iterator.initializer, {**self._init_feed, skip: start_step})
 
     def end_of_data(self):
         """The pipeline's last epoch ended: training stops there."""
@@ -77,3 +113,14 @@ class DatasetInput(InputSource):
     def cleaning(self, sess):
         read, dropped = sess.run(self.counts)
         return int(dropped), int(read)
+
+
+def _by_task(tower_devices):
+    """[(task, its tower devices)] in order: '/job:worker/task:1' for a cluster's
+    devices, '' for the devices of one process."""
+    tasks = {}
+    for device in tower_devices:
+        spec = tf.DeviceSpec.from_string(device)
+        task = '/job:%s/task:%d' % (spec.job, spec.task or 0) if spec.job else ''
+        tasks.setdefault(task, []).append(device)
+    return list(tasks.items())
