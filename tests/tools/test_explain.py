@@ -65,3 +65,35 @@ def test_report_lines_and_json(report, capsys):
     kinds = {(t['from'], t['to']): t['kinds'] for t in parsed['transfers']}
     assert kinds[('/cpu:0', '/cpu:1')]['variables'] == 217_640
     assert kinds[('/cpu:1', '/cpu:0')]['gradients'] == 217_640
+
+
+def test_on_a_cluster_each_part_is_named_by_task_and_the_network_bytes_counted(tmp_path):
+    """In-graph over 2 workers and a ps, in a process of its own (its servers end with it)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    process = subprocess.run(
+        [sys.executable, '-m', 'towers', 'explain', '--model', 'small_convnet', '--workers', '2',
+         '--ps', '1', '--batch-size', '20', '--json'], capture_output=True, text=True,
+        timeout=120, cwd=str(tmp_path), env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2'))
+    assert process.returncode == 0, process.stderr
+    report = json.loads(process.stdout)
+    ps, chief, worker = ('/job:ps/task:0/cpu:0', '/job:worker/task:0/cpu:0',
+                         '/job:worker/task:1/cpu:0')
+    assert sorted(report['devices']) == [ps, chief, worker]
+    assert report['devices'][chief]['tower'] == 'tower_0'
+    assert report['devices'][worker]['tower'] == 'tower_1'
+    assert report['devices'][worker]['examples'] == 10
+    assert report['averaging'] == [ps] and report['apply'] == [ps]
+    held = report['devices'][ps]['variable_bytes'] - 8  # all variables, less the int64 step
+    pairs = {(t['from'], t['to']): t['kinds'] for t in report['transfers']}
+    for task in (chief, worker):  # each task reads every weight and sends every gradient
+        assert pairs[(ps, task)]['variables'] == held
+        assert pairs[(task, ps)]['gradients'] == held
+    # The fed batch goes from the chief to the other task: 10 images of 28x28 floats, their
+    # int64 labels, the slice's count and the batch size (int32).
+    assert pairs[(chief, worker)]['input'] == 10 * 28 * 28 * 4 + 10 * 8 + 2 * 4
+    between = sum(t['bytes'] for t in report['transfers']
+                  if t['from'].rsplit('/', 1)[0] != t['to'].rsplit('/', 1)[0])
+    assert report['bytes_between_tasks'] == between >= 4 * held

@@ -100,16 +100,29 @@ def run_explain(args, log):
     check('batch_size', args.batch_size)
     info = data.dataset_info(args.dataset)
     model_fn = models.build_model(args.model, info.input_shape, info.num_classes)
-    tower_devices = resolve_devices(args.towers, args.devices)
-    param_device = resolve_param_device(args.param_device, tower_devices)
+    cluster = None
+    if args.workers is not None or args.ps:
+        if args.workers is None or args.workers < 1 or args.ps < 0:
+            raise SettingError('explain on a cluster needs {workers} of at least 1 (and {ps} '
+                               'of 0 or more)')
+        cluster = explain.local_in_graph(args.workers, args.ps, args.towers or 1)
+        tower_devices, param_device = cluster[0].tower_devices, cluster[0].param_device
+    else:
+        tower_devices = resolve_devices(args.towers, args.devices)
+        param_device = resolve_param_device(args.param_device, tower_devices)
     report = explain.explain(model_fn, info.input_shape, info.num_classes, tower_devices,
                              param_device, args.batch_size, args.variable_update,
-                             args.input or 'feed', args.optimizer, args.sync_bn)
+                             args.input or 'feed', args.optimizer, args.sync_bn, cluster)
     if args.json:
         log(json.dumps(report, indent=1))
         return
-    where = ('variables on %s' % param_device if args.variable_update == 'parameter_server'
-             else 'a copy of the variables per tower')
+    where = ('variables on %s' % ', '.join(param_device) if isinstance(param_device, list)
+             else 'variables on %s' % param_device)
+    if args.variable_update != 'parameter_server':
+        where = 'a copy of the variables per tower'
+    if cluster is not None:
+        where += '; in-graph over %d worker task(s) and %d ps task(s)' % (args.workers,
+                                                                         args.ps)
     title = ('explain: %s on %d tower(s), global batch %d, %s input, %s, %s'
              % (args.model, len(tower_devices), args.batch_size, args.input or 'feed',
                 args.variable_update, where))

@@ -213,6 +213,12 @@ def explain_parser(commands):
     explain.add_argument('--optimizer', default='sgd', choices=OPTIMIZERS,
                          help='its slots are variables too (default: sgd)')
     explain.add_argument('--sync-bn', action='store_true', help='as for train')
+    explain.add_argument('--workers', type=int, default=None,
+                         help='explain in-graph replication over a cluster of this many worker '
+                              'tasks (served by this process on 127.0.0.1), --towers on each')
+    explain.add_argument('--ps', type=int, default=0,
+                         help='with --workers: ps tasks holding the variables (default: 0, '
+                              'the chief holds them)')
     explain.add_argument('--json', action='store_true', help='the report as JSON')
     return explain
 

@@ -13,6 +13,11 @@ could drift from it:
   where          the gradient averaging (or all-reduce) and the apply ops run
   per step       bytes that cross between each pair of devices, by kind:
                  variables (read by a tower elsewhere), gradients, input, other
+
+On a cluster (`--workers N [--ps P]`, in-graph replication) every task is a
+server of this process on 127.0.0.1 and the chief's one graph runs one step
+over them: the partitions and the bytes are then per task and device, and the
+bytes between tasks are what would cross the network.
 """
 import collections
 import re
@@ -21,6 +26,10 @@ import numpy as np
 import tensorflow as tf
 
 from towers import data
+from towers.cluster.launch import local_cluster
+from towers.cluster.placement import in_graph_placement
+from towers.cluster.server import server_config, start_server
+from towers.cluster.spec import Cluster
 from towers.data.sampler import EpochSampler
 from towers.devices import session_config
 from towers.errors import SettingError
@@ -36,16 +45,41 @@ _APPLY_TYPE = re.compile(r'(Resource)?(Sparse)?Apply')
 _TRANSFER = ('_Send', '_Recv', '_HostSend', '_HostRecv')
 
 
+def local_in_graph(workers, ps=0, towers_per_task=1):
+    """(placement, target) of in-graph replication over a cluster served by this process.
+
+    Every task's server runs here, on free ports of 127.0.0.1; they live as long
+    as the process (TensorFlow has no way to stop one).
+    """
+    jobs = local_cluster(workers, ps)
+    for job, addresses in jobs.items():
+        for index in range(len(addresses)):
+            task = Cluster(jobs, job, index)
+            server = start_server(task, server_config(task, towers_per_task))
+            _SERVERS.append(server)
+    return in_graph_placement(Cluster(jobs, 'worker', 0), towers_per_task), _SERVERS[0].target
+
+
+_SERVERS = []
+
+
 def explain(model_fn, input_shape, num_classes, tower_devices, param_device='/cpu:0',
             batch_size=100, variable_update='parameter_server', input_mode='feed',
-            optimizer='sgd', sync_bn=False):
+            optimizer='sgd', sync_bn=False, cluster=None):
     """Build the training graph, run one step, and say where everything ran.
 
+    Args:
+      cluster: (placement, target) of a cluster (local_in_graph), whose tower
+        and variable devices replace tower_devices and param_device; or None.
     Returns:
       dict: devices {device: {tower, examples, ops, flops, variables,
       variable_bytes}}, averaging [devices], apply [devices], transfers
-      [{from, to, bytes, kinds {kind: bytes}}], bytes_per_step, batch_size.
+      [{from, to, bytes, kinds {kind: bytes}}], bytes_per_step,
+      bytes_between_tasks, batch_size.
     """
+    placement, target = cluster or (None, '')
+    if placement is not None:
+        tower_devices, param_device = placement.tower_devices, placement.param_device
     if input_mode not in ('feed', 'synthetic'):
         raise SettingError('explain runs {input} feed or synthetic (where the input comes '
                            'from changes only the input transfers), not %s', input_mode)
@@ -54,24 +88,28 @@ def explain(model_fn, input_shape, num_classes, tower_devices, param_device='/cp
     source = make_input(input_mode, fake, EpochSampler(batch_size, batch_size), batch_size,
                         num_classes)
     model = ClassifierModel(model_fn, input_shape, num_classes, optimizer=optimizer)
+    default = placement and placement.default_device
     graph = build_training_graph(model, tower_devices, param_device, seed=0, source=source,
                                  learning_rate=0.01, variable_update=variable_update,
-                                 sync_bn=sync_bn)
+                                 sync_bn=sync_bn, default_device=default)
     options = tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE,
                              output_partition_graphs=True)
-    config = session_config(tower_devices, param_device)
+    config = placement.config if placement else session_config(tower_devices, param_device)
     # Placement happens before grappler; without its rewrites (fused kernels,
     # pruning) the partitions name the graph's own ops, which FLOPs are keyed by.
     config.graph_options.rewrite_options.disable_meta_optimizer = True
     # Each tower's count of real examples, from the graph itself.
     fetches = {'train_op': graph.train_op, 'examples': [t.count for t in graph.towers]}
-    with open_session(graph, config) as sess, \
+    with open_session(graph, config, target=target) as sess, \
             run_steps(sess, source, fetches, 0, 1, run_options=lambda step: options) as steps:
         values = steps.run_one()
     examples, metadata = values['examples'], values['run_metadata']
     with graph.graph.as_default():
         variables = tf1.global_variables()
     placed = _placement(metadata)
+    transfers = _transfers(metadata)
+    transfers['bytes_between_tasks'] = sum(t['bytes'] for t in transfers['transfers']
+                                           if _task(t['from']) != _task(t['to']))
     return {'batch_size': batch_size,
             'devices': _devices(graph, placed, variables,
                                 _flops(model, tower_devices, param_device, batch_size,
@@ -80,7 +118,12 @@ def explain(model_fn, input_shape, num_classes, tower_devices, param_device='/cp
             'averaging': sorted({d for n, d in placed.items() if n.startswith(AVERAGE_SCOPES)}),
             'apply': sorted({placed[op.name] for op in graph.graph.get_operations()
                              if _APPLY_TYPE.match(op.type) and op.name in placed}),
-            **_transfers(metadata)}
+            **transfers}
+
+
+def _task(device):
+    """'/job:worker/task:1/cpu:0' -> '/job:worker/task:1'; '' in one process."""
+    return device.rsplit('/', 1)[0] if device.startswith('/job:') else ''
 
 
 def _placement(metadata):
@@ -150,6 +193,8 @@ def _transfers(metadata):
     for device in metadata.step_stats.dev_stats:
         for node in device.node_stats:
             for slot in node.output:
+                if not slot.tensor_description.dtype:
+                    continue  # not described (a remote task's step stats may leave it out)
                 shape = tf.TensorShape(slot.tensor_description.shape)
                 dtype = tf.as_dtype(slot.tensor_description.dtype)
                 if shape.is_fully_defined() and dtype != tf.resource:
@@ -196,6 +241,9 @@ def report_lines(report, title):
             device, what, entry['ops'], _flops_text(entry['flops']), entry['variables'],
             _bytes_text(entry['variable_bytes']), '; ' + ', '.join(roles) if roles else ''))
     lines.append('between devices per step: %s' % _bytes_text(report['bytes_per_step']))
+    if any(device.startswith('/job:') for device in report['devices']):
+        lines.append('between tasks per step (the network): %s'
+                     % _bytes_text(report['bytes_between_tasks']))
     for transfer in report['transfers']:
         kinds = ', '.join('%s %s' % (k, _bytes_text(b)) for k, b in
                           sorted(transfer['kinds'].items(), key=lambda kv: -kv[1]))

@@ -44,9 +44,15 @@ def check_output(path, setting):
 
 
 def short_device(name):
-    """'/job:localhost/replica:0/task:0/device:CPU:1' -> '/cpu:1' (other names unchanged)."""
+    """'/job:localhost/replica:0/task:0/device:CPU:1' -> '/cpu:1' (other names unchanged);
+    a cluster's keeps its task: '/job:worker/task:1/cpu:0'."""
     match = re.search(r'device:([A-Za-z]+):(\d+)(/stream:all)?$', name)
-    return '/%s:%s' % (match.group(1).lower(), match.group(2)) if match else name
+    if not match:
+        return name
+    task = re.search(r'/job:(\w+)(?:/replica:\d+)?/task:(\d+)', name)
+    prefix = ('/job:%s/task:%s' % task.groups()) if task and task.group(1) != 'localhost' \
+        else ''
+    return '%s/%s:%s' % (prefix, match.group(1).lower(), match.group(2))
 
 
 class Trace(Callback):
