@@ -36,6 +36,9 @@ def run_devices(args, log):
 def run_bench(args, log):
     from towers.tools import bench, compare
     from towers.tools.trace import check_output
+    if args.cluster_mode:
+        run_cluster_bench(args, log)
+        return
     info = data.dataset_info(args.dataset)
     counts = int_list(args.towers, 'towers')
     model_fn = models.build_model(args.model, info.input_shape, info.num_classes)
@@ -62,6 +65,37 @@ def run_bench(args, log):
                         args.batch_size, train_set, modes, updates, xla=args.xla,
                         param_device=args.param_device, warmup_steps=args.warmup,
                         timed_steps=args.window, plot=args.plot, trace=args.trace, log=log)
+
+
+def run_cluster_bench(args, log):
+    """towers bench --cluster-mode M --workers 1,2: local clusters against one process."""
+    from towers.tools import bench, clusterbench
+    info = data.dataset_info(args.dataset)
+    model_fn = models.build_model(args.model, info.input_shape, info.num_classes)
+    workers = int_list(args.workers, 'workers')
+    towers = int(args.towers) if args.towers.isdigit() else None
+    if not towers or args.compare or ',' in args.input:
+        raise SettingError('{cluster_mode} times one {towers} count per task and one {input}, '
+                           'without {compare}')
+    bench.check_window(args.batch_size, args.warmup, args.window)
+    ps = args.ps if args.ps is not None else int(args.cluster_mode == 'parameter-server')
+    common = ['--model', args.model, '--dataset', args.dataset]
+    flags = common + ['--batch-size', str(args.batch_size), '--input', args.input,
+                      '--steps', str(args.warmup + args.window), '--eval-every', '0',
+                      '--quiet', '--log-every', str(args.warmup + args.window)]
+    flags += ['--threads', str(args.threads)] if args.threads else []
+    log('bench: %s, global batch %d, %s input, %d warm-up + %d timed steps per run, %d rounds; '
+        '%s mode, %d tower(s) per task; on %s'
+        % (args.model, args.batch_size, args.input, args.warmup, args.window, args.rounds,
+           args.cluster_mode, towers, bench.machine()))
+    rows = clusterbench.run_cluster_bench(args.cluster_mode, workers, flags, towers, ps,
+                                          args.rounds, log=log)
+    explained = (clusterbench.explained_bytes(workers, ps, towers, common + [
+        '--batch-size', str(args.batch_size)]) if args.cluster_mode == 'in-graph' else {})
+    size = clusterbench.gradient_bytes(model_fn, info.input_shape)
+    log('S = %d bytes of gradients (the model\'s trainable variables)' % size)
+    for line in clusterbench.table_lines(rows, args.cluster_mode, size, explained):
+        log(line)
 
 
 def run_convert(args, log):

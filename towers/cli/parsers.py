@@ -9,7 +9,7 @@ import argparse
 
 from towers.cli.cluster_flags import cluster_train_flags, launch_parser, server_parser
 from towers.data import DEFAULT_DATASET
-from towers.names import DEFAULT_MODEL, INPUT_MODES, OPTIMIZERS, VARIABLE_UPDATES
+from towers.names import CLUSTER_MODES, DEFAULT_MODEL, INPUT_MODES, OPTIMIZERS, VARIABLE_UPDATES
 
 
 def _device_flags(parser):
@@ -193,6 +193,20 @@ def bench_parser(commands):
                        help='with --compare: also time the first combination under XLA')
     bench.add_argument('--plot', default=None, metavar='FILE.png',
                        help='with --compare: draw images/sec against towers (needs matplotlib)')
+    cluster = bench.add_argument_group('across processes (towers launch on this machine)')
+    cluster.add_argument('--cluster-mode', default=None, choices=CLUSTER_MODES,
+                         help='time clusters of --workers local processes in this mode, each '
+                              'against one process with the same towers (--towers per task)')
+    cluster.add_argument('--workers', default='1,2',
+                         help='with --cluster-mode: comma-separated worker counts (default: 1,2)')
+    cluster.add_argument('--ps', type=int, default=None,
+                         help='with --cluster-mode: ps tasks (default: 1 for parameter-server, '
+                              'else 0)')
+    cluster.add_argument('--rounds', type=int, default=3,
+                         help='with --cluster-mode: runs of every configuration, in turns '
+                              '(default: 3)')
+    cluster.add_argument('--threads', type=int, default=None,
+                         help="with --cluster-mode: each run's intra- and inter-op threads")
     return bench
 
 

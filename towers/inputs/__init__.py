@@ -107,18 +107,22 @@ def source_for(config, data, model, source=None, share=None):
                                'worker needs at least one example of each batch',
                                config.batch_size, shortest, share[1])
         if config.input != 'dataset' and not hasattr(train_set, 'source'):
-            return _shared_input(config.input, train_set, sampler, share), sampler
+            return _shared_input(config.input, train_set, sampler, share, num_classes), sampler
     return make_input(config.input, train_set, sampler, config.batch_size, num_classes,
                       seed=config.seed, epochs=epochs, mean=config.mean,
                       std=config.std, share=share), sampler
 
 
-def _shared_input(mode, train_set, sampler, share):
-    """feed or staging of one share of every global batch (the batch cut as split_batch does)."""
+def _shared_input(mode, train_set, sampler, share, num_classes):
+    """feed, staging or synthetic of one share of every global batch (the batch cut as
+    split_batch does)."""
+    index, count = share
+    if mode == 'synthetic':  # a benchmark's: this worker's share of a random batch
+        base, extra = divmod(sampler.batch_size, count)
+        return SyntheticInput(base + (index < extra), num_classes)
     if mode not in ('feed', 'staging'):
         raise SettingError('a worker of a cluster reads its share of each batch through {input} '
-                           'feed, staging or dataset, not %s', mode)
-    index, count = share
+                           'feed, staging, dataset or synthetic, not %s', mode)
 
     def batches(step):
         indices = sampler.indices(step)

@@ -9,6 +9,8 @@ same process. All rows are built first and then timed in turns, block by
 block, because absolute speed on a shared machine drifts over a minute.
 """
 import math
+import os
+import platform
 import time
 
 import numpy as np
@@ -25,6 +27,18 @@ from towers.session import open_session, run_steps, trace_options
 from towers.tools import trace as tracing
 
 tf1 = tf.compat.v1
+
+
+def machine():
+    """Which CPU this ran on, and its cores: 'Intel(R) Xeon(R) ..., 16 cores'."""
+    name = platform.processor() or platform.machine()
+    try:
+        with open('/proc/cpuinfo') as info:
+            name = next((line.split(':', 1)[1].strip() for line in info
+                         if line.startswith('model name')), name)
+    except OSError:
+        pass
+    return '%s, %d cores' % (name, os.cpu_count() or 1)
 
 
 def mean_stderr(values):

@@ -239,20 +239,20 @@ def report_lines(report, title):
                                       ('apply', report['apply'])) if device in devices]
         lines.append('%-8s %s; %d ops, %s; %d variables, %s%s' % (
             device, what, entry['ops'], _flops_text(entry['flops']), entry['variables'],
-            _bytes_text(entry['variable_bytes']), '; ' + ', '.join(roles) if roles else ''))
-    lines.append('between devices per step: %s' % _bytes_text(report['bytes_per_step']))
+            bytes_text(entry['variable_bytes']), '; ' + ', '.join(roles) if roles else ''))
+    lines.append('between devices per step: %s' % bytes_text(report['bytes_per_step']))
     if any(device.startswith('/job:') for device in report['devices']):
         lines.append('between tasks per step (the network): %s'
-                     % _bytes_text(report['bytes_between_tasks']))
+                     % bytes_text(report['bytes_between_tasks']))
     for transfer in report['transfers']:
-        kinds = ', '.join('%s %s' % (k, _bytes_text(b)) for k, b in
+        kinds = ', '.join('%s %s' % (k, bytes_text(b)) for k, b in
                           sorted(transfer['kinds'].items(), key=lambda kv: -kv[1]))
         lines.append('  %s -> %s: %s (%s)' % (transfer['from'], transfer['to'],
-                                              _bytes_text(transfer['bytes']), kinds))
+                                              bytes_text(transfer['bytes']), kinds))
     return lines
 
 
-def _bytes_text(size):
+def bytes_text(size):
     for unit, scale in (('MB', 1e6), ('kB', 1e3)):
         if size >= scale:
             return '%.2f %s' % (size / scale, unit)

@@ -1,0 +1,72 @@
+"""towers bench --cluster-mode: the runs it makes, what it reads from them, the bytes it says."""
+import pytest
+
+from towers import models
+from towers.cli import main
+from towers.errors import TowersError
+from towers.tools import clusterbench
+
+
+def test_gradient_bytes_are_the_models_trainable_variables():
+    # small_convnet on 28x28x1: what `towers explain` counts on the ps (less the step).
+    model_fn = models.build_model('small_convnet', (28, 28, 1), 10)
+    assert clusterbench.gradient_bytes(model_fn, (28, 28, 1)) == 217640
+
+
+@pytest.mark.parametrize('mode,workers,expected,how', [
+    ('collective', 1, 0, 'one task'),
+    ('collective', 2, 2 * 1000, 'ring: n*2(n-1)/n*S'),  # each of 2 workers sends S
+    ('collective', 4, 6 * 1000, 'ring: n*2(n-1)/n*S'),  # each sends 3/2 S
+    ('parameter-server', 1, 2 * 1000, 'n*(S pushed + S read)'),
+    ('parameter-server', 3, 6 * 1000, 'n*(S pushed + S read)'),
+    ('in-graph', 2, 1234, 'counted by explain'),
+])
+def test_bytes_between_tasks_per_step(mode, workers, expected, how):
+    assert clusterbench.between_tasks(mode, workers, 1000, explained=1234) == (expected, how)
+
+
+def test_runs_in_turns_and_compares_each_cluster_with_one_process(monkeypatch):
+    made, rates = [], iter([100.0, 50.0, 200.0, 60.0, 110.0, 52.0, 190.0, 66.0])
+
+    def towers(command, timeout):
+        made.append(command)
+        rate = next(rates)
+        if command[0] == 'train':
+            return 'step 20/20 ...\ntrained to step 20: %.1f images/sec after warm-up\n' % rate
+        return ('[worker 1] trained to step 20: 1.0 images/sec after warm-up\n'
+                '[worker 0] trained to step 20: %.1f images/sec after warm-up\n'
+                'towers launch: every training task finished\n' % rate)
+    monkeypatch.setattr(clusterbench, '_towers', towers)
+    rows = clusterbench.run_cluster_bench('collective', [1, 2], ['--steps', '20'], rounds=2,
+                                          log=lambda line: None)
+    assert made[:4] == [
+        ['train', '--towers', '1', '--steps', '20'],
+        ['launch', '--workers', '1', '--ps', '0', '--grace', '5', '--', 'train',
+         '--cluster-mode', 'collective', '--towers', '1', '--steps', '20'],
+        ['train', '--towers', '2', '--steps', '20'],
+        ['launch', '--workers', '2', '--ps', '0', '--grace', '5', '--', 'train',
+         '--cluster-mode', 'collective', '--towers', '1', '--steps', '20']]
+    assert made[4:] == made[:4]  # the second round, in the same turns
+    assert [(r['config'], r['mean']) for r in rows] == [
+        ('one process, 1 tower(s)', 105.0), ('1 worker(s) x 1 tower(s)', 51.0),
+        ('one process, 2 tower(s)', 195.0), ('2 worker(s) x 1 tower(s)', 63.0)]
+    assert [r['stderr'] for r in rows] == pytest.approx([5.0, 1.0, 5.0, 3.0], rel=1e-12)
+    assert [r['vs_one_process'] for r in rows] == [1.0, 51 / 105, 1.0, 63 / 195]
+    lines = clusterbench.table_lines(rows, 'collective', 217640, {})
+    assert lines[4].split() == ['2', 'worker(s)', 'x', '1', 'tower(s)', '63.0', '±', '3.0',
+                                '0.323', '435.28', 'kB', '(ring:', 'n*2(n-1)/n*S)']
+
+
+def test_a_run_without_a_rate_or_a_failing_run_is_one_error(monkeypatch):
+    monkeypatch.setattr(clusterbench, '_towers', lambda command, timeout: 'step 3/3\n')
+    with pytest.raises(TowersError, match='no images/sec from `towers train --towers`'):
+        clusterbench.run_cluster_bench('collective', [1], [], rounds=2, log=print)
+    with pytest.raises(TowersError, match='cluster_mode parameter-server needs ps of at least 1'):
+        clusterbench.run_cluster_bench('parameter-server', [1], [], ps=0, log=print)
+
+
+def test_bench_flags_that_do_not_go_with_a_cluster_are_one_line(capsys):
+    assert main(['bench', '--cluster-mode', 'collective', '--towers', '1,2']) == 1
+    assert capsys.readouterr().err.splitlines() == [
+        'towers: error: --cluster-mode times one --towers count per task and one --input, '
+        'without --compare']

@@ -1,0 +1,144 @@
+"""`towers bench --cluster-mode M --workers 1,2`: a cluster of local processes against one.
+
+For each worker count n, `towers launch --workers n` trains on this machine
+with T towers per task, and one process trains with n*T towers: the same
+towers, the same global batch, the same steps. Every configuration runs in
+turns, round after round, so the ratios compare runs made side by side on a
+shared machine. Each run's figure is the chief's images/sec after its warm-up
+steps; a row is the mean ± standard error over the rounds.
+
+On one machine this measures what the runtime costs (gRPC, serialising
+tensors, the processes' start), not a speed-up: the tasks share the same
+cores. The bytes each step sends between tasks are the model's: in-graph, as
+`towers explain --workers n` counts them from the real partitions (the
+variables read and the gradients sent back by every task but the one holding
+them, and the fed slices); collective, the ring all-reduce's 2(n-1)/n * S per
+worker for S bytes of gradients; parameter-server, each worker's S of
+gradients pushed and S of variables read.
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+
+import tensorflow as tf
+
+from towers.errors import TowersError
+from towers.tools.bench import mean_stderr
+from towers.tools.explain import bytes_text
+
+tf1 = tf.compat.v1
+
+_RATE = re.compile(r'trained to step \d+: ([\d.]+) images/sec after warm-up')
+
+
+def gradient_bytes(model_fn, input_shape):
+    """S: the bytes of the model's trainable variables (and so of one gradient)."""
+    with tf.Graph().as_default():
+        model_fn(tf1.placeholder(tf.float32, [None] + list(input_shape)), training=False)
+        return sum(v.shape.num_elements() * v.dtype.size for v in tf1.trainable_variables())
+
+
+def between_tasks(mode, workers, size, explained=None):
+    """Bytes sent between tasks per step, and how they are known."""
+    if workers == 1 and mode != 'parameter-server':
+        return 0, 'one task'
+    if mode == 'in-graph':
+        return explained, 'counted by explain'
+    if mode == 'collective':
+        return int(round(workers * 2 * (workers - 1) / workers * size)), 'ring: n*2(n-1)/n*S'
+    return 2 * workers * size, 'n*(S pushed + S read)'
+
+
+def run_cluster_bench(mode, worker_counts, train_flags, towers=1, ps=0, rounds=3,
+                      log=print, timeout=600):
+    """Time every configuration in turns; print and return the table's rows.
+
+    Args:
+      mode: the --cluster-mode.
+      worker_counts: e.g. [1, 2].
+      train_flags: the train flags every run shares (model, batch, input, steps...).
+      towers: towers per task; one process has workers*towers.
+      ps: ps tasks of each cluster (parameter-server mode needs one or more).
+    Returns:
+      list of dicts: config, workers, mean, stderr, vs_one_process.
+    """
+    if mode == 'parameter-server' and ps < 1:
+        raise TowersError('{cluster_mode} parameter-server needs {ps} of at least 1')
+    if rounds < 2:
+        raise TowersError('{rounds} must be at least 2 for a standard error')
+    configs = []
+    for n in worker_counts:
+        configs.append(('one process, %d tower(s)' % (n * towers), n,
+                        ['train', '--towers', str(n * towers)] + list(train_flags)))
+        configs.append(('%d worker(s) x %d tower(s)' % (n, towers) + (', %d ps' % ps if ps
+                                                                         else ''), n,
+                        ['launch', '--workers', str(n), '--ps', str(ps), '--grace', '5', '--',
+                         'train', '--cluster-mode', mode, '--towers', str(towers)]
+                        + list(train_flags)))
+    rates = [[] for _ in configs]
+    for round_index in range(rounds):
+        for i, (name, _, command) in enumerate(configs):
+            rates[i].append(_rate(command, timeout))
+            log('round %d/%d: %s: %.1f images/sec' % (round_index + 1, rounds, name,
+                                                       rates[i][-1]))
+    rows = []
+    for (name, n, command), values in zip(configs, rates):
+        mean, stderr = mean_stderr(values)
+        rows.append({'config': name, 'workers': n, 'cluster': command[0] == 'launch',
+                     'mean': mean, 'stderr': stderr})
+    for row in rows:
+        reference = next(r for r in rows if r['workers'] == row['workers'] and not r['cluster'])
+        row['vs_one_process'] = row['mean'] / reference['mean']
+    return rows
+
+
+def table_lines(rows, mode, size, explained):
+    """The table: images/sec, the ratio to one process, the bytes between tasks."""
+    lines = ['%-32s %-18s %-15s %s' % ('configuration', 'images/sec', 'vs one process',
+                                       'between tasks per step')]
+    for row in rows:
+        moved = '-'
+        if row['cluster']:
+            size_moved, how = between_tasks(mode, row['workers'], size,
+                                            explained.get(row['workers']))
+            moved = '%s (%s)' % (bytes_text(size_moved), how)
+        lines.append('%-32s %-18s %-15s %s' % (
+            row['config'], '%.1f ± %.1f' % (row['mean'], row['stderr']),
+            '%.3f' % row['vs_one_process'], moved))
+    return lines
+
+
+def explained_bytes(workers, ps, towers, explain_flags, timeout=300):
+    """{n: bytes between tasks per step} of in-graph over n workers, by `towers explain`."""
+    out = {}
+    for n in workers:
+        if n > 1 or ps:
+            report = json.loads(_towers(['explain', '--workers', str(n), '--ps', str(ps),
+                                         '--towers', str(towers), '--json'] + explain_flags,
+                                        timeout))
+            out[n] = report['bytes_between_tasks']
+    return out
+
+
+def _rate(command, timeout):
+    """The chief's (or the one process's) images/sec after warm-up, from its output."""
+    for line in reversed(_towers(command, timeout).splitlines()):
+        match = _RATE.search(line)
+        if match and (line.startswith('[worker 0] ') or not line.startswith('[')):
+            return float(match.group(1))
+    raise TowersError('no images/sec from `towers %s`: give more {window} steps'
+                      % ' '.join(command[:2]))
+
+
+def _towers(command, timeout):
+    """Run `python -m towers COMMAND` to its end; its output, or TowersError naming the failure."""
+    process = subprocess.run([sys.executable, '-m', 'towers'] + command, capture_output=True,
+                             text=True, timeout=timeout,
+                             env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2'))
+    if process.returncode:
+        last = (process.stderr.strip() or process.stdout.strip()).splitlines()[-1:]
+        raise TowersError('`towers %s` failed (status %d): %s'
+                          % (' '.join(command[:3]), process.returncode, ' '.join(last)))
+    return process.stdout
