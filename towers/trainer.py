@@ -121,7 +121,7 @@ class Trainer:
             for callback in self.callbacks:
                 callback.setup_graph(self)
             if self.cluster is not None:
-                self.cluster.build_fingerprint(self._fingerprint())
+                self.cluster.build_fingerprint(self)
             self.saved = graph.strategy.saved_variables()
             # A MonitoredSession finalizes the graph itself, once its hooks have built.
             init_op, saver = finalize_graph(graph.graph, graph.strategy,
@@ -193,19 +193,6 @@ class Trainer:
             self.cluster.check_fingerprint(sess)
             self._resume(sess)
         return self.cluster.session(self.graph, load, lambda: self.step)
-
-    def _fingerprint(self):
-        """What every worker of a collective run must agree on."""
-        # With one copy on the ps tasks, every worker must also place each variable alike.
-        where = (lambda v: v.device) if self.cluster.monitored else (lambda v: '')
-        with self.graph.graph.as_default():
-            variables = sorted((v.op.name, v.shape.as_list(), where(v))
-                               for v in tf1.global_variables())
-        return {'model': type(self.model).__name__, 'variables': variables,
-                'batch_size': self.batch_size, 'seed': self.config.seed,
-                'steps': self.num_steps, 'steps_per_epoch': self.steps_per_epoch,
-                'learning_rate': self.config.schedule().describe(), 'ema': self.config.ema,
-                'input': self.source.name}
 
     def _fetches(self):
         """What each step runs: the train op, loss, metrics, ... and the callbacks' fetches."""

@@ -8,7 +8,7 @@ everywhere): on a task that only serves, it serves.
 """
 import argparse
 
-from towers.cluster import launch, runtime
+from towers.cluster import launch, modes
 from towers.cluster.server import serve, server_config
 from towers.cluster.spec import ClusterError, resolve
 
@@ -41,7 +41,7 @@ def cluster_run(args, cluster, log):
         if args.variable_update != 'parameter_server':
             raise ClusterError('{cluster_mode} collective keeps one copy of the variables per '
                                'worker: leave {variable_update} at parameter_server')
-        return runtime.collective(cluster, towers, args.cluster_timeout, args.threads)
+        return modes.collective(cluster, towers, args.cluster_timeout, args.threads)
     if mode == 'parameter-server':
         if args.ema is not None:
             raise ClusterError('{ema} is not kept in {cluster_mode} parameter-server yet: the '
@@ -54,13 +54,13 @@ def cluster_run(args, cluster, log):
             raise ClusterError('{cluster_mode} parameter-server keeps one copy of the '
                                'variables on the ps tasks: leave {variable_update} at '
                                'parameter_server')
-        return runtime.parameter_server(cluster, towers, args.cluster_timeout, args.threads)
+        return modes.parameter_server(cluster, towers, args.cluster_timeout, args.threads)
     if not cluster.is_chief:
         log('in-graph mode: %s %d serves; worker 0 trains' % (cluster.task_type,
                                                               cluster.task_index))
         serve(cluster, server_config(cluster, towers, args.threads), log=log)
         return None
-    return runtime.in_graph(cluster, towers, args.cluster_timeout, args.threads)
+    return modes.in_graph(cluster, towers, args.cluster_timeout, args.threads)
 
 
 def run_launch(args, log):

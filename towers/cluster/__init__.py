@@ -5,6 +5,8 @@
   launch.py      every task of a cluster as a process of this machine (`towers launch`)
   placement.py   where a run's towers, variables and host ops go, in one process or a cluster
   collective.py  the workers' all-reduce: packed gradients, the chief's values broadcast
-  runtime.py     a task's part in an in-graph or collective run: step timeouts, the lost
-                 task named, the stop vote and the workers' fingerprint
+  syncreplicas.py  parameter-server mode: SyncReplicasOptimizer's exact update, the sessions
+  runtime.py     a task's part in a cluster run: step timeouts, the lost task named, the
+                 stop vote and the workers' fingerprint
+  modes.py       a task's ClusterRun for each --cluster-mode
 """

@@ -27,11 +27,10 @@ import zlib
 
 import tensorflow as tf
 
-from towers.cluster.collective import FINGERPRINT_KEYS, AcrossWorkers, Collectives
-from towers.cluster.placement import Placement, in_graph_placement
-from towers.cluster.server import server_config, start_server, wait_for_tasks
+from towers.cluster.collective import FINGERPRINT_KEYS
+from towers.cluster.server import start_server, wait_for_tasks
 from towers.cluster.spec import ClusterError
-from towers.cluster.syncreplicas import Readiness, SyncReplicas, monitored_session, ps_device_setter
+from towers.cluster.syncreplicas import Readiness, monitored_session
 from towers.errors import op_error_summary
 from towers.session import prepare_session
 
@@ -162,12 +161,26 @@ class ClusterRun:
         """The feed of a step in which this task votes to stop (or not)."""
         return {self._vote: 1.0 if stop else 0.0} if self._vote is not None else {}
 
-    def build_fingerprint(self, settings):
-        """The run's settings every worker must agree on (model, batch, seed, steps...):
-        {name: value}, given once the graph holds every variable but is not finalized."""
-        self._settings = settings
+    def build_fingerprint(self, trainer):
+        """Keep what every worker must agree on: the trainer's model, variables, batch,
+        seed, steps...; called once its graph holds every variable, before it is final."""
+        self._settings = settings = self.settings(trainer)
         if self.monitored:
             self._readiness = Readiness(settings)
+
+    def settings(self, trainer):
+        """{name: value} of a Trainer's run that every worker must share."""
+        # With one copy on the ps tasks, every worker must also place each variable alike.
+        where = (lambda v: v.device) if self.monitored else (lambda v: '')
+        with trainer.graph.graph.as_default():
+            variables = sorted((v.op.name, v.shape.as_list(), where(v))
+                               for v in tf1.global_variables())
+        config = trainer.config
+        return {'model': type(trainer.model).__name__, 'variables': variables,
+                'batch_size': trainer.batch_size, 'seed': config.seed,
+                'steps': trainer.num_steps, 'steps_per_epoch': trainer.steps_per_epoch,
+                'learning_rate': config.schedule().describe(), 'ema': config.ema,
+                'input': trainer.source.name}
 
     def check_fingerprint(self, sess):
         """ClusterError unless every worker runs with the same settings as this one."""
@@ -259,56 +272,6 @@ class ClusterRun:
     def _address(self, name):
         job, index = name.split()
         return self.cluster.jobs[job][int(index)]
-
-
-def in_graph(cluster, towers_per_task=1, timeout=None, threads=None):
-    """The chief's ClusterRun of in-graph replication over the whole cluster."""
-    if not cluster.is_chief:
-        raise ClusterError('in-graph mode trains on the chief (worker 0) only; %s %d '
-                           'serves: run `towers server` there' % (cluster.task_type,
-                                                                  cluster.task_index))
-    # The session's own timeout is a backstop for every run (init, evaluation).
-    placement = in_graph_placement(cluster, towers_per_task, timeout=timeout or FIRST_STEPS_S,
-                                   threads=threads)
-    return ClusterRun('in-graph', cluster, placement, timeout)
-
-
-def collective(cluster, towers_per_task=1, timeout=None, threads=None):
-    """A worker's ClusterRun of collective training: its own towers, the workers' all-reduce."""
-    if cluster.task_type != 'worker':
-        raise ClusterError('collective mode has no ps tasks: every task is a worker')
-    task = '/job:worker/task:%d' % cluster.task_index
-    tower_devices = ['%s/device:CPU:%d' % (task, i) for i in range(towers_per_task)]
-    config = server_config(cluster, towers_per_task, threads,
-                           timeout_ms=1000 * (timeout or FIRST_STEPS_S))
-    config.device_filters.append('/job:worker')  # its own towers, and the others' pings
-    host = task + '/device:CPU:0'
-    placement = Placement(tower_devices, host, task, config)
-    strategy = AcrossWorkers(Collectives(cluster.num_workers, timeout or FIRST_STEPS_S), host,
-                             cluster.is_chief)
-    return ClusterRun('collective', cluster, placement, timeout, strategy,
-                      share=(cluster.task_index, cluster.num_workers))
-
-
-def parameter_server(cluster, towers_per_task=1, timeout=None, threads=None):
-    """A worker's ClusterRun of the classic recipe: replica_device_setter, SyncReplicas."""
-    if cluster.task_type != 'worker':
-        raise ClusterError('in parameter-server mode the ps tasks serve: run `towers server` '
-                           'there')
-    if not cluster.num_ps:
-        raise ClusterError('{cluster_mode} parameter-server needs ps tasks: give the cluster '
-                           'a "ps" job (towers launch --ps 1)')
-    task = '/job:worker/task:%d' % cluster.task_index
-    tower_devices = ['%s/device:CPU:%d' % (task, i) for i in range(towers_per_task)]
-    config = server_config(cluster, towers_per_task, threads,
-                           timeout_ms=1000 * (timeout or FIRST_STEPS_S))
-    # The ps tasks and the workers (whose pings name a lost one); never another job.
-    config.device_filters.extend(['/job:ps', '/job:worker'])
-    placement = Placement(tower_devices, None, ps_device_setter(cluster, cluster.task_index),
-                          config)
-    strategy = SyncReplicas(cluster.num_workers, cluster.is_chief)
-    return ClusterRun('parameter-server', cluster, placement, timeout, strategy,
-                      share=(cluster.task_index, cluster.num_workers))
 
 
 def _op_error(error):

@@ -1,0 +1,62 @@
+"""A task's ClusterRun for each --cluster-mode: where its graph goes, and with what strategy.
+
+  in_graph          the chief's: towers on every worker task, variables on the ps tasks
+  collective        a worker's: its own towers and copy, the workers' all-reduce
+  parameter_server  a worker's: replica_device_setter, SyncReplicasOptimizer
+"""
+from towers.cluster.collective import AcrossWorkers, Collectives
+from towers.cluster.placement import Placement, in_graph_placement
+from towers.cluster.runtime import FIRST_STEPS_S, ClusterRun
+from towers.cluster.server import server_config
+from towers.cluster.spec import ClusterError
+from towers.cluster.syncreplicas import SyncReplicas, ps_device_setter
+
+
+def in_graph(cluster, towers_per_task=1, timeout=None, threads=None):
+    """The chief's ClusterRun of in-graph replication over the whole cluster."""
+    if not cluster.is_chief:
+        raise ClusterError('in-graph mode trains on the chief (worker 0) only; %s %d '
+                           'serves: run `towers server` there' % (cluster.task_type,
+                                                                  cluster.task_index))
+    # The session's own timeout is a backstop for every run (init, evaluation).
+    placement = in_graph_placement(cluster, towers_per_task, timeout=timeout or FIRST_STEPS_S,
+                                   threads=threads)
+    return ClusterRun('in-graph', cluster, placement, timeout)
+
+
+def collective(cluster, towers_per_task=1, timeout=None, threads=None):
+    """A worker's ClusterRun of collective training: its own towers, the workers' all-reduce."""
+    if cluster.task_type != 'worker':
+        raise ClusterError('collective mode has no ps tasks: every task is a worker')
+    task = '/job:worker/task:%d' % cluster.task_index
+    tower_devices = ['%s/device:CPU:%d' % (task, i) for i in range(towers_per_task)]
+    config = server_config(cluster, towers_per_task, threads,
+                           timeout_ms=1000 * (timeout or FIRST_STEPS_S))
+    config.device_filters.append('/job:worker')  # its own towers, and the others' pings
+    host = task + '/device:CPU:0'
+    placement = Placement(tower_devices, host, task, config)
+    strategy = AcrossWorkers(Collectives(cluster.num_workers, timeout or FIRST_STEPS_S), host,
+                             cluster.is_chief)
+    return ClusterRun('collective', cluster, placement, timeout, strategy,
+                      share=(cluster.task_index, cluster.num_workers))
+
+
+def parameter_server(cluster, towers_per_task=1, timeout=None, threads=None):
+    """A worker's ClusterRun of the classic recipe: replica_device_setter, SyncReplicas."""
+    if cluster.task_type != 'worker':
+        raise ClusterError('in parameter-server mode the ps tasks serve: run `towers server` '
+                           'there')
+    if not cluster.num_ps:
+        raise ClusterError('{cluster_mode} parameter-server needs ps tasks: give the cluster '
+                           'a "ps" job (towers launch --ps 1)')
+    task = '/job:worker/task:%d' % cluster.task_index
+    tower_devices = ['%s/device:CPU:%d' % (task, i) for i in range(towers_per_task)]
+    config = server_config(cluster, towers_per_task, threads,
+                           timeout_ms=1000 * (timeout or FIRST_STEPS_S))
+    # The ps tasks and the workers (whose pings name a lost one); never another job.
+    config.device_filters.extend(['/job:ps', '/job:worker'])
+    placement = Placement(tower_devices, None, ps_device_setter(cluster, cluster.task_index),
+                          config)
+    strategy = SyncReplicas(cluster.num_workers, cluster.is_chief)
+    return ClusterRun('parameter-server', cluster, placement, timeout, strategy,
+                      share=(cluster.task_index, cluster.num_workers))
