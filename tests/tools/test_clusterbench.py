@@ -20,6 +20,7 @@ def test_gradient_bytes_are_the_models_trainable_variables():
     ('parameter-server', 1, 2 * 1000, 'n*(S pushed + S read)'),
     ('parameter-server', 3, 6 * 1000, 'n*(S pushed + S read)'),
     ('in-graph', 2, 1234, 'counted by explain'),
+    ('in-graph', 1, 1234, 'counted by explain'),  # with a ps: the chief reads from it
 ])
 def test_bytes_between_tasks_per_step(mode, workers, expected, how):
     assert clusterbench.between_tasks(mode, workers, 1000, explained=1234) == (expected, how)

@@ -11,6 +11,8 @@ from towers.cluster.server import server_config
 from towers.cluster.spec import ClusterError
 from towers.cluster.syncreplicas import SyncReplicas, ps_device_setter
 
+UPDATE_WAIT_S = 3600.0
+
 
 def in_graph(cluster, towers_per_task=1, timeout=None, threads=None):
     """The chief's ClusterRun of in-graph replication over the whole cluster."""
@@ -51,8 +53,11 @@ def parameter_server(cluster, towers_per_task=1, timeout=None, threads=None):
                            'a "ps" job (towers launch --ps 1)')
     task = '/job:worker/task:%d' % cluster.task_index
     tower_devices = ['%s/device:CPU:%d' % (task, i) for i in range(towers_per_task)]
+    # The chief's queue runner waits for every worker's gradient as long as the chief
+    # evaluates or saves: a backstop of an hour, not the step's timeout (each step has
+    # its own, and a stalled update then fails the steps waiting for it).
     config = server_config(cluster, towers_per_task, threads,
-                           timeout_ms=1000 * (timeout or FIRST_STEPS_S))
+                           timeout_ms=1000 * max(timeout or FIRST_STEPS_S, UPDATE_WAIT_S))
     # The ps tasks and the workers (whose pings name a lost one); never another job.
     config.device_filters.extend(['/job:ps', '/job:worker'])
     placement = Placement(tower_devices, None, ps_device_setter(cluster, cluster.task_index),

@@ -255,10 +255,7 @@ class ClusterRun:
     def failure(self, error, lost, steps_done):
         """The one-line LostTaskError for what failed while tasks were lost."""
         cause = _op_error(error)
-        # In parameter-server mode the chief's update times out waiting for the lost
-        # worker's gradient and closes the token queue the steps wait on.
-        if isinstance(cause, tf.errors.DeadlineExceededError) or (
-                self.monitored and isinstance(cause, tf.errors.OutOfRangeError)):
+        if isinstance(cause, tf.errors.DeadlineExceededError):
             why = 'the step did not finish within %.0f s' % self.step_timeout_s()
         elif isinstance(cause, tf.errors.OpError):
             why = 'TensorFlow %s' % type(cause).__name__
@@ -297,8 +294,8 @@ def _close(monitored, sess):
     if monitored is not None:
         try:
             monitored.close()
-        except tf.errors.CancelledError:
-            pass  # the queue runner's wait, cancelled above
+        except tf.errors.OpError:
+            pass  # what the queue runner met: its wait cancelled above, or a lost task
 
 
 def _short(device):

@@ -95,6 +95,8 @@ class SyncReplicas(VariableStrategy):
         update = _WholeBatchUpdate(optimizers[0], results, weight_decay, processors)
         self.optimizer = tf1.train.SyncReplicasOptimizer(update, self.num_workers)
         token = self.optimizer.apply_gradients(pushed, global_step=global_step)
+        # Read by the hook; not an error worth TensorFlow's report when a run fails first.
+        self.optimizer.ready_for_local_init_op.mark_used()
         # Tower 0's statistics, as in one process: the chief's, once per step.
         updates = tower_update_ops(towers[0]) if self.is_chief else []
         train_op = tf.group(token, *updates, name='train_op')
@@ -120,7 +122,42 @@ class SyncReplicas(VariableStrategy):
 
     def hooks(self):
         """The SessionRunHooks of the MonitoredSession: the optimizer's, no initial tokens."""
-        return [self.optimizer.make_session_run_hook(self.is_chief, num_tokens=0)]
+        return [_SyncHook(self.optimizer, self.is_chief)]
+
+
+class _SyncHook(tf1.train.SessionRunHook):
+    """SyncReplicasOptimizer's hook (make_session_run_hook), with no initial tokens and a
+    queue runner that never closes the token queue.
+
+    The optimizer's own queue runner closes the queue when its update fails (a ps
+    lost, a timeout): every waiting step would then read it as the end of the
+    data, and a run with the dataset input would end quietly short. With the
+    queue left open those steps time out instead, and the lost task is named.
+    """
+
+    def __init__(self, optimizer, is_chief):
+        self.optimizer, self.is_chief, self.runner = optimizer, is_chief, None
+
+    def begin(self):
+        self.ready = self.optimizer.ready_for_local_init_op
+        if self.is_chief:
+            self.init = self.optimizer.chief_init_op
+            theirs = self.optimizer.get_chief_queue_runner()
+            self.runner = tf1.train.QueueRunner(
+                theirs.queue, theirs.enqueue_ops, close_op=tf.no_op(), cancel_op=tf.no_op(),
+                queue_closed_exception_types=(tf.errors.OutOfRangeError,
+                                              tf.errors.CancelledError))
+        else:
+            self.init = self.optimizer.local_step_init_op
+
+    def after_create_session(self, session, coord):
+        missing = session.run(self.ready)
+        if len(missing):
+            raise ClusterError('the variables %s are not initialized: start every worker with '
+                               'the same flags' % ', '.join(m.decode() for m in missing[:3]))
+        session.run(self.init)
+        if self.runner is not None:
+            self.runner.create_threads(session, coord=coord, daemon=True, start=True)
 
 
 class _WholeBatchUpdate:
@@ -140,7 +177,11 @@ class _WholeBatchUpdate:
         pairs = list(grads_and_vars)
         mean = next(g for g, v in pairs if v is self._results)
         share = tf.cast(tf.maximum(mean[-2], 1e-30), tf.float32)  # the mean b_k = B / N
-        grads = [(g / share, v) for g, v in pairs if v is not self._results and g is not None]
+        grads = []
+        for g, v in pairs:
+            if v is not self._results and g is not None:
+                with tf1.colocate_with(v):  # on the variable's ps, not the step's
+                    grads.append((g / share, v))
         grads = process_gradients(grads, self._decay, self._processors)
         keep = tf1.assign(self._results, mean)
         with tf.control_dependencies([keep]):
@@ -181,10 +222,11 @@ class Readiness:
             self.set_flag = tf1.assign(self.flag, True)
             initialized = tf1.is_variable_initialized(self.flag)
             ready = tf.cond(initialized, self.flag.read_value, lambda: tf.constant(False))
-            self.worker_ready_op = tf.concat(
-                [tf1.report_uninitialized_variables(),
-                 tf.boolean_mask(tf.constant(['the chief (worker 0) has not started']),
-                                 tf.reshape(tf.logical_not(ready), [1]))], 0)
+            # Only the flag: a worker built with other variables is then told so by
+            # the fingerprint, instead of waiting for variables no chief will make.
+            self.worker_ready_op = tf.boolean_mask(
+                tf.constant(['the chief (worker 0) has not started']),
+                tf.reshape(tf.logical_not(ready), [1]))
 
     def check(self, sess):
         """ClusterError unless this worker's settings are the chief's."""
@@ -212,22 +254,25 @@ class _WorkerSession(tf1.train.SessionCreator):
     POLL_S instead of every 30 s, and for the chief's flag.
     """
 
-    def __init__(self, scaffold, master, config, wait_s):
+    def __init__(self, scaffold, master, config, wait_s, readiness):
         self.scaffold, self.master, self.config, self.wait_s = scaffold, master, config, wait_s
+        self.readiness = readiness
 
     def create_session(self):
         self.scaffold.finalize()
         manager = tf1.train.SessionManager(
             local_init_op=self.scaffold.local_init_op, ready_op=self.scaffold.ready_op,
-            ready_for_local_init_op=self.scaffold.ready_for_local_init_op,
-            graph=tf1.get_default_graph(), recovery_wait_secs=POLL_S)
+            ready_for_local_init_op=self.scaffold.ready_op, graph=tf1.get_default_graph(),
+            recovery_wait_secs=POLL_S)
         try:
-            return manager.wait_for_session(self.master, config=self.config,
+            sess = manager.wait_for_session(self.master, config=self.config,
                                             max_wait_secs=self.wait_s)
         except tf.errors.DeadlineExceededError:
             raise ClusterError('the chief (worker 0) did not make the model ready within %.0f s: '
                                'start it, or give it longer with {cluster_timeout}'
                                % self.wait_s) from None
+        self.readiness.check(sess)  # before the hooks read this worker's variables
+        return sess
 
 
 def monitored_session(target, built, config, strategy, readiness, load, wait_s):
@@ -253,7 +298,8 @@ def monitored_session(target, built, config, strategy, readiness, load, wait_s):
     else:
         scaffold = tf1.train.Scaffold(saver=built.saver, ready_op=readiness.worker_ready_op)
         monitored = tf1.train.MonitoredSession(
-            session_creator=_WorkerSession(scaffold, target, config, wait_s), hooks=hooks,
+            session_creator=_WorkerSession(scaffold, target, config, wait_s, readiness),
+            hooks=hooks,
             stop_grace_period_secs=1)
     raw = monitored.run_step_fn(lambda step_context: step_context.session)
     return monitored, raw

@@ -42,7 +42,7 @@ def gradient_bytes(model_fn, input_shape):
 
 def between_tasks(mode, workers, size, explained=None):
     """Bytes sent between tasks per step, and how they are known."""
-    if workers == 1 and mode != 'parameter-server':
+    if workers == 1 and mode == 'collective':
         return 0, 'one task'
     if mode == 'in-graph':
         return explained, 'counted by explain'
@@ -134,9 +134,13 @@ def _rate(command, timeout):
 
 def _towers(command, timeout):
     """Run `python -m towers COMMAND` to its end; its output, or TowersError naming the failure."""
-    process = subprocess.run([sys.executable, '-m', 'towers'] + command, capture_output=True,
-                             text=True, timeout=timeout,
-                             env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2'))
+    try:
+        process = subprocess.run([sys.executable, '-m', 'towers'] + command,
+                                 capture_output=True, text=True, timeout=timeout,
+                                 env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2'))
+    except subprocess.TimeoutExpired:
+        raise TowersError('`towers %s` did not finish within %d s' % (' '.join(command[:3]),
+                                                                     timeout)) from None
     if process.returncode:
         last = (process.stderr.strip() or process.stdout.strip()).splitlines()[-1:]
         raise TowersError('`towers %s` failed (status %d): %s'
