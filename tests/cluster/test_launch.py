@@ -33,11 +33,20 @@ def test_free_ports_are_distinct_and_free():
     assert [a.split(':')[0] for a in jobs['worker'] + jobs['ps']] == ['127.0.0.1'] * 3
 
 
+def _after(path, code):
+    """code, run once path holds a line (at most 30 s): a worker that ends only after the
+    ps has started serving, so that the teardown's SIGTERM finds it serving."""
+    return ('import os, time\nfor _ in range(300):\n'
+            '    if os.path.exists(%r) and open(%r).read(): break\n'
+            '    time.sleep(0.1)\n%s' % (path, path, code))
+
+
 def test_every_task_gets_its_tf_config_a_log_and_prefixed_lines(tmp_path):
     jobs = local_cluster(2, 1)
     lines = []
-    status = launch([('worker', 0, _script(PRINT_TASK), False),
-                     ('worker', 1, _script(PRINT_TASK), False),
+    worker = _script(_after(str(tmp_path / 'ps-0.log'), PRINT_TASK))
+    status = launch([('worker', 0, worker, False),
+                     ('worker', 1, worker, False),
                      ('ps', 0, _script(SERVE_UNTIL_TERM), True)],
                     jobs, logs=str(tmp_path), log=lines.append, grace=5)
     assert status == 0

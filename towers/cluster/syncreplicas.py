@@ -84,10 +84,10 @@ class SyncReplicas(VariableStrategy):
         with tf1.name_scope(RESULTS_SCOPE + '/'):  # one scope, however often opened
             count = tf.cast(tf.add_n([t.count for t in towers]), tf.float64)
             self.vote = tf1.placeholder_with_default(0.0, [], name='stop_vote')
+            # float64: exact counts, and accuracies that print exact.
             mine = tf.stack([tf.cast(weighted_loss(towers), tf.float64) * count]
                             + [metrics[n] * count for n in sorted(metrics)]
                             + [count, tf.cast(self.vote, tf.float64)])
-            mine = tf.cast(mine, tf.float64)  # exact counts, and accuracies that print exact
             results = tf1.Variable(tf.zeros(mine.shape, tf.float64), trainable=False,
                                    name='step_results')
         share = tf.cast(count, tf.float32)
@@ -121,7 +121,8 @@ class SyncReplicas(VariableStrategy):
         return tf.no_op(name='sync_replicas')  # one copy: nothing to sync
 
     def hooks(self):
-        """The SessionRunHooks of the MonitoredSession: the optimizer's, no initial tokens."""
+        """The SessionRunHooks of the MonitoredSession: the optimizer's set-up, no initial
+        tokens (_SyncHook)."""
         return [_SyncHook(self.optimizer, self.is_chief)]
 
 
