@@ -150,10 +150,11 @@ def run_explain(args, log):
     if args.json:
         log(json.dumps(report, indent=1))
         return
-    where = ('variables on %s' % ', '.join(param_device) if isinstance(param_device, list)
-             else 'variables on %s' % param_device)
     if args.variable_update != 'parameter_server':
         where = 'a copy of the variables per tower'
+    else:
+        where = 'variables on %s' % (', '.join(param_device) if isinstance(param_device, list)
+                                     else param_device)
     if cluster is not None:
         where += '; in-graph over %d worker task(s) and %d ps task(s)' % (args.workers,
                                                                          args.ps)

@@ -30,8 +30,7 @@ def collective(cluster, towers_per_task=1, timeout=None, threads=None):
     """A worker's ClusterRun of collective training: its own towers, the workers' all-reduce."""
     if cluster.task_type != 'worker':
         raise ClusterError('collective mode has no ps tasks: every task is a worker')
-    task = '/job:worker/task:%d' % cluster.task_index
-    tower_devices = ['%s/device:CPU:%d' % (task, i) for i in range(towers_per_task)]
+    task, tower_devices = _own_towers(cluster, towers_per_task)
     config = server_config(cluster, towers_per_task, threads,
                            timeout_ms=1000 * (timeout or FIRST_STEPS_S))
     config.device_filters.append('/job:worker')  # its own towers, and the others' pings
@@ -51,8 +50,7 @@ def parameter_server(cluster, towers_per_task=1, timeout=None, threads=None):
     if not cluster.num_ps:
         raise ClusterError('{cluster_mode} parameter-server needs ps tasks: give the cluster '
                            'a "ps" job (towers launch --ps 1)')
-    task = '/job:worker/task:%d' % cluster.task_index
-    tower_devices = ['%s/device:CPU:%d' % (task, i) for i in range(towers_per_task)]
+    task, tower_devices = _own_towers(cluster, towers_per_task)
     # The chief's queue runner waits for every worker's gradient as long as the chief
     # evaluates or saves: a backstop of an hour, not the step's timeout (each step has
     # its own, and a stalled update then fails the steps waiting for it).
@@ -65,3 +63,9 @@ def parameter_server(cluster, towers_per_task=1, timeout=None, threads=None):
     strategy = SyncReplicas(cluster.num_workers, cluster.is_chief)
     return ClusterRun('parameter-server', cluster, placement, timeout, strategy,
                       share=(cluster.task_index, cluster.num_workers))
+
+
+def _own_towers(cluster, towers_per_task):
+    """(this worker's task, its tower devices): a between-graph worker's own CPUs."""
+    task = '/job:worker/task:%d' % cluster.task_index
+    return task, ['%s/device:CPU:%d' % (task, i) for i in range(towers_per_task)]

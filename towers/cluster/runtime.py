@@ -23,13 +23,12 @@ task at once, briefly, whether it is there, so the error names the lost ones.
 import contextlib
 import statistics
 import threading
-import zlib
 
 import tensorflow as tf
 
 from towers.cluster.collective import FINGERPRINT_KEYS
 from towers.cluster.server import start_server, wait_for_tasks
-from towers.cluster.spec import ClusterError
+from towers.cluster.spec import ClusterError, check_same, fingerprint
 from towers.cluster.syncreplicas import Readiness, monitored_session
 from towers.errors import op_error_summary
 from towers.session import prepare_session
@@ -190,14 +189,10 @@ class ClusterRun:
             return
         if self._fingerprint is None:
             return
-        names = sorted(self._settings)
-        mine = [zlib.crc32(repr(self._settings[n]).encode()) for n in names]
+        names, mine = fingerprint(self._settings)
         high, low = sess.run(self._fingerprints, {self._fingerprint: mine},
                              options=self.run_options())
-        differ = [n for n, most, least in zip(names, high, low) if most != least]
-        if differ:
-            raise ClusterError('the workers were started with different %s: start every '
-                               'worker with the same flags' % ', '.join(differ))
+        check_same(names, high, low)  # the workers agree where their Max equals their Min
 
     def check_devices(self, sess):
         """ClusterError unless every tower device exists: each task started with its towers."""

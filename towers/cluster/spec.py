@@ -14,6 +14,7 @@ import dataclasses
 import json
 import os
 import re
+import zlib
 
 from towers.errors import TowersError
 
@@ -163,3 +164,17 @@ def resolve(cluster_file=None, task_type=None, task_index=None, environ=None):
         raise ClusterError('{task_type} and {task_index} go with {cluster}')
     text = environ.get('TF_CONFIG')
     return from_tf_config(text) if text else None
+
+
+def fingerprint(settings):
+    """(sorted names, a crc32 per name) of the settings every worker must share."""
+    names = sorted(settings)
+    return names, [zlib.crc32(repr(settings[n]).encode()) for n in names]
+
+
+def check_same(names, mine, theirs):
+    """ClusterError naming the settings where this worker's crc differs from theirs."""
+    differ = [n for n, a, b in zip(names, mine, theirs) if a != b]
+    if differ:
+        raise ClusterError('the workers were started with different %s: start every '
+                           'worker with the same flags' % ', '.join(differ))

@@ -27,11 +27,9 @@ applies its own gradient to the shared variables as it comes (asynchronous:
 N updates a step, each from a worker's share, on variables another worker may
 just have changed): there N workers are not one device on N shares.
 """
-import zlib
-
 import tensorflow as tf
 
-from towers.cluster.spec import ClusterError
+from towers.cluster.spec import ClusterError, check_same, fingerprint
 from towers.gradients import average_gradients, process_gradients
 from towers.graph import weighted_loss, weighted_metrics
 from towers.tower import tower_update_ops
@@ -214,8 +212,7 @@ class Readiness:
     """
 
     def __init__(self, settings):
-        self.names = sorted(settings)
-        self.mine = [zlib.crc32(repr(settings[n]).encode()) for n in self.names]
+        self.names, self.mine = fingerprint(settings)
         with tf1.name_scope(RESULTS_SCOPE + '/'):
             self.flag = tf1.Variable(False, trainable=False, name='chief_ready')
             self.fingerprint = tf1.Variable(tf.constant(self.mine, tf.int64), trainable=False,
@@ -231,11 +228,7 @@ class Readiness:
 
     def check(self, sess):
         """ClusterError unless this worker's settings are the chief's."""
-        chief = sess.run(self.fingerprint)
-        differ = [n for n, a, b in zip(self.names, chief, self.mine) if a != b]
-        if differ:
-            raise ClusterError('the workers were started with different %s: start every '
-                               'worker with the same flags' % ', '.join(differ))
+        check_same(self.names, self.mine, sess.run(self.fingerprint))
 
 
 class _SetFlag(tf1.train.SessionRunHook):

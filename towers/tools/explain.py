@@ -52,12 +52,11 @@ def local_in_graph(workers, ps=0, towers_per_task=1):
     as the process (TensorFlow has no way to stop one).
     """
     jobs = local_cluster(workers, ps)
-    for job, addresses in jobs.items():
-        for index in range(len(addresses)):
-            task = Cluster(jobs, job, index)
-            server = start_server(task, server_config(task, towers_per_task))
-            _SERVERS.append(server)
-    return in_graph_placement(Cluster(jobs, 'worker', 0), towers_per_task), _SERVERS[0].target
+    tasks = [Cluster(jobs, job, index) for job in jobs for index in range(len(jobs[job]))]
+    servers = [start_server(task, server_config(task, towers_per_task)) for task in tasks]
+    _SERVERS.extend(servers)  # kept alive: a collected Server stops serving
+    chief = tasks[0]  # local_cluster lists the workers first
+    return in_graph_placement(chief, towers_per_task), servers[0].target
 
 
 _SERVERS = []
