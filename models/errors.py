@@ -11,6 +11,10 @@ class ModelError(ValueError):
     """
 
 
+# What a model computes in: float32, or a mixed-precision run's type (towers/precision.py).
+COMPUTE_DTYPES = (tf.float32, tf.bfloat16, tf.float16)
+
+
 def check_inputs(images, training, input_shape, model):
     """Checks the arguments of a model_fn against the shape it was built for.
 
@@ -32,9 +36,10 @@ def check_inputs(images, training, input_shape, model):
     if not is_training_flag(training):
         raise TypeError(f'{model}: training must be a Python bool, got {training!r}')
     images = tf.convert_to_tensor(images)
-    if images.dtype != tf.float32:
-        raise ModelError(f'{model}: images must be float32, got {images.dtype.name}; '
-                         'cast them in the input pipeline')
+    if images.dtype not in COMPUTE_DTYPES:
+        raise ModelError(f'{model}: images must be float32 (or the bfloat16 or float16 of '
+                         f'mixed precision), got {images.dtype.name}; cast them in the input '
+                         'pipeline')
     expected = tf.TensorShape([None, *input_shape])
     if not expected.is_compatible_with(images.shape):
         raise ModelError(f'{model} was built for images [batch, {", ".join(map(str, input_shape))}]'

@@ -143,11 +143,14 @@ def max_pool(x, pool_size=2, strides=2, padding='SAME', name=None):
 def local_response_norm(x, depth_radius=5, bias=1.0, alpha=1.0, beta=0.5, name=None):
     """Local response normalisation across channels (AlexNet style); no variables.
 
-    `x` is [batch, height, width, channels] float32 and so is the result; the
-    arguments are those of `tf.nn.local_response_normalization`.
+    `x` is [batch, height, width, channels] and so is the result, of x's type
+    (computed in float32 for a bfloat16 or float16 x); the arguments are those
+    of `tf.nn.local_response_normalization`.
     """
-    return tf.nn.local_response_normalization(x, depth_radius=depth_radius, bias=bias,
-                                              alpha=alpha, beta=beta, name=name)
+    # A normalisation: in float32 whatever x is (TensorFlow's CPU LRN has no bfloat16).
+    y = tf.nn.local_response_normalization(tf.cast(x, tf.float32), depth_radius=depth_radius,
+                                           bias=bias, alpha=alpha, beta=beta, name=name)
+    return tf.cast(y, x.dtype)
 
 
 def dropout(x, rate, training, seed=None):
@@ -200,7 +203,9 @@ def batch_norm(x, training, decay=0.997, epsilon=1e-5, name='batch_norm'):
     `tf1.get_collection(UPDATE_OPS, scope)`. In inference the moving stats are used.
 
     Args:
-        x: [batch, ..., C] float32; C static. Training needs a non-empty batch.
+        x: [batch, ..., C], float32 (or a mixed-precision run's bfloat16 or
+            float16: the moments, variables and moving averages stay float32);
+            C static. Training needs a non-empty batch.
         training: Python bool, or a TowerContext: with sync_bn the moments are
             those of every tower's real examples together (all-reduced), so N
             towers normalise exactly as one device on the whole batch.
@@ -217,7 +222,8 @@ def batch_norm(x, training, decay=0.997, epsilon=1e-5, name='batch_norm'):
     def var(var_name, init, trainable=True):
         collections = None if trainable else [tf1.GraphKeys.GLOBAL_VARIABLES,
                                               tf1.GraphKeys.MOVING_AVERAGE_VARIABLES]
-        return tf1.get_variable(var_name, [channels], dtype=x.dtype, initializer=init,
+        # float32 whatever x is: the statistics need its digits (towers/precision.py).
+        return tf1.get_variable(var_name, [channels], dtype=tf.float32, initializer=init,
                                 trainable=trainable, collections=collections)
 
     with tf1.variable_scope(name):
@@ -226,17 +232,29 @@ def batch_norm(x, training, decay=0.997, epsilon=1e-5, name='batch_norm'):
         moving_mean = var('moving_mean', tf1.zeros_initializer(), trainable=False)
         moving_variance = var('moving_variance', tf1.ones_initializer(), trainable=False)
         if not training:
-            return tf.nn.batch_normalization(x, moving_mean, moving_variance,
-                                             beta, gamma, epsilon)
+            return _normalize(x, moving_mean, moving_variance, beta, gamma, epsilon)
         axes = list(range(x.shape.rank - 1))
+        wide = tf.cast(x, tf.float32)  # x itself in float32
         if getattr(training, 'sync_bn', False):
-            mean, variance = _pooled_moments(x, axes, training)
+            mean, variance = _pooled_moments(wide, axes, training)
         else:
-            mean, variance = tf.nn.moments(x, axes=axes)
+            mean, variance = tf.nn.moments(wide, axes=axes)
         for moving, batch in ((moving_mean, mean), (moving_variance, variance)):
             update = tf1.assign(moving, moving * decay + batch * (1 - decay))
             tf1.add_to_collection(tf1.GraphKeys.UPDATE_OPS, update)
+        return _normalize(x, mean, variance, beta, gamma, epsilon)
+
+
+def _normalize(x, mean, variance, beta, gamma, epsilon):
+    """(x - mean) / sqrt(variance + epsilon) * gamma + beta, from float32 statistics.
+
+    For a bfloat16 or float16 x the per-channel scale and shift are formed in
+    float32, as tf.nn.batch_normalization forms them, and applied in x's type.
+    """
+    if x.dtype == tf.float32:
         return tf.nn.batch_normalization(x, mean, variance, beta, gamma, epsilon)
+    inverse = tf.math.rsqrt(variance + epsilon) * gamma
+    return x * tf.cast(inverse, x.dtype) + tf.cast(beta - mean * inverse, x.dtype)
 
 
 def _pooled_moments(x, axes, tower):

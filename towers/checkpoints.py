@@ -184,11 +184,7 @@ def check_checkpoint(checkpoint, variables, advice=ANOTHER):
       TowersError: names the missing variables and those with other shapes
         (another model, optimizer or input shape).
     """
-    try:
-        saved = dict(tf1.train.list_variables(checkpoint))
-    except tf.errors.OpError as e:
-        raise TowersError('cannot read checkpoint %s (%s); it may be truncated: %s'
-                          % (checkpoint, op_error_summary(e), advice)) from None
+    saved = dict(_listed_shapes(checkpoint, advice))
     if not isinstance(variables, dict):
         variables = {v.op.name: v for v in variables}
     missing, reshaped = [], []
@@ -206,16 +202,48 @@ def check_checkpoint(checkpoint, variables, advice=ANOTHER):
                           'or the flags it was trained with' % (checkpoint, ' | '.join(problems)))
 
 
-def restore(sess, saver, checkpoint, variables, advice=ANOTHER):
+def restore(sess, saver, checkpoint, variables, advice=ANOTHER, optional=None):
     """Restore a checkpoint with saver, or say plainly why it does not fit.
 
     Args:
       variables: the saver's var_list, checkpoint name -> variable.
       advice: as for check_checkpoint.
+      optional: (names, a Saver of the other variables) from optional_saver:
+        variables a checkpoint may lack as a whole (a loss scale, which a run of
+        another precision has not), left as they are; or None.
+    Returns:
+      The names of the optional variables left at their initial values.
     """
+    fresh = []
+    if optional is not None:
+        names, others = optional
+        if not names & set(_listed(checkpoint, advice)):
+            fresh, saver = sorted(names), others
+            variables = {k: v for k, v in variables.items() if k not in names}
     check_checkpoint(checkpoint, variables, advice)
     try:
         saver.restore(sess, checkpoint)
+    except tf.errors.OpError as e:
+        raise TowersError('cannot read checkpoint %s (%s); it may be truncated: %s'
+                          % (checkpoint, op_error_summary(e), advice)) from None
+    return fresh
+
+
+def optional_saver(variables, loss_scale):
+    """(names, a Saver of the rest) for restore's optional, or None without a loss scale."""
+    if loss_scale is None or not loss_scale.variables:
+        return None
+    names = {name for name, var in variables.items() if var in loss_scale.variables}
+    return names, tf1.train.Saver({k: v for k, v in variables.items() if k not in names})
+
+
+def _listed(checkpoint, advice):
+    return [name for name, _ in _listed_shapes(checkpoint, advice)]
+
+
+def _listed_shapes(checkpoint, advice):
+    try:
+        return tf1.train.list_variables(checkpoint)
     except tf.errors.OpError as e:
         raise TowersError('cannot read checkpoint %s (%s); it may be truncated: %s'
                           % (checkpoint, op_error_summary(e), advice)) from None

@@ -13,7 +13,7 @@ import numbers
 import re
 
 from towers.errors import SettingError
-from towers.names import CLUSTER_MODES, INPUT_MODES, OPTIMIZERS, VARIABLE_UPDATES
+from towers.names import CLUSTER_MODES, INPUT_MODES, OPTIMIZERS, PRECISIONS, VARIABLE_UPDATES
 
 
 def _text(value):
@@ -65,6 +65,7 @@ RULES = {
     'variable_update': _one_of(VARIABLE_UPDATES),
     'input': _one_of(INPUT_MODES),
     'optimizer': _one_of(OPTIMIZERS),
+    'precision': _one_of(PRECISIONS),
     'cluster_mode': _one_of(CLUSTER_MODES, optional=True),
     'cluster_timeout': _optional(_POSITIVE),
 }
@@ -82,6 +83,23 @@ def check(setting, value):
         raise SettingError('unknown {%s} %%r; choose one of: %s' % (setting, ', '.join(rule[2])),
                            value)
     raise SettingError('{%s} %s, got %%s' % (setting, rule[1]), _text(value))
+
+
+DYNAMIC = 'dynamic'  # --loss-scale's default for fp16
+
+
+def check_loss_scale(precision, loss_scale):
+    """SettingError unless loss_scale fits the precision: None, 'dynamic' or a positive
+    finite number, and anything but None only with fp16."""
+    if loss_scale is None:
+        return
+    if precision != 'fp16':
+        raise SettingError('{loss_scale} scales the float16 loss: use it with {precision} fp16 '
+                           '(%s needs no loss scaling)', precision)
+    if loss_scale != DYNAMIC and not (_is_number(loss_scale) and loss_scale > 0):
+        raise SettingError('{loss_scale} must be a positive finite number or "dynamic", got %s',
+                           '%g' % loss_scale if isinstance(loss_scale, float)
+                           else _text(loss_scale))
 
 
 # Trainer keywords of before the TrainConfig, and the setting each became.
@@ -109,6 +127,10 @@ class TrainConfig:
     param_device: str = None  # 'cpu' (/cpu:0, as None), 'gpu', 'spread' or a device name
     variable_update: str = 'parameter_server'
     sync_bn: bool = False
+    # What the towers compute in (towers/precision.py): 'fp32', 'bf16' or 'fp16' over float32
+    # variables; fp16's loss scale: None or 'dynamic' (the default), or a fixed number.
+    precision: str = 'fp32'
+    loss_scale: object = None
     # The data (towers/inputs/).
     input: str = 'feed'
     batch_size: int = 100
@@ -154,6 +176,7 @@ class TrainConfig:
         for setting in RULES:
             check(setting, getattr(self, setting))
         self._check_pairs()
+        check_loss_scale(self.precision, self.loss_scale)
         self.schedule()  # the schedule's own one-line errors
         if self.freeze is not None:
             check_pattern(self.freeze, '{freeze}')

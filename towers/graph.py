@@ -14,6 +14,7 @@ import tensorflow as tf
 from towers.checkpoints import restore_map
 from towers.config import check
 from towers.inputs.feed import FeedInput
+from towers.precision import Precision, all_finite, check_kernels
 from towers.schedules import LearningRate
 from towers.tower import build_towers_from_slices, split_batch
 from towers.variables import (
@@ -30,7 +31,7 @@ TrainGraph = collections.namedtuple(
     'TrainGraph', ['graph', 'source', 'towers', 'train_op', 'loss', 'metrics', 'batch',
                    'global_step', 'learning_rate', 'finite', 'ema', 'eval_images',
                    'eval_labels', 'eval_loss', 'eval_metrics', 'init_op', 'saver', 'strategy',
-                   'sync_op'])
+                   'sync_op', 'precision', 'loss_scale'])
 TrainGraph.__doc__ = """Handles on a built training graph.
 
   graph: the tf.Graph holding everything.
@@ -44,7 +45,9 @@ TrainGraph.__doc__ = """Handles on a built training graph.
   batch: scalar int32, the size of that global batch.
   global_step: the int64 step counter.
   learning_rate: scalar float32, the rate this step uses.
-  finite: scalar bool, whether the loss and every applied gradient are finite.
+  finite: scalar bool, whether the loss and every applied gradient are finite
+    (with a dynamic loss scale, a step it skips for a gradient that overflowed
+    is finite while the scale is above 1: only the loss must be).
   ema: the tf.train.ExponentialMovingAverage of the weights, or None.
   eval_images, eval_labels: placeholders [None, H, W, C] float32 and [None]
     int64 feeding the inference-mode (training=False) towers, which share the
@@ -57,6 +60,8 @@ TrainGraph.__doc__ = """Handles on a built training graph.
   strategy: the --variable-update strategy (towers/variables.py).
   sync_op: copies the master variables onto their replicas; run it after
     init_op and after every restore (a no-op for parameter_server).
+  precision: the towers.precision.Precision the towers compute in.
+  loss_scale: its towers.precision.LossScale (fp16), or None.
 """
 
 
@@ -80,7 +85,8 @@ def weighted_metrics(towers):
 
 def build_training_graph(model, tower_devices, param_device='/cpu:0', seed=None, source=None,
                          learning_rate=1e-3, steps_per_epoch=1, ema_decay=None, finalize=True,
-                         variable_update='parameter_server', sync_bn=False, default_device=None):
+                         variable_update='parameter_server', sync_bn=False, default_device=None,
+                         precision=None):
     """Build a fresh tf.Graph with training and evaluation towers.
 
     Args:
@@ -105,6 +111,9 @@ def build_training_graph(model, tower_devices, param_device='/cpu:0', seed=None,
       default_device: what completes every device of the graph, e.g. the
         chief's '/job:worker/task:0' in a cluster, where '/cpu:0' (the host's
         ops) then means the chief's CPU; None in one process.
+      precision: a towers.precision.Precision or its name ('fp32', 'bf16',
+        'fp16'): what the towers compute in, over float32 variables, and the
+        loss scaling; None: float32.
     Returns:
       A TrainGraph.
     """
@@ -112,6 +121,7 @@ def build_training_graph(model, tower_devices, param_device='/cpu:0', seed=None,
     schedule = learning_rate if isinstance(learning_rate, LearningRate) else \
         LearningRate(learning_rate)
     check('ema', ema_decay)
+    precision = Precision.of(precision)
     graph = tf.Graph()
     with graph.as_default(), tf1.device(default_device):
         if seed is not None:
@@ -123,24 +133,33 @@ def build_training_graph(model, tower_devices, param_device='/cpu:0', seed=None,
         with tf.device(host):
             global_step = tf1.train.get_or_create_global_step()
             rate = schedule.build(global_step, steps_per_epoch)
+            loss_scale = precision.build_loss_scale()
         # One optimizer per copy of the variables (each keeps its own slots).
         optimizers = [model.optimizer(rate)
                       for _ in (tower_devices if strategy.replicas else [None])]
+        if loss_scale is not None:  # the first copy's apply moves the scale
+            optimizers = [loss_scale.optimizer(o, primary=i == 0)
+                          for i, o in enumerate(optimizers)]
         towers = build_towers_from_slices(model.tower_loss, slices, tower_devices, param_device,
                                           optimizer=optimizers[0], training=True,
-                                          strategy=strategy, sync_bn=sync_bn)
+                                          strategy=strategy, sync_bn=sync_bn,
+                                          precision=precision)
         decay = model.weight_decay()
         train_op, applied = strategy.build_train_op(towers, optimizers, global_step, decay,
                                                     model.gradient_processors())
         masters = [v for v in tf1.trainable_variables() if variable_name(v) == v.op.name]
         train_op, ema = _moving_average(train_op, masters, global_step, ema_decay)
-        evaluation = _eval_towers(model, tower_devices, host, reuse=True, ema=ema)
-        loss, metrics, batch, finite = _step_results(towers, decay, masters, applied, strategy)
+        evaluation = _eval_towers(model, tower_devices, host, reuse=True, ema=ema,
+                                  precision=precision)
+        check_kernels(graph, precision, scopes=('tower_', 'eval/'))
+        loss, metrics, batch, finite = _step_results(towers, decay, masters, applied, strategy,
+                                                     loss_scale)
         sync_op = strategy.sync_op()
         # Without finalize the caller adds variables of its own, then makes these.
         init_op, saver = finalize_graph(graph, strategy) if finalize else (None, None)
     return TrainGraph(graph, source, towers, train_op, loss, metrics, batch, global_step, rate,
-                      finite, ema, *evaluation, init_op, saver, strategy, sync_op)
+                      finite, ema, *evaluation, init_op, saver, strategy, sync_op, precision,
+                      loss_scale)
 
 
 def finalize_graph(graph, strategy, freeze=True):
@@ -168,7 +187,7 @@ def _moving_average(train_op, masters, global_step, ema_decay):
         return tf.group(ema.apply(masters), name='train_op_ema'), ema
 
 
-def _step_results(towers, decay, masters, applied, strategy):
+def _step_results(towers, decay, masters, applied, strategy, loss_scale=None):
     """What a step reports: (loss, metrics, batch, finite), see TrainGraph."""
     with tf.device('/cpu:0'):
         loss, metrics, batch = strategy.step_results(
@@ -176,19 +195,12 @@ def _step_results(towers, decay, masters, applied, strategy):
             tf.add_n([t.count for t in towers], name='batch'))
         if decay is not None:
             loss = tf.add(loss, decay.loss(masters), name='total_loss')
-        finite = _all_finite([loss] + [g for g, _ in applied if g is not None])
+        grads = all_finite([g for g, _ in applied if g is not None])
+        if loss_scale is not None and loss_scale.dynamic:
+            # An overflow the scale can still halve away is skipped, not fatal.
+            grads = tf.logical_or(grads, loss_scale.value > 1.0)
+        finite = tf.logical_and(all_finite([loss]), grads, name='finite')
     return loss, metrics, batch, finite
-
-
-def _all_finite(tensors):
-    """Scalar bool: no NaN or Inf in any of the tensors (IndexedSlices by their values)."""
-    with tf1.name_scope('all_finite'):
-        checks = []
-        for t in tensors:
-            values = t.values if isinstance(t, tf.IndexedSlices) else t
-            with tf.device(values.device):
-                checks.append(tf.reduce_all(tf.math.is_finite(values)))
-        return tf.reduce_all(tf.stack(checks))
 
 
 def _averaged(ema):
@@ -200,7 +212,7 @@ def _averaged(ema):
     return averaged_getter
 
 
-def _eval_towers(model, tower_devices, param_device, reuse, ema=None):
+def _eval_towers(model, tower_devices, param_device, reuse, ema=None, precision=None):
     """Inference-mode towers on their own placeholders.
 
     Returns:
@@ -216,7 +228,7 @@ def _eval_towers(model, tower_devices, param_device, reuse, ema=None):
         with tf.device('/cpu:0'):
             slices = split_batch(images, labels, len(tower_devices))
         towers = build_towers_from_slices(model.tower_loss, slices, tower_devices, param_device,
-                                          training=False, reuse=reuse)
+                                          training=False, reuse=reuse, precision=precision)
     with tf.device('/cpu:0'):
         loss = weighted_loss(towers, name='eval_loss')
         metrics = weighted_metrics(towers)
@@ -235,12 +247,15 @@ EvalGraph.__doc__ = """An inference-only graph over the towers, for `evaluate` a
 """
 
 
-def build_eval_graph(model, tower_devices, param_device='/cpu:0', ema=False):
-    """A fresh tf.Graph with only the inference-mode towers."""
+def build_eval_graph(model, tower_devices, param_device='/cpu:0', ema=False, precision=None):
+    """A fresh tf.Graph with only the inference-mode towers (computing in precision)."""
     param_device = variable_placement(param_device, tower_devices)
+    precision = Precision.of(precision)
     graph = tf.Graph()
     with graph.as_default():
-        evaluation = _eval_towers(model, tower_devices, param_device, reuse=False)
+        evaluation = _eval_towers(model, tower_devices, param_device, reuse=False,
+                                  precision=precision)
+        check_kernels(graph, precision, scopes=('eval/',))
         variables = restore_map(ema)
         saver = tf1.train.Saver(variables)
     graph.finalize()

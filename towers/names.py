@@ -25,6 +25,9 @@ SPREAD = 'spread'
 # --cluster-mode: how a cluster's tasks train together (towers/cluster/).
 CLUSTER_MODES = ('in-graph', 'collective', 'parameter-server')
 
+# --precision: what the towers compute in (towers/precision.py); the variables stay float32.
+PRECISIONS = ('fp32', 'bf16', 'fp16')
+
 DEFAULT_MODEL = 'mnist_convnet'
 
 # What a training logdir holds (towers/checkpoints.py).

@@ -13,6 +13,7 @@ import functools
 import tensorflow as tf
 
 from towers.context import EVAL, TRAIN, TowerContext
+from towers.precision import Precision
 
 tf1 = tf.compat.v1
 
@@ -125,7 +126,8 @@ def tower_loss(model_fn, images, labels, count, training):
       examples (0 for none, never NaN); {'accuracy': scalar float64}, the
       fraction of the real examples classified right (0 for none).
     """
-    logits = model_fn(images, training)
+    # float32 whatever the towers compute in: the softmax needs its range (precision.py).
+    logits = tf.cast(model_fn(images, training), tf.float32)
     real = tf.range(tf.shape(labels)[0]) < count
     xent = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
     xent = tf.where(real, xent, tf.zeros_like(xent))
@@ -140,7 +142,7 @@ def tower_loss(model_fn, images, labels, count, training):
 
 
 def build_towers(model_fn, images, labels, tower_devices, param_device='/cpu:0',
-                 optimizer=None, training=True, reuse=False, sync_bn=False):
+                 optimizer=None, training=True, reuse=False, sync_bn=False, precision=None):
     """Build one tower per device over slices of the global batch.
 
     Args:
@@ -157,6 +159,7 @@ def build_towers(model_fn, images, labels, tower_devices, param_device='/cpu:0',
       reuse: True when the variables already exist (e.g. an evaluation copy of
         a training graph); tower 0 then reuses them too.
       sync_bn: batch norms use the whole batch's moments (build_towers_from_slices).
+      precision: what the towers compute in (build_towers_from_slices).
     Returns:
       A list of Tower, one per device.
     """
@@ -166,12 +169,12 @@ def build_towers(model_fn, images, labels, tower_devices, param_device='/cpu:0',
         slices = split_batch(images, labels, len(tower_devices))
     return build_towers_from_slices(functools.partial(tower_loss, model_fn), slices,
                                     tower_devices, param_device, optimizer, training, reuse,
-                                    sync_bn=sync_bn)
+                                    sync_bn=sync_bn, precision=precision)
 
 
 def build_towers_from_slices(loss_fn, slices, tower_devices, param_device='/cpu:0',
                              optimizer=None, training=True, reuse=False, strategy=None,
-                             sync_bn=False):
+                             sync_bn=False, precision=None):
     """build_towers for input already cut per tower (e.g. staged on each device).
 
     Args:
@@ -185,10 +188,14 @@ def build_towers_from_slices(loss_fn, slices, tower_devices, param_device='/cpu:
       sync_bn: in training, the towers' contexts ask their batch norms to
         use the whole global batch's moments (pooled over the towers) instead
         of each slice's own.
+      precision: a towers.precision.Precision (or its name): each tower casts
+        its images to the compute type and reads the float32 variables cast to
+        it; its loss comes back float32. None: float32.
       The other arguments are those of build_towers.
     Returns:
       A list of Tower, one per device.
     """
+    precision = Precision.of(precision)
     towers = []
     for i, (device, piece) in enumerate(zip(tower_devices, slices)):
         own_scope, variable_device = (strategy.tower_variables(i, device) if strategy
@@ -199,6 +206,7 @@ def build_towers_from_slices(loss_fn, slices, tower_devices, param_device='/cpu:
         before = set(tf1.trainable_variables())
         with tf1.variable_scope(own_scope or tf1.get_variable_scope(),
                                 reuse=True if (shares or reuse) else None,
+                                custom_getter=precision.getter(),
                                 auxiliary_name_scope=False), \
                 tf1.device(variables_on(variable_device, device)), \
                 tf1.name_scope('tower_%d' % i) as scope:
@@ -207,7 +215,9 @@ def build_towers_from_slices(loss_fn, slices, tower_devices, param_device='/cpu:
                                     name='weight')
             context = TowerContext(TRAIN if training else EVAL, i, len(tower_devices),
                                    piece.count, weight, sync_bn=sync_bn)
-            loss, metrics = loss_fn(piece.images, piece.labels, piece.count, context)
+            loss, metrics = loss_fn(precision.cast(piece.images), piece.labels, piece.count,
+                                    context)
+            loss = tf.cast(loss, tf.float32)
             grads_and_vars = None
             if optimizer is not None:
                 # A tower with copies of its own differentiates only those.

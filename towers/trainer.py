@@ -24,6 +24,7 @@ from towers.graph import build_training_graph, finalize_graph
 from towers.inputs import source_for
 from towers.logdir import LogdirLock, prepare_logdir
 from towers.model import ClassifierModel
+from towers.precision import Precision
 from towers.session import open_session, run_steps, trace_options
 from towers.variables import host_device
 
@@ -109,7 +110,8 @@ class Trainer:
             source=self.source, learning_rate=config.schedule(),
             steps_per_epoch=self.steps_per_epoch, ema_decay=config.ema, finalize=False,
             variable_update=(self.cluster and self.cluster.strategy) or config.variable_update,
-            sync_bn=config.sync_bn, default_device=self.placement.default_device)
+            sync_bn=config.sync_bn, default_device=self.placement.default_device,
+            precision=Precision(config.precision, config.loss_scale))
         # In a cluster the chief's task completes every device here too: its Savers
         # write the checkpoints, its host runs the evaluation's slicing.
         with graph.graph.as_default(), tf1.device(self.placement.default_device):
@@ -123,6 +125,8 @@ class Trainer:
             if self.cluster is not None:
                 self.cluster.build_fingerprint(self)
             self.saved = graph.strategy.saved_variables()
+            # A checkpoint of another precision has no loss scale: restore the rest.
+            self.unscaled = checkpoints.optional_saver(self.saved, graph.loss_scale)
             # A MonitoredSession finalizes the graph itself, once its hooks have built.
             init_op, saver = finalize_graph(graph.graph, graph.strategy,
                                             freeze=not (self.cluster and self.cluster.monitored))
@@ -141,12 +145,15 @@ class Trainer:
         latest, newest = checkpoints.to_restore(self.logdir) if self.logdir else (None, None)
         if not latest:
             return
-        checkpoints.restore(sess, self.graph.saver, latest, self.saved,
-                            advice='move it away to resume from an older one, or use another '
-                                   '{logdir}')
+        fresh = checkpoints.restore(sess, self.graph.saver, latest, self.saved,
+                                    advice='move it away to resume from an older one, or use '
+                                           'another {logdir}', optional=self.unscaled)
         self.data_order.check(sess, self.logdir)
         self.log('resumed from %s%s' % (latest, '' if latest == newest else
                                          ' (%s, newer, does not read back whole)' % newest))
+        if fresh:
+            self.log('%s holds no loss scale (trained in another precision): the dynamic '
+                     'scale starts at %g' % (latest, self.graph.precision.scaling[1]))
 
     def train(self):
         """Run the loop to num_steps (or a stop); returns a dict (see `train`)."""
@@ -168,11 +175,14 @@ class Trainer:
                     checkpoints.write_run(
                         self.logdir, input_shape=list(self.model.input_shape),
                         num_classes=getattr(self.model, 'num_classes', None),
-                        ema=self.config.ema is not None, **self.run_info)
+                        ema=self.config.ema is not None, precision=self.config.precision,
+                        **self.run_info)
                 self.step = int(self.sess.run(self.graph.global_step))
-                self.log('training %d steps on %d tower(s) %s, global batch %d, %s input'
+                self.log('training %d steps on %d tower(s) %s, global batch %d, %s input%s'
                          % (self.num_steps, len(self.tower_devices),
-                            ','.join(self.tower_devices), self.batch_size, self.source.name))
+                            ','.join(self.tower_devices), self.batch_size, self.source.name,
+                            ', ' + self.graph.precision.name if self.graph.precision.mixed
+                            else ''))
                 for callback in self.callbacks:
                     callback.before_train(self)
                 self._loop(fetches, overall)
@@ -267,12 +277,24 @@ class Trainer:
         if test is not None:
             self.log('test: %s (%d images)' % (evaluation.format_metrics(test),
                                                evaluation.split_size(self.data, 'test')))
+        skipped = self._skipped_steps()
         checkpoint = next((c.last_saved for c in self.callbacks
                            if isinstance(c, Checkpoint)), None)
         return {'steps': self.step, 'test': test,
                 'test_loss': test and test['loss'], 'test_accuracy': test and test.get('accuracy'),
                 'images_per_sec': rate, 'checkpoint': checkpoint, 'dropped': dropped,
-                'stopped': self.stopped}
+                'stopped': self.stopped, 'skipped_steps': skipped}
+
+    def _skipped_steps(self):
+        """The steps a dynamic loss scale skipped over the whole run (resumes included)."""
+        scale = self.graph.loss_scale
+        if scale is None or not scale.dynamic:
+            return 0
+        skipped, value = self.sess.run([scale.skipped_steps, scale.scale])
+        if skipped:
+            self.log('skipped %d step(s) whose float16 gradients overflowed; the loss scale is '
+                     'now %g' % (skipped, value))
+        return int(skipped)
 
 
 def train(config, model_fn, datasets, input_shape, num_classes=10, log=print, source=None,
@@ -297,8 +319,9 @@ def train(config, model_fn, datasets, input_shape, num_classes=10, log=print, so
       dict with steps, test (loss and metrics), test_loss, test_accuracy,
       images_per_sec (mean over the run after warm-up, None if too short),
       checkpoint (path or None), dropped (records the dataset input's
-      cleaning removed from what it read, else 0) and stopped (None, or what
-      stop_requested said; then the test numbers are None).
+      cleaning removed from what it read, else 0), stopped (None, or what
+      stop_requested said; then the test numbers are None) and skipped_steps
+      (steps a dynamic fp16 loss scale skipped, 0 otherwise).
     """
     model = ClassifierModel.from_config(model_fn, input_shape, num_classes, config)
     trainer = Trainer(model, datasets, config,

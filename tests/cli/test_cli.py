@@ -106,6 +106,20 @@ BAD_INPUT = [
     (['train', '--best-metric', 'top5', '--dataset', 'cifar10'],
      "--best-metric 'top5' is not a metric of this model; choose one of: loss, accuracy"),
     (['train', '--trace-step', '0'], '--trace-step must be at least 1, got 0'),
+    (['train', '--loss-scale', '8'], '--loss-scale scales the float16 loss: use it with '
+     '--precision fp16 (fp32 needs no loss scaling)'),
+    (['check', '--precision', 'bf16', '--loss-scale', '8'], '--loss-scale scales the float16 '
+     'loss: use it with --precision fp16 (bf16 needs no loss scaling)'),
+    (['train', '--precision', 'fp16', '--loss-scale', '0'],
+     '--loss-scale must be a positive finite number or "dynamic", got 0'),
+    (['train', '--precision', 'fp16', '--loss-scale', '-4'],
+     '--loss-scale must be a positive finite number or "dynamic", got -4'),
+    (['train', '--precision', 'fp16', '--loss-scale', 'inf'],
+     '--loss-scale must be a positive finite number or "dynamic", got inf'),
+    (['explain', '--precision', 'fp16', '--loss-scale', 'nan'],
+     '--loss-scale must be a positive finite number or "dynamic", got nan'),
+    (['train', '--precision', 'fp16', '--loss-scale', 'big'],
+     '--loss-scale must be a positive finite number or "dynamic", got \'big\''),
 ]
 if not HAS_GPU:
     BAD_INPUT += [

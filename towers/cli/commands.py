@@ -12,7 +12,7 @@ import numpy as np
 
 from towers import data, models
 from towers.cli.cluster import run_launch, run_server
-from towers.cli.config import flag, int_list, name_list
+from towers.cli.config import flag, int_list, loss_scale, name_list
 from towers.cli.saved import run_eval, run_export
 from towers.cli.train import run_train
 from towers.config import check
@@ -115,7 +115,9 @@ def run_convert(args, log):
 def run_check(args, log):
     """towers check: N towers against one device on the same batches."""
     from towers.tools import check as checking
-    checking.check_settings(args.towers, args.batch_size, args.steps, args.tolerance)
+    tolerance = (args.tolerance if args.tolerance is not None
+                 else checking.default_tolerance(args.precision)[0])
+    checking.check_settings(args.towers, args.batch_size, args.steps, tolerance)
     info = data.dataset_info(args.dataset)
     # Dropout masks are drawn per tower: off here, so that only the towers can differ.
     has_dropout = args.model in models.MODELS and 'dropout_rate' in inspect.signature(
@@ -125,11 +127,13 @@ def run_check(args, log):
     train_set = data.load_dataset(args.dataset).train
     checking.run_check(args.model, model_fn, args.dataset, train_set, args.towers,
                        args.batch_size, args.steps, args.lr, args.tolerance,
-                       sync_bn=args.sync_bn, dropout_off=has_dropout, log=log)
+                       sync_bn=args.sync_bn, dropout_off=has_dropout, log=log,
+                       precision=args.precision, loss_scale=loss_scale(args.loss_scale))
 
 
 def run_explain(args, log):
     """towers explain: where each part of a training step runs, from the real graph."""
+    from towers.precision import Precision
     from towers.tools import explain
     check('batch_size', args.batch_size)
     info = data.dataset_info(args.dataset)
@@ -146,7 +150,8 @@ def run_explain(args, log):
         param_device = resolve_param_device(args.param_device, tower_devices)
     report = explain.explain(model_fn, info.input_shape, info.num_classes, tower_devices,
                              param_device, args.batch_size, args.variable_update,
-                             args.input or 'feed', args.optimizer, args.sync_bn, cluster)
+                             args.input or 'feed', args.optimizer, args.sync_bn, cluster,
+                             precision=Precision(args.precision, loss_scale(args.loss_scale)))
     if args.json:
         log(json.dumps(report, indent=1))
         return
@@ -158,9 +163,11 @@ def run_explain(args, log):
     if cluster is not None:
         where += '; in-graph over %d worker task(s) and %d ps task(s)' % (args.workers,
                                                                          args.ps)
-    title = ('explain: %s on %d tower(s), global batch %d, %s input, %s, %s'
+    title = ('explain: %s on %d tower(s), global batch %d, %s input, %s, %s%s'
              % (args.model, len(tower_devices), args.batch_size, args.input or 'feed',
-                args.variable_update, where))
+                args.variable_update, where,
+                '; ' + Precision(args.precision).describe() if args.precision != 'fp32'
+                else ''))
     for line in explain.report_lines(report, title):
         log(line)
 

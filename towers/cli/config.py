@@ -67,7 +67,19 @@ def config_from_args(args, tower_devices, param_device, input_mode):
         ema=args.ema, logdir=args.logdir, checkpoint_every=args.checkpoint_every,
         keep_checkpoints=args.keep_checkpoints, eval_every=args.eval_every,
         best_metric=args.best_metric, tensorboard=not args.no_tensorboard,
-        histograms=args.histograms, log_every=args.log_every, quiet=args.quiet)
+        histograms=args.histograms, log_every=args.log_every, quiet=args.quiet,
+        precision=args.precision, loss_scale=loss_scale(args.loss_scale))
+
+
+def loss_scale(text):
+    """--loss-scale: None, 'dynamic' or a number (TrainConfig checks its range)."""
+    if text is None or text == 'dynamic':
+        return text
+    try:
+        return float(text)
+    except ValueError:
+        raise SettingError('{loss_scale} must be a positive finite number or "dynamic", got %r',
+                           text) from None
 
 
 def float_list(text, setting):

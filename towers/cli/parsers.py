@@ -9,7 +9,14 @@ import argparse
 
 from towers.cli.cluster_flags import cluster_train_flags, launch_parser, server_parser
 from towers.data import DEFAULT_DATASET
-from towers.names import CLUSTER_MODES, DEFAULT_MODEL, INPUT_MODES, OPTIMIZERS, VARIABLE_UPDATES
+from towers.names import (
+    CLUSTER_MODES,
+    DEFAULT_MODEL,
+    INPUT_MODES,
+    OPTIMIZERS,
+    PRECISIONS,
+    VARIABLE_UPDATES,
+)
 
 
 def _device_flags(parser):
@@ -32,6 +39,23 @@ def _model_flags(parser):
                         help='dataset name (default: %s, 5,000 real MNIST digits shipped '
                              'with towers), mnist, fashion_mnist, cifar10, or records:DIR '
                              '(shards from `towers data convert`)' % DEFAULT_DATASET)
+
+
+def _precision_flags(parser, several=False):
+    group = parser.add_argument_group('precision')
+    if several:
+        group.add_argument('--precision', default='fp32',
+                           help='comma-separated precisions to time, each against the first: '
+                                '%s (default: fp32)' % ', '.join(PRECISIONS))
+    else:
+        group.add_argument('--precision', default='fp32', choices=PRECISIONS,
+                           help='what the towers compute in: fp32, or bf16 / fp16 over float32 '
+                                'variables (the loss, softmax, batch-norm statistics and '
+                                'gradients stay float32) (default: fp32)')
+    group.add_argument('--loss-scale', default=None, metavar='S',
+                       help='fp16 only: a fixed loss scale S (a power of two), or "dynamic" '
+                            '(the default for fp16: from 32768, halved and the step skipped '
+                            'when a gradient overflows, doubled after 2000 finite steps)')
 
 
 def build_parser():
@@ -63,6 +87,7 @@ def train_parser(commands):
     _train_strategy_flags(train)
     _train_optimizer_flags(train)
     _train_run_flags(train)
+    _precision_flags(train)
     cluster_train_flags(train)
     return train
 
@@ -193,6 +218,7 @@ def bench_parser(commands):
                        help='with --compare: also time the first combination under XLA')
     bench.add_argument('--plot', default=None, metavar='FILE.png',
                        help='with --compare: draw images/sec against towers (needs matplotlib)')
+    _precision_flags(bench, several=True)
     cluster = bench.add_argument_group('across processes (towers launch on this machine)')
     cluster.add_argument('--cluster-mode', default=None, choices=CLUSTER_MODES,
                          help='time clusters of --workers local processes in this mode, each '
@@ -227,6 +253,7 @@ def explain_parser(commands):
     explain.add_argument('--optimizer', default='sgd', choices=OPTIMIZERS,
                          help='its slots are variables too (default: sgd)')
     explain.add_argument('--sync-bn', action='store_true', help='as for train')
+    _precision_flags(explain)
     explain.add_argument('--workers', type=int, default=None,
                          help='explain in-graph replication over a cluster of this many worker '
                               'tasks (served by this process on 127.0.0.1), --towers on each')
@@ -246,13 +273,15 @@ def check_parser(commands):
     check.add_argument('--batch-size', type=int, default=100,
                        help='global batch (default: 100; 100 over 3 towers is 34/33/33)')
     check.add_argument('--steps', type=int, default=5, help='SGD steps (default: 5)')
-    check.add_argument('--lr', type=float, default=0.01, help='learning rate (default: 0.01)')
-    check.add_argument('--tolerance', type=float, default=1e-5,
+    check.add_argument('--lr', type=float, default=0.001, help='learning rate (default: 0.001)')
+    check.add_argument('--tolerance', type=float, default=None,
                        help='largest difference allowed, relative to the largest gradient or '
-                            'variable (default: 1e-05)')
+                            'variable (default: 1e-05 in fp32, 0.125 in bf16, 0.0156 in fp16: '
+                            '32 roundings of its mantissa)')
     check.add_argument('--sync-bn', action='store_true',
                        help='pool batch-norm moments over the towers (models with batch norm '
                             'differ from one device without it)')
+    _precision_flags(check)
     return check
 
 

@@ -56,12 +56,16 @@ def run_eval(args, log):
     param_device = devices.resolve_param_device(args.param_device, tower_devices)
     model = ClassifierModel(model_fn, run['input_shape'], run['num_classes'])
     ema = run.get('ema', False)
-    built = graph.build_eval_graph(model, tower_devices, param_device, ema=ema)
+    # In the precision it trained in, as its in-training evaluations were.
+    precision = run.get('precision', 'fp32')
+    built = graph.build_eval_graph(model, tower_devices, param_device, ema=ema,
+                                   precision=precision)
     with tf.compat.v1.Session(graph=built.graph,
                               config=devices.session_config(tower_devices, param_device)) as sess:
         checkpoints.restore(sess, built.saver, checkpoint, built.variables)
         values = evaluate(sess, built, test_set, args.batch_size)
-    log('checkpoint: %s%s' % (checkpoint, ' (moving averages of the weights)' if ema else ''))
+    log('checkpoint: %s%s%s' % (checkpoint, ' (moving averages of the weights)' if ema else '',
+                                ', computed in %s' % precision if precision != 'fp32' else ''))
     log('test: %s (%d images)' % (format_metrics(values), len(test_set.labels)))
 
 

@@ -7,6 +7,11 @@ and so are the variables after any number of steps. This builds both graphs
 with the teaching layer (split_batch, the towers, average_gradients, one
 apply_gradients), gives them the same initial weights and the same batches,
 and reports the largest differences.
+
+With a --precision bf16 or fp16, the N towers compute in that type (over float32
+variables, towers/precision.py) and the one device stays float32: the check
+then measures what the precision costs, against a tolerance that fits its
+mantissa instead of float32's.
 """
 import collections
 import functools
@@ -18,6 +23,7 @@ from towers.devices import resolve_devices, session_config
 from towers.errors import SettingError, TowersError
 from towers.gradients import average_gradients
 from towers.inputs import FeedInput
+from towers.precision import Precision
 from towers.session import load_variables, open_session, run_steps
 from towers.tower import build_towers_from_slices, split_sizes, tower_loss, tower_update_ops
 
@@ -39,19 +45,26 @@ CheckResult.__doc__ = """Largest absolute differences between N towers and one d
 class _Run:
     """One graph: towers over the devices, the average, one SGD apply."""
 
-    def __init__(self, model_fn, input_shape, devices, learning_rate, average, sync_bn, batches):
+    def __init__(self, model_fn, input_shape, devices, learning_rate, average, sync_bn, batches,
+                 precision=None):
         self.graph, self.devices = tf.Graph(), devices
         self.source = FeedInput(batches=lambda step: batches[step])
+        precision = Precision.of(precision)
         with self.graph.as_default():
             tf1.set_random_seed(0)
             opt = tf1.train.GradientDescentOptimizer(learning_rate)
+            loss_scale = precision.build_loss_scale()
+            if loss_scale is not None:
+                opt = loss_scale.optimizer(opt)
             towers = build_towers_from_slices(
                 functools.partial(tower_loss, model_fn),
-                self.source.build(input_shape, devices), devices, optimizer=opt, sync_bn=sync_bn)
+                self.source.build(input_shape, devices), devices, optimizer=opt, sync_bn=sync_bn,
+                precision=precision)
             grads = average([t.grads_and_vars for t in towers], [t.weight for t in towers])
             self.grads = {v.op.name: g for g, v in grads if g is not None}
             self.train_op = tf.group(opt.apply_gradients(grads), *tower_update_ops(towers[0]))
-            self.variables = {v.op.name: v for v in tf1.global_variables()}
+            self.variables = {v.op.name: v for v in tf1.global_variables()
+                              if not v.op.name.startswith('loss_scale/')}
             self.has_batch_norm = bool(tf1.get_collection(tf1.GraphKeys.UPDATE_OPS))
             self.init_op, self.sync_op = tf1.global_variables_initializer(), tf.no_op()
 
@@ -62,7 +75,7 @@ class _Run:
 
 
 def check_towers(model_fn, input_shape, num_towers, batches, learning_rate=0.01,
-                 average=average_gradients, sync_bn=False):
+                 average=average_gradients, sync_bn=False, precision=None):
     """Train one device and num_towers virtual devices (or GPUs) on the same batches.
 
     Args:
@@ -74,13 +87,15 @@ def check_towers(model_fn, input_shape, num_towers, batches, learning_rate=0.01,
         grads_and_vars; average_gradients unless a test breaks it on purpose.
       sync_bn: pool batch-norm moments over the towers (else a model with batch
         norm differs from one device by design).
+      precision: what the N towers compute in (a towers.precision.Precision or
+        its name); the one device computes in float32.
     Returns:
       (CheckResult, has_batch_norm).
     """
     one = _Run(model_fn, input_shape, resolve_devices(1), learning_rate, average_gradients,
                False, batches)
     many = _Run(model_fn, input_shape, resolve_devices(num_towers), learning_rate, average,
-                sync_bn, batches)
+                sync_bn, batches, precision)
     with one.open() as one_sess:
         # The same starting point: the one-device graph's initial weights, copied.
         with many.open(initial=one_sess.run(one.variables)) as many_sess:
@@ -108,6 +123,22 @@ def _largest(expected, actual):
     return worst, float(np.max(np.abs(expected[worst] - actual[worst])))
 
 
+# The default tolerance per precision: float32 rounding, or 32 roundings of the
+# compute type's mantissa (bfloat16 8 bits, float16 11: 2**-8 and 2**-11 each),
+# since the N towers then compute in it while the one device stays float32.
+TOLERANCES = {'fp32': 1e-5, 'bf16': 32 * 2.0 ** -8, 'fp16': 32 * 2.0 ** -11}
+CHECK_LOSS_SCALE = 1024.0  # fp16's fixed scale here: a dynamic one would skip steps
+
+
+def default_tolerance(precision):
+    """check's tolerance for a precision name, and the words that say why."""
+    if precision == 'fp32':
+        return TOLERANCES['fp32'], 'float32 rounding'
+    dtype = Precision(precision).dtype.name
+    return TOLERANCES[precision], '32 %s roundings: the towers compute in %s, the device in ' \
+        'float32' % (dtype, dtype)
+
+
 def check_settings(num_towers, batch_size, steps, tolerance):
     """SettingError unless check can run: at least one tower, batch and step; a tolerance."""
     if num_towers < 1 or batch_size < 1 or steps < 1 or not tolerance > 0:
@@ -116,14 +147,24 @@ def check_settings(num_towers, batch_size, steps, tolerance):
 
 
 def run_check(model_name, model_fn, dataset_name, train_set, num_towers, batch_size, steps,
-              learning_rate, tolerance, sync_bn=False, dropout_off=False, log=print):
+              learning_rate, tolerance=None, sync_bn=False, dropout_off=False, log=print,
+              precision='fp32', loss_scale=None):
     """`towers check`: log the differences; TowersError beyond the tolerance.
 
     Args:
       train_set: the DataSet whose first steps * batch_size examples are the batches.
       tolerance: the largest difference allowed, relative to the size of what
-        is compared (at least 1): float32 rounding grows with the magnitude.
+        is compared (at least 1): float32 rounding grows with the magnitude;
+        None: the precision's (TOLERANCES).
+      precision, loss_scale: what the N towers compute in ('fp32', 'bf16',
+        'fp16'); fp16's loss scale is fixed, CHECK_LOSS_SCALE unless given.
     """
+    why = 'given'
+    if tolerance is None:
+        tolerance, why = default_tolerance(precision)
+    if precision == 'fp16' and loss_scale in (None, 'dynamic'):
+        loss_scale = CHECK_LOSS_SCALE
+    precision = Precision(precision, loss_scale)
     check_settings(num_towers, batch_size, steps, tolerance)
     if batch_size * steps > train_set.num_examples:
         raise SettingError('check takes {steps} batches of {batch_size} distinct examples: '
@@ -133,11 +174,16 @@ def run_check(model_name, model_fn, dataset_name, train_set, num_towers, batch_s
                for i in range(0, batch_size * steps, batch_size)]
     devices = resolve_devices(num_towers)
     shares = split_sizes(batch_size, num_towers).numpy()  # eager: as it cuts
-    log('check: %s on %d tower(s) %s against 1 device, global batch %d (%s), %d SGD steps%s'
-        % (model_name, num_towers, ','.join(devices), batch_size, '/'.join(map(str, shares)),
+    log('check: %s on %d tower(s) %s%s against 1 device%s, global batch %d (%s), %d SGD steps%s'
+        % (model_name, num_towers, ','.join(devices),
+           ' in %s' % precision.name if precision.mixed else '',
+           ' in fp32' if precision.mixed else '', batch_size, '/'.join(map(str, shares)),
            steps, ', dropout off' if dropout_off else ''))
+    if precision.scaling:
+        log('fp16 loss scale: fixed %g' % precision.scaling[1])
     result, has_batch_norm = check_towers(model_fn, train_set.images.shape[1:], num_towers,
-                                          batches, learning_rate, sync_bn=sync_bn)
+                                          batches, learning_rate, sync_bn=sync_bn,
+                                          precision=precision)
     log('largest gradient difference: %.3g (%s); gradients reach %.3g'
         % (result.gradient_diff, result.gradient_var, result.gradient_scale))
     log('largest variable difference after %d steps: %.3g (%s); variables reach %.3g'
@@ -148,7 +194,8 @@ def run_check(model_name, model_fn, dataset_name, train_set, num_towers, batch_s
         hint = ('; the model has batch norm: add {sync_bn}' if has_batch_norm and not sync_bn
                 else '')
         raise TowersError('%d towers differ from one device by %.3g (relative), more than the '
-                          'tolerance %.3g%s' % (num_towers, relative, tolerance, hint))
-    log('within tolerance %.3g (largest relative difference %.3g): %d towers train the same '
-        'model as one device' % (tolerance, relative, num_towers))
+                          'tolerance %.3g (%s)%s' % (num_towers, relative, tolerance, why, hint))
+    log('within tolerance %.3g (%s; largest relative difference %.3g): %d towers train the '
+        'same model as one device%s' % (tolerance, why, relative, num_towers,
+                                        ' does in fp32' if precision.mixed else ''))
     return result

@@ -36,6 +36,7 @@ from towers.errors import SettingError
 from towers.graph import build_training_graph
 from towers.inputs import SyntheticInput, make_input
 from towers.model import ClassifierModel
+from towers.precision import Precision
 from towers.session import open_session, run_steps
 from towers.tools.trace import AVERAGE_SCOPES, short_device
 
@@ -64,18 +65,23 @@ _SERVERS = []
 
 def explain(model_fn, input_shape, num_classes, tower_devices, param_device='/cpu:0',
             batch_size=100, variable_update='parameter_server', input_mode='feed',
-            optimizer='sgd', sync_bn=False, cluster=None):
+            optimizer='sgd', sync_bn=False, cluster=None, precision=None):
     """Build the training graph, run one step, and say where everything ran.
 
     Args:
       cluster: (placement, target) of a cluster (local_in_graph), whose tower
         and variable devices replace tower_devices and param_device; or None.
+      precision: what the towers compute in (a towers.precision.Precision or
+        its name; None: fp32).
     Returns:
       dict: devices {device: {tower, examples, ops, flops, variables,
-      variable_bytes}}, averaging [devices], apply [devices], transfers
-      [{from, to, bytes, kinds {kind: bytes}}], bytes_per_step,
-      bytes_between_tasks, batch_size.
+      variable_bytes, low_precision_ops}}, averaging [devices], apply
+      [devices], transfers [{from, to, bytes, kinds {kind: bytes}}],
+      bytes_per_step, bytes_between_tasks, batch_size, precision (its name)
+      and compute_dtype (e.g. 'bfloat16'; low_precision_ops counts the ops
+      that computed in it).
     """
+    precision = Precision.of(precision)
     placement, target = cluster or (None, '')
     if placement is not None:
         tower_devices, param_device = placement.tower_devices, placement.param_device
@@ -90,7 +96,7 @@ def explain(model_fn, input_shape, num_classes, tower_devices, param_device='/cp
     default = placement and placement.default_device
     graph = build_training_graph(model, tower_devices, param_device, seed=0, source=source,
                                  learning_rate=0.01, variable_update=variable_update,
-                                 sync_bn=sync_bn, default_device=default)
+                                 sync_bn=sync_bn, default_device=default, precision=precision)
     options = tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE,
                              output_partition_graphs=True)
     config = placement.config if placement else session_config(tower_devices, param_device)
@@ -106,14 +112,18 @@ def explain(model_fn, input_shape, num_classes, tower_devices, param_device='/cp
     with graph.graph.as_default():
         variables = tf1.global_variables()
     placed = _placement(metadata)
+    low = _ops_in(metadata, precision.dtype) if precision.mixed else {}
     transfers = _transfers(metadata)
     transfers['bytes_between_tasks'] = sum(t['bytes'] for t in transfers['transfers']
                                            if _task(t['from']) != _task(t['to']))
-    return {'batch_size': batch_size,
-            'devices': _devices(graph, placed, variables,
-                                _flops(model, tower_devices, param_device, batch_size,
-                                       num_classes, variable_update, sync_bn),
-                                [int(n) for n in examples]),
+    devices = _devices(graph, placed, variables,
+                       _flops(model, tower_devices, param_device, batch_size, num_classes,
+                              variable_update, sync_bn, precision),
+                       [int(n) for n in examples])
+    for device, entry in devices.items():
+        entry['low_precision_ops'] = low.get(device, 0)
+    return {'batch_size': batch_size, 'precision': precision.name,
+            'compute_dtype': precision.dtype.name, 'devices': devices,
             'averaging': sorted({d for n, d in placed.items() if n.startswith(AVERAGE_SCOPES)}),
             'apply': sorted({placed[op.name] for op in graph.graph.get_operations()
                              if _APPLY_TYPE.match(op.type) and op.name in placed}),
@@ -135,8 +145,19 @@ def _placement(metadata):
     return placed
 
 
+def _ops_in(metadata, dtype):
+    """short device -> how many of the step's ops computed in dtype (their T)."""
+    counts = collections.Counter()
+    for partition in metadata.partition_graphs:
+        for node in partition.node:
+            if 'T' in node.attr and node.attr['T'].type == dtype.as_datatype_enum \
+                    and node.op not in _TRANSFER:
+                counts[short_device(node.device)] += 1
+    return counts
+
+
 def _flops(model, tower_devices, param_device, batch_size, num_classes, variable_update,
-           sync_bn):
+           sync_bn, precision=None):
     """op name -> FLOPs, by TensorFlow's profiler.
 
     Its FLOP counts need static shapes, which a fed batch does not have; the
@@ -146,7 +167,7 @@ def _flops(model, tower_devices, param_device, batch_size, num_classes, variable
     graph = build_training_graph(model, tower_devices, param_device, seed=0,
                                  source=SyntheticInput(batch_size, num_classes),
                                  learning_rate=0.01, variable_update=variable_update,
-                                 sync_bn=sync_bn)
+                                 sync_bn=sync_bn, precision=precision)
     options = tf1.profiler.ProfileOptionBuilder.float_operation()
     options['output'] = 'none'
     root = tf1.profiler.profile(graph.graph, options=options)
@@ -236,8 +257,10 @@ def report_lines(report, title):
                 if entry['tower'] else 'no tower')
         roles = [r for r, devices in (('gradient averaging', report['averaging']),
                                       ('apply', report['apply'])) if device in devices]
-        lines.append('%-8s %s; %d ops, %s; %d variables, %s%s' % (
-            device, what, entry['ops'], _flops_text(entry['flops']), entry['variables'],
+        low = (' (%d in %s)' % (entry['low_precision_ops'], report['compute_dtype'])
+               if entry.get('low_precision_ops') else '')
+        lines.append('%-8s %s; %d ops%s, %s; %d variables, %s%s' % (
+            device, what, entry['ops'], low, _flops_text(entry['flops']), entry['variables'],
             bytes_text(entry['variable_bytes']), '; ' + ', '.join(roles) if roles else ''))
     lines.append('between devices per step: %s' % bytes_text(report['bytes_per_step']))
     if any(device.startswith('/job:') for device in report['devices']):

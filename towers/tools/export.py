@@ -2,7 +2,9 @@
 
 Built from a training checkpoint (towers/checkpoints.py reads it): images ->
 probabilities and classes, no optimizer slots, no step; the moving averages
-for a run trained with --ema. The folder appears whole or not at all.
+for a run trained with --ema. float32 whatever the run trained in: a
+--precision bf16 or fp16 run's checkpoint holds float32 master weights, and the
+exported graph computes in float32 on them. The folder appears whole or not at all.
 """
 import os
 import shutil

@@ -1,0 +1,236 @@
+"""Mixed precision: float32 master weights, towers in bf16 or fp16, a loss scale that skips."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests import easy_digits, harness
+from towers import data, models
+from towers.config import TrainConfig
+from towers.errors import SettingError
+from towers.graph import build_training_graph
+from towers.model import ClassifierModel
+from towers.precision import Precision
+from towers.session import run_steps
+from towers.tools.export import export_saved_model
+from towers.trainer import train
+
+tf1 = tf.compat.v1
+
+SHAPE = (28, 28, 1)
+
+
+def _batches(count, size=20, seed=0):
+    rng = np.random.RandomState(seed)
+    return [easy_digits.images_and_labels(size, rng) for _ in range(count)]
+
+
+def _graph(precision, batches, towers=1, variable_update='parameter_server', model_fn=None,
+           sync_bn=False, optimizer='adam'):
+    model_fn = model_fn or models.build_model('small_convnet', SHAPE, 10)
+    model = ClassifierModel(model_fn, SHAPE, 10, optimizer=optimizer)
+    devices = ['/cpu:%d' % i for i in range(towers)]
+    graph = build_training_graph(model, devices, seed=0, source=harness.fed(batches),
+                                 learning_rate=0.01, variable_update=variable_update,
+                                 precision=precision, sync_bn=sync_bn)
+    return graph, devices
+
+
+def _types(graph, op_type, scope):
+    return {op.get_attr('T') for op in graph.graph.get_operations()
+            if op.type == op_type and op.name.startswith(scope)}
+
+
+def test_variables_stay_float32_and_every_tower_computes_in_bf16():
+    graph, _ = _graph('bf16', _batches(1), towers=2)
+    with graph.graph.as_default():
+        assert {v.dtype.base_dtype for v in tf1.global_variables()
+                if v.dtype.base_dtype.is_floating} == {tf.float32}
+    for scope in ('tower_0/', 'tower_1/', 'eval/'):
+        assert _types(graph, 'Conv2D', scope) == {tf.bfloat16}, scope
+        assert _types(graph, 'MatMul', scope) == {tf.bfloat16}, scope
+    # The softmax, the loss and the averaged gradients are float32.
+    assert _types(graph, 'SparseSoftmaxCrossEntropyWithLogits', 'tower_') == {tf.float32}
+    assert graph.loss.dtype == tf.float32
+    assert {g.dtype for t in graph.towers for g, _ in t.grads_and_vars} == {tf.float32}
+
+
+def test_bf16_starts_from_the_fp32_weights_and_trains_near_them():
+    batches = _batches(4)
+    runs = {}
+    for precision in ('fp32', 'bf16'):
+        # SGD: an update in proportion to the gradient (Adam's sign-like one turns a
+        # rounding near 0 into a full step).
+        graph, devices = _graph(precision, batches, towers=2, optimizer='sgd')
+        with harness.open_graph(graph, devices) as sess:
+            initial = sess.run(harness.saved_variables(graph))
+        runs[precision] = initial, harness.run_graph(graph, devices, len(batches))[0]
+    for name, value in runs['fp32'][0].items():  # the same float32 initial weights
+        np.testing.assert_array_equal(runs['bf16'][0][name], value, err_msg=name)
+    after32, after16 = runs['fp32'][1], runs['bf16'][1]
+    largest = max(float(np.max(np.abs(after32[n] - after16[n]))) for n in after32)
+    assert 0 < largest < 0.01  # bf16 rounding shows, and stays small
+
+
+def _step_by_step(graph, devices, steps):
+    """Every global variable {name: value} before the first step and after each one."""
+    with harness.open_graph(graph, devices) as sess:
+        with graph.graph.as_default():
+            everything = {v.op.name: v for v in tf1.global_variables()}
+        states = [sess.run(everything)]
+        with run_steps(sess, graph.source, {'train_op': graph.train_op}, 0, steps) as loop:
+            for _ in loop:
+                states.append(sess.run(everything))
+    return states
+
+
+def _model_state(state):
+    return {n: v for n, v in state.items() if not n.startswith(('loss_scale/', 'global_step'))}
+
+
+def test_dynamic_loss_scale_skips_what_overflows_and_follows_its_rule():
+    # From 2**40 every float16 gradient overflows until the scale has halved enough;
+    # then it doubles after 3 finite steps, overflows again, and so on.
+    steps = 36
+    precision = Precision('fp16', initial_scale=2.0 ** 40, growth_steps=3)
+    graph, devices = _graph(precision, _batches(steps))
+    states = _step_by_step(graph, devices, steps)
+    scale, streak, skipped, applied_steps = 2.0 ** 40, 0, 0, 0
+    for step, (before, after) in enumerate(zip(states, states[1:]), start=1):
+        assert after['global_step'] == step  # a skipped step is still a step
+        model_before, model_after = _model_state(before), _model_state(after)
+        applied = any(not np.array_equal(model_before[n], model_after[n]) for n in model_before)
+        if applied:
+            streak += 1
+            applied_steps += 1
+            if streak == 3:
+                scale, streak = scale * 2, 0
+        else:  # nothing moved: no variable, no Adam slot, no beta power
+            for name in model_before:
+                np.testing.assert_array_equal(model_after[name], model_before[name], name)
+            scale, streak, skipped = scale / 2, 0, skipped + 1
+        assert (after['loss_scale/scale'], after['loss_scale/good_steps'],
+                after['loss_scale/skipped_steps']) == (scale, streak, skipped), step
+    assert skipped >= 15 and applied_steps >= 6  # both kinds of step really happened
+    assert scale < 2.0 ** 20
+
+
+def test_replicated_copies_skip_together_and_stay_equal():
+    steps = 16
+    precision = Precision('fp16', initial_scale=2.0 ** 24)
+    graph, devices = _graph(precision, _batches(steps), towers=2, variable_update='replicated')
+    _, everything, _ = harness.run_graph(graph, devices, steps)
+    assert 0 < everything['loss_scale/skipped_steps'] < steps
+    replicas = [n for n in everything if n.startswith('replica_1/')]
+    assert replicas
+    for name in replicas:
+        np.testing.assert_array_equal(everything[name], everything[name[len('replica_1/'):]],
+                                      err_msg=name)
+
+
+def _bn_net(images, training):
+    net = models.layers.conv2d(images, 8, 3, activation=None, use_bias=False, name='conv')
+    net = tf.nn.relu(models.layers.batch_norm(net, training, name='bn'))
+    return models.layers.dense(net, 10, name='logits')
+
+
+def test_batch_norm_keeps_float32_statistics_under_bf16_and_sync_bn():
+    graph, devices = _graph('bf16', _batches(2), towers=2, model_fn=_bn_net, sync_bn=True)
+    assert _types(graph, 'Conv2D', 'tower_') == {tf.bfloat16}
+    with graph.graph.as_default():
+        moving = {v.op.name: v.dtype.base_dtype for v in tf1.global_variables()
+                  if 'moving' in v.op.name}
+    assert moving == {'bn/moving_mean': tf.float32, 'bn/moving_variance': tf.float32}
+    # The moments are pooled over the towers in float32.
+    assert _types(graph, 'CollectiveReduce', 'tower_') == {tf.float32}
+    _, everything, _ = harness.run_graph(graph, devices, 2)
+    assert np.all(np.isfinite(everything['bn/moving_variance']))
+    assert not np.array_equal(everything['bn/moving_mean'], np.zeros(8, np.float32))
+
+
+def _lrn_net(images, training):
+    net = models.layers.conv2d(images, 8, 3, name='conv')
+    return models.layers.dense(tf.nn.local_response_normalization(net), 10, name='logits')
+
+
+def test_an_op_without_a_kernel_for_the_precision_is_one_line():
+    with pytest.raises(SettingError) as error:
+        _graph('bf16', _batches(1), model_fn=_lrn_net)
+    assert str(error.value) == (
+        'precision bf16: LRN (tower_0/LRN) has no CPU kernel for bfloat16 on this TensorFlow; '
+        'train this model in another precision')
+
+
+@pytest.mark.skipif(tf.test.is_built_with_cuda(), reason='this TensorFlow has GPU kernels')
+def test_fp16_on_a_device_without_fp16_kernels_is_one_line():
+    model = ClassifierModel(models.build_model('small_convnet', SHAPE, 10), SHAPE, 10)
+    with pytest.raises(SettingError, match=r'^precision fp16: \w+ \(tower_0/.*\) has no GPU '
+                                           r'kernel for float16 on this TensorFlow'):
+        build_training_graph(model, ['/gpu:0'], source=harness.fed(_batches(1)),
+                             precision='fp16')
+
+
+def _datasets():
+    rng = np.random.RandomState(0)
+    return data.Datasets(data.DataSet(*easy_digits.images_and_labels(200, rng), seed=0),
+                         data.DataSet(np.zeros([0, 28, 28, 1], np.float32),
+                                      np.zeros([0], np.int64)),
+                         data.DataSet(*easy_digits.images_and_labels(40, rng), seed=0))
+
+
+def _train(logdir, steps, **settings):
+    lines = []
+    config = TrainConfig(batch_size=20, steps=steps, logdir=logdir, log_every=1000,
+                         warmup_steps=0, eval_every=0, checkpoint_every=0, **settings)
+    result = train(config, models.build_model('small_convnet', SHAPE, 10), _datasets(), SHAPE,
+                   log=lines.append)
+    return result, lines
+
+
+def _checkpoint(logdir):
+    return {name: tf.train.load_variable(logdir, name)
+            for name, _ in tf1.train.list_variables(logdir)}
+
+
+def test_fp16_resumes_exactly_with_its_loss_scale(tmp_path):
+    straight, resumed = str(tmp_path / 'straight'), str(tmp_path / 'resumed')
+    _train(straight, 8, precision='fp16')
+    _train(resumed, 4, precision='fp16')
+    _, lines = _train(resumed, 8, precision='fp16')
+    assert any(line.startswith('resumed from') for line in lines)
+    expected, actual = _checkpoint(straight), _checkpoint(resumed)
+    assert expected.keys() == actual.keys()
+    assert expected['loss_scale/good_steps'] + expected['loss_scale/skipped_steps'] > 4
+    for name in expected:
+        np.testing.assert_allclose(actual[name], expected[name], rtol=1e-6, atol=1e-7,
+                                   err_msg=name)
+
+
+def test_a_checkpoint_moves_between_precisions(tmp_path):
+    logdir = str(tmp_path / 'run')
+    _train(logdir, 2, precision='bf16')
+    held = _checkpoint(logdir)
+    assert {v.dtype for v in held.values() if v.dtype.kind == 'f'} == {np.dtype(np.float32)}
+    result, lines = _train(logdir, 4, precision='fp16')  # no loss scale there yet
+    assert any('holds no loss scale (trained in another precision): the dynamic scale starts '
+               'at 32768' in line for line in lines), lines
+    assert result['steps'] == 4 and 'loss_scale/scale' in _checkpoint(logdir)
+    result, lines = _train(logdir, 6)  # and back to fp32, the loss scale left behind
+    assert result['steps'] == 6 and any(line.startswith('resumed from') for line in lines)
+
+
+def test_export_of_a_bf16_run_is_float32(tmp_path):
+    logdir = str(tmp_path / 'run')
+    _train(logdir, 2, precision='bf16')
+    model_fn = models.build_model('small_convnet', SHAPE, 10)
+    out = export_saved_model(model_fn, SHAPE, tf.train.latest_checkpoint(logdir),
+                             str(tmp_path / 'export'))
+    images = easy_digits.images_and_labels(5, np.random.RandomState(1))[0]
+    serve = tf.saved_model.load(out).signatures['serving_default']
+    assert serve.structured_input_signature[1]['images'].dtype == tf.float32
+    probabilities = serve(images=tf.constant(images))['probabilities'].numpy()
+    with tf.Graph().as_default() as graph:
+        logits = model_fn(tf.constant(images), False)
+        with tf1.Session(graph=graph) as sess:
+            tf1.train.Saver().restore(sess, tf.train.latest_checkpoint(logdir))
+            expected = sess.run(tf.nn.softmax(logits))
+    np.testing.assert_allclose(probabilities, expected, rtol=1e-5, atol=1e-6)
