@@ -87,8 +87,30 @@ def conv2d(x, filters, kernel_size, strides=1, padding='SAME', activation=tf.nn.
         # otherwise. (Gradients on an empty batch still fail in oneDNN kernels.)
         y = tf.reshape(y, _conv_output_shape(x, (kh, kw), strides, padding, filters))
         if use_bias:
-            y = tf.nn.bias_add(y, biases)
+            y = _add_bias(y, biases)
         return activation(y) if activation is not None else y
+
+
+def _add_bias(y, biases):
+    """y + biases over the last axis; in bfloat16 or float16, the bias gradient summed in float32.
+
+    TensorFlow's BiasAddGrad sums a bfloat16 gradient over the batch and every
+    position in bfloat16: over a 50x28x28 conv output that loses a third of
+    conv1's bias gradient (towers check --precision bf16 showed it). Summed in
+    float32 and rounded once, it is off by one rounding.
+    """
+    if y.dtype == tf.float32:
+        return tf.nn.bias_add(y, biases)
+    return _bias_add_wide_gradient(y, biases)
+
+
+@tf.custom_gradient
+def _bias_add_wide_gradient(y, biases):
+    def grad(upstream):
+        axes = list(range(upstream.shape.rank - 1))
+        summed = tf.reduce_sum(tf.cast(upstream, tf.float32), axes)
+        return upstream, tf.cast(summed, biases.dtype)
+    return tf.nn.bias_add(y, biases), grad
 
 
 def flatten(x):
@@ -127,7 +149,7 @@ def dense(x, units, activation=None, kernel_initializer=None, bias_initializer=N
     with tf1.variable_scope(name):
         weights, biases = _weights_and_biases([features, units], x.dtype,
                                               kernel_initializer, bias_initializer)
-        y = tf.nn.bias_add(tf.matmul(x, weights), biases)
+        y = _add_bias(tf.matmul(x, weights), biases)
         return activation(y) if activation is not None else y
 
 
@@ -185,7 +207,13 @@ def dropout(x, rate, training, seed=None):
         key = zlib.crc32(scope.encode()) ^ (seed or 0)
         stateless_seed = tf.stack([tf.constant((graph_seed * 7919 + key) % 2**31, tf.int64),
                                    tf.cast(step, tf.int64)])
-        return tf.nn.experimental.stateless_dropout(x, rate=rate, seed=stateless_seed)
+        if x.dtype == tf.float32:
+            return tf.nn.experimental.stateless_dropout(x, rate=rate, seed=stateless_seed)
+        # The mask is drawn in float32 whatever x is: a bfloat16 or float16 run drops
+        # the units a float32 run drops (its uniforms would be other numbers).
+        keep = tf.nn.experimental.stateless_dropout(tf.ones(tf.shape(x), tf.float32),
+                                                    rate=rate, seed=stateless_seed)
+        return x * tf.cast(keep, x.dtype)
 
 
 def batch_norm(x, training, decay=0.997, epsilon=1e-5, name='batch_norm'):
@@ -232,7 +260,8 @@ def batch_norm(x, training, decay=0.997, epsilon=1e-5, name='batch_norm'):
         moving_mean = var('moving_mean', tf1.zeros_initializer(), trainable=False)
         moving_variance = var('moving_variance', tf1.ones_initializer(), trainable=False)
         if not training:
-            return _normalize(x, moving_mean, moving_variance, beta, gamma, epsilon)
+            return _normalize(x, moving_mean, moving_variance, beta, gamma, epsilon,
+                              tf.cast(x, tf.float32))
         axes = list(range(x.shape.rank - 1))
         wide = tf.cast(x, tf.float32)  # x itself in float32
         if getattr(training, 'sync_bn', False):
@@ -242,19 +271,20 @@ def batch_norm(x, training, decay=0.997, epsilon=1e-5, name='batch_norm'):
         for moving, batch in ((moving_mean, mean), (moving_variance, variance)):
             update = tf1.assign(moving, moving * decay + batch * (1 - decay))
             tf1.add_to_collection(tf1.GraphKeys.UPDATE_OPS, update)
-        return _normalize(x, mean, variance, beta, gamma, epsilon)
+        return _normalize(x, mean, variance, beta, gamma, epsilon, wide)
 
 
-def _normalize(x, mean, variance, beta, gamma, epsilon):
-    """(x - mean) / sqrt(variance + epsilon) * gamma + beta, from float32 statistics.
+def _normalize(x, mean, variance, beta, gamma, epsilon, wide):
+    """(x - mean) / sqrt(variance + epsilon) * gamma + beta, in float32, in x's type.
 
-    For a bfloat16 or float16 x the per-channel scale and shift are formed in
-    float32, as tf.nn.batch_normalization forms them, and applied in x's type.
+    A bfloat16 or float16 x is normalised as `wide`, itself in float32, and cast
+    back: the gradients of beta, gamma and the moments are sums over the whole
+    batch, which the low type's digits cannot hold.
     """
     if x.dtype == tf.float32:
         return tf.nn.batch_normalization(x, mean, variance, beta, gamma, epsilon)
-    inverse = tf.math.rsqrt(variance + epsilon) * gamma
-    return x * tf.cast(inverse, x.dtype) + tf.cast(beta - mean * inverse, x.dtype)
+    return tf.cast(tf.nn.batch_normalization(wide, mean, variance, beta, gamma, epsilon),
+                   x.dtype)
 
 
 def _pooled_moments(x, axes, tower):

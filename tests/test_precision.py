@@ -234,3 +234,39 @@ def test_export_of_a_bf16_run_is_float32(tmp_path):
             tf1.train.Saver().restore(sess, tf.train.latest_checkpoint(logdir))
             expected = sess.run(tf.nn.softmax(logits))
     np.testing.assert_allclose(probabilities, expected, rtol=1e-5, atol=1e-6)
+
+
+def _gradients(precision, model_fn, images, labels):
+    graph, devices = _graph(precision, [(images, labels)], model_fn=model_fn, optimizer='sgd')
+    grads = {v.op.name: g for g, v in graph.towers[0].grads_and_vars}
+    with harness.open_graph(graph, devices) as sess:
+        return sess.run(grads, graph.source.step(0)[1])
+
+
+def test_bf16_gradients_sum_over_the_batch_in_float32():
+    # A bias's gradient sums every example and position: in bfloat16 (TensorFlow's
+    # BiasAddGrad) conv1's lost a third of itself; batch norm's beta and gamma likewise.
+    images, labels = easy_digits.images_and_labels(100, np.random.RandomState(0))
+    for model_fn in (models.build_model('mnist_convnet', SHAPE, 10, dropout_rate=0.0), _bn_net):
+        wide = _gradients('fp32', model_fn, images, labels)
+        low = _gradients('bf16', model_fn, images, labels)
+        sums = [n for n in wide if n.endswith(('/biases', '/beta', '/gamma'))]
+        assert len(sums) >= 3
+        for name in sums:  # summed in bfloat16, conv1/biases was off by 13% here
+            error = np.max(np.abs(wide[name] - low[name])) / np.max(np.abs(wide[name]))
+            assert error < 0.03, (name, error)
+
+
+def test_dropout_drops_the_same_units_in_every_precision():
+    masks = []
+    for dtype in (tf.float32, tf.bfloat16, tf.float16):
+        with tf.Graph().as_default() as graph:
+            tf1.set_random_seed(3)
+            tf1.train.get_or_create_global_step()
+            kept = models.layers.dropout(tf.ones([64, 32], dtype), 0.5, True)
+            with tf1.Session(graph=graph) as sess:
+                sess.run(tf1.global_variables_initializer())
+                masks.append(sess.run(tf.cast(kept, tf.float32)))
+    assert 0.3 < np.mean(masks[0] == 0) < 0.7
+    for mask in masks[1:]:
+        np.testing.assert_array_equal(mask, masks[0])
