@@ -79,12 +79,14 @@ def test_run_bench_every_input_mode_and_the_ratios():
         assert row['vs_first'] == row['mean'] / first['mean']
     # A header, then one line per row, in order.
     assert len(lines) == 1 + len(rows)
-    assert lines[0].split()[:4] == ['input', 'towers', 'devices', 'images/sec']
+    assert lines[0].split()[:5] == ['input', 'towers', 'precision', 'devices', 'images/sec']
     for line, row in zip(lines[1:], rows):
         fields = line.split()
-        assert fields[:3] == [row['input'], str(row['towers']), row['devices']]
-        assert fields[3:6] == ['%.1f' % row['mean'], '±', '%.1f' % row['stderr']]
-        assert fields[6:] == ['%.3f' % row['vs_synthetic'], '%.3f' % row['vs_first']]
+        assert fields[:4] == [row['input'], str(row['towers']), 'fp32', row['devices']]
+        assert fields[4:7] == ['%.1f' % row['mean'], '±', '%.1f' % row['stderr']]
+        # One precision: no ratio to the first precision in the table (it is 1).
+        assert fields[7:] == ['%.3f' % row['vs_synthetic'], '%.3f' % row['vs_first']]
+        assert row['precision'] == 'fp32' and row['vs_precision'] == 1.0
 
 
 NEEDS = 'bench needs batch_size >= 1, timed_steps >= 2 and warmup_steps >= 0; got '

@@ -34,6 +34,7 @@ def run_devices(args, log):
 
 
 def run_bench(args, log):
+    from towers.names import PRECISIONS
     from towers.tools import bench, compare
     from towers.tools.trace import check_output
     if args.cluster_mode:
@@ -43,6 +44,9 @@ def run_bench(args, log):
     counts = int_list(args.towers, 'towers')
     model_fn = models.build_model(args.model, info.input_shape, info.num_classes)
     modes = [m.strip() for m in args.input.split(',') if m.strip()]
+    scale = loss_scale(args.loss_scale)
+    precisions = [p.name for p in bench.precisions_of(  # each once; a scale needs fp16
+        name_list(args.precision, 'precision', PRECISIONS), scale)]
     for path, setting in ((args.trace, 'trace'), (args.plot, 'plot')):
         if path:
             check_output(path, setting)
@@ -53,23 +57,34 @@ def run_bench(args, log):
     train_set = None
     if set(modes) - {'synthetic'} or args.compare:  # the textbook and Keras feed it too
         train_set = data.load_dataset(args.dataset).train
-    log('bench: model %s on %s images, global batch %d, %d warm-up + %d timed steps per row'
+    in_precisions = '' if precisions == ['fp32'] else '; in %s%s' % (
+        ', '.join(precisions), ', each against %s' % precisions[0] if len(precisions) > 1
+        else '')
+    log('bench: model %s on %s images, global batch %d, %d warm-up + %d timed steps per row%s'
         % (args.model, 'x'.join(map(str, info.input_shape)), args.batch_size, args.warmup,
-           args.window))
+           args.window, in_precisions))
     if not args.compare:
         bench.run_bench(model_fn, info.input_shape, info.num_classes, counts, args.batch_size,
                         modes, train_set, args.warmup, args.window, args.param_device, log=log,
-                        trace=args.trace, name_of=flag)
+                        trace=args.trace, name_of=flag, precisions=precisions,
+                        loss_scale=scale)
         return
     compare.run_compare(args.model, model_fn, info.input_shape, info.num_classes, counts,
                         args.batch_size, train_set, modes, updates, xla=args.xla,
                         param_device=args.param_device, warmup_steps=args.warmup,
-                        timed_steps=args.window, plot=args.plot, trace=args.trace, log=log)
+                        timed_steps=args.window, plot=args.plot, trace=args.trace, log=log,
+                        precisions=precisions, loss_scale=scale)
 
 
 def run_cluster_bench(args, log):
     """towers bench --cluster-mode M --workers 1,2: local clusters against one process."""
+    from towers.names import PRECISIONS
     from towers.tools import bench, clusterbench
+    precisions = name_list(args.precision, 'precision', PRECISIONS)
+    if len(precisions) > 1:
+        raise SettingError('{cluster_mode} times one {precision} per run, got %r',
+                           args.precision)
+    bench.precisions_of(precisions, loss_scale(args.loss_scale))
     info = data.dataset_info(args.dataset)
     model_fn = models.build_model(args.model, info.input_shape, info.num_classes)
     workers = int_list(args.workers, 'workers')
@@ -79,15 +94,16 @@ def run_cluster_bench(args, log):
                            'without {compare}')
     bench.check_window(args.batch_size, args.warmup, args.window)
     ps = args.ps if args.ps is not None else int(args.cluster_mode == 'parameter-server')
-    common = ['--model', args.model, '--dataset', args.dataset]
+    common = ['--model', args.model, '--dataset', args.dataset, '--precision', precisions[0]]
+    common += ['--loss-scale', args.loss_scale] if args.loss_scale is not None else []
     flags = common + ['--batch-size', str(args.batch_size), '--input', args.input,
                       '--steps', str(args.warmup + args.window), '--eval-every', '0',
                       '--quiet', '--log-every', str(args.warmup + args.window)]
     flags += ['--threads', str(args.threads)] if args.threads else []
-    log('bench: %s, global batch %d, %s input, %d warm-up + %d timed steps per run, %d rounds; '
-        '%s mode, %d tower(s) per task; on %s'
-        % (args.model, args.batch_size, args.input, args.warmup, args.window, args.rounds,
-           args.cluster_mode, towers, bench.machine()))
+    log('bench: %s, global batch %d, %s input, %s, %d warm-up + %d timed steps per run, '
+        '%d rounds; %s mode, %d tower(s) per task; on %s'
+        % (args.model, args.batch_size, args.input, precisions[0], args.warmup, args.window,
+           args.rounds, args.cluster_mode, towers, bench.machine()))
     rows = clusterbench.run_cluster_bench(args.cluster_mode, workers, flags, towers, ps,
                                           args.rounds, log=log)
     explained = (clusterbench.explained_bytes(workers, ps, towers, common + [

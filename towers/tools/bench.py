@@ -7,6 +7,12 @@ the mean of the per-step images/sec with its standard error. All rows share
 one model and one *global* batch, and are compared as ratios measured in the
 same process. All rows are built first and then timed in turns, block by
 block, because absolute speed on a shared machine drifts over a minute.
+
+With several precisions (towers/precision.py) every (tower count, input)
+runs in each, and each is given as a ratio to the first. Whether the hardware
+has fast kernels for a precision is said before the table
+(precision_support), so that a bf16 row on a CPU without bf16 instructions
+reads as what it is.
 """
 import math
 import os
@@ -16,6 +22,7 @@ import time
 import numpy as np
 import tensorflow as tf
 
+from towers.config import check_loss_scale
 from towers.data.sampler import EpochSampler
 from towers.devices import resolve_devices, resolve_param_device, session_config
 from towers.errors import SettingError, TowersError
@@ -23,8 +30,10 @@ from towers.graph import build_training_graph
 from towers.inputs import make_input
 from towers.model import ClassifierModel
 from towers.names import INPUT_MODES
+from towers.precision import Precision
 from towers.session import open_session, run_steps, trace_options
 from towers.tools import trace as tracing
+from towers.tools.hardware import precision_support
 
 tf1 = tf.compat.v1
 
@@ -53,11 +62,11 @@ class _Trainer:
     """One configuration, built and warm, stepped a block at a time."""
 
     def __init__(self, model_fn, input_shape, tower_devices, source, num_steps, param_device,
-                 optimizer='sgd', variable_update='parameter_server', xla=False):
+                 optimizer='sgd', variable_update='parameter_server', xla=False, precision=None):
         model = ClassifierModel(model_fn, input_shape, num_classes=None, optimizer=optimizer)
         self.graph = build_training_graph(model, tower_devices, param_device, seed=0,
                                           source=source, learning_rate=0.01,
-                                          variable_update=variable_update)
+                                          variable_update=variable_update, precision=precision)
         self.rates, self._trace_next = [], False
         config = session_config(tower_devices, param_device)
         if xla:  # XLA's auto-clustering of the whole step (tf_cnn_benchmarks' --xla)
@@ -149,10 +158,24 @@ def check_window(batch_size, warmup_steps, timed_steps):
                            '>= 0; got %d, %d and %d', batch_size, timed_steps, warmup_steps)
 
 
+def precisions_of(names, loss_scale=None):
+    """The Precision of each name, once each; fp16's loss_scale (None, 'dynamic' or a number).
+
+    Raises:
+      SettingError: no name, an unknown one, or a loss_scale without fp16.
+    """
+    names = list(dict.fromkeys(names))
+    if not names:
+        raise SettingError('{precision} names no precision')
+    if loss_scale is not None and 'fp16' not in names:
+        check_loss_scale(names[0], loss_scale)  # says it scales the float16 loss only
+    return [Precision(n, loss_scale if n == 'fp16' else None) for n in names]
+
+
 def run_bench(model_fn, input_shape, num_classes, tower_counts, batch_size, modes=('synthetic',),
               dataset=None, warmup_steps=10, timed_steps=50, param_device='cpu', log=print,
-              trace=None, name_of=str):
-    """Measure every input mode at every tower count; print one table.
+              trace=None, name_of=str, precisions=('fp32',), loss_scale=None):
+    """Measure every input mode at every tower count in every precision; print one table.
 
     Args:
       tower_counts: e.g. [1, 2, 4]; a count the machine cannot run is skipped
@@ -163,19 +186,24 @@ def run_bench(model_fn, input_shape, num_classes, tower_counts, batch_size, mode
         resolved for each tower count.
       trace: a Chrome-trace file for one step of the first row (--trace).
       name_of: how a skipped count's message spells settings (the CLI: as flags).
+      precisions: names of towers.names.PRECISIONS, each timed against the first.
+      loss_scale: fp16's loss scale (None or 'dynamic': dynamic; or a number).
     Returns:
-      list of dicts: input, towers, devices, mean, stderr, and the ratios
-      vs_synthetic (same tower count; None without a synthetic row) and
-      vs_first (same input, first tower count).
+      list of dicts: input, towers, precision, devices, mean, stderr, and the
+      ratios vs_synthetic (same tower count and precision; None without a
+      synthetic row), vs_first (same input and precision, first tower count)
+      and vs_precision (same tower count and input, first precision).
     Raises:
       TowersError: batch_size < 1, timed_steps < 2 (no standard error), a
-        negative warm-up, an unknown mode, or no count could run.
+        negative warm-up, an unknown mode or precision, a loss_scale without
+        fp16, or no count could run.
     """
     check_window(batch_size, warmup_steps, timed_steps)
     unknown = [m for m in modes if m not in INPUT_MODES]
     if unknown:
         raise SettingError('unknown {input} %s; choose from %s', ','.join(unknown),
                            ','.join(INPUT_MODES))
+    chosen = precisions_of(precisions, loss_scale)
     sampler = EpochSampler(dataset.num_examples, batch_size) if dataset is not None else None
     rows, configs = [], []
     for count in tower_counts:
@@ -186,34 +214,47 @@ def run_bench(model_fn, input_shape, num_classes, tower_counts, batch_size, mode
             log('%d towers: skipped (%s)' % (count, e.named(name_of)))
             continue
         for mode in modes:
-            rows.append({'input': mode, 'towers': count, 'devices': ','.join(devices)})
-            configs.append(dict(
-                model_fn=model_fn, input_shape=input_shape, tower_devices=devices,
-                param_device=params,
-                source=make_input(mode, dataset, sampler, batch_size, num_classes)))
+            for precision in chosen:
+                rows.append({'input': mode, 'towers': count, 'precision': precision.name,
+                             'devices': ','.join(devices)})
+                configs.append(dict(
+                    model_fn=model_fn, input_shape=input_shape, tower_devices=devices,
+                    param_device=params, precision=precision,
+                    source=make_input(mode, dataset, sampler, batch_size, num_classes)))
     if not rows:
         raise TowersError('no tower count could run; try {towers} 1')
+    devices = list(dict.fromkeys(d for row in rows for d in row['devices'].split(',')))
+    for precision in chosen:
+        if precision.mixed:
+            log(precision_support(precision.name, devices))
     # Every row in turns, block by block: the ratios then compare like with like.
     for row, (mean, stderr) in zip(rows, measure_interleaved(configs, warmup_steps,
                                                              timed_steps, trace_path=trace,
                                                              log=log)):
         row.update(mean=mean, stderr=stderr)
     _add_ratios(rows)
-    log('%-10s %-7s %-28s %-20s %-13s %s' % ('input', 'towers', 'devices', 'images/sec',
-                                             'vs synthetic', 'vs %d tower(s)' % rows[0]['towers']))
+    several = len(chosen) > 1
+    log(('%-10s %-7s %-10s %-28s %-20s %-13s %-15s%s' % (
+        'input', 'towers', 'precision', 'devices', 'images/sec', 'vs synthetic',
+        'vs %d tower(s)' % rows[0]['towers'], ' vs %s' % chosen[0].name if several else ''))
+        .rstrip())
     for row in rows:
         vs_synthetic = '%.3f' % row['vs_synthetic'] if row['vs_synthetic'] else '-'
-        log('%-10s %-7d %-28s %-20s %-13s %.3f' % (
-            row['input'], row['towers'], row['devices'],
-            '%.1f ± %.1f' % (row['mean'], row['stderr']), vs_synthetic, row['vs_first']))
+        log(('%-10s %-7d %-10s %-28s %-20s %-13s %-15.3f%s' % (
+            row['input'], row['towers'], row['precision'], row['devices'],
+            '%.1f ± %.1f' % (row['mean'], row['stderr']), vs_synthetic, row['vs_first'],
+            ' %.3f' % row['vs_precision'] if several else '')).rstrip())
     return rows
 
 
 def _add_ratios(rows):
-    synthetic = {r['towers']: r['mean'] for r in rows if r['input'] == 'synthetic'}
-    first = {}
+    synthetic = {(r['towers'], r['precision']): r['mean'] for r in rows
+                 if r['input'] == 'synthetic'}
+    first, first_precision = {}, {}
     for row in rows:
-        first.setdefault(row['input'], row['mean'])
-        row['vs_first'] = row['mean'] / first[row['input']]
-        row['vs_synthetic'] = (row['mean'] / synthetic[row['towers']]
-                               if row['towers'] in synthetic else None)
+        first.setdefault((row['input'], row['precision']), row['mean'])
+        first_precision.setdefault((row['towers'], row['input']), row['mean'])
+        row['vs_first'] = row['mean'] / first[row['input'], row['precision']]
+        row['vs_precision'] = row['mean'] / first_precision[row['towers'], row['input']]
+        key = row['towers'], row['precision']
+        row['vs_synthetic'] = row['mean'] / synthetic[key] if key in synthetic else None

@@ -15,6 +15,10 @@ variables read and the gradients sent back by every task but the one holding
 them, and the fed slices); collective, the ring all-reduce's 2(n-1)/n * S per
 worker for S bytes of gradients; parameter-server, each worker's S of
 gradients pushed and S of variables read.
+
+Every run trains in the one --precision (and --loss-scale) of the bench: the
+train flags pass them on. The variables and so the gradients stay float32 in
+every precision, so S does not change with it.
 """
 import json
 import os

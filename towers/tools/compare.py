@@ -13,6 +13,12 @@ where there are some), at each tower count:
   keras mirrored            tf.distribute.MirroredStrategy with Keras
                             model.fit on the same net (tf.data input)
 
+With --precision, every towers row runs in each precision ('towers
+parameter_server/synthetic bf16'), and each mixed precision gets its own Keras
+row under the matching Keras policy ('keras mirrored mixed_bfloat16'), so that
+towers in bf16 is held against Keras in bf16; a row's "vs best" is to towers'
+best in its own precision. The textbook row stays float32, as printed.
+
 The peers are in peers.py. Every row is timed in turns with the others
 (bench.measure_interleaved), and given as a ratio to towers' best at that
 tower count, and as training GFLOP/s: the model's FLOPs per image, counted by
@@ -32,7 +38,8 @@ from towers.devices import resolve_devices, resolve_param_device, session_config
 from towers.errors import TowersError
 from towers.inputs import make_input
 from towers.tools import peers
-from towers.tools.bench import check_window, measure_interleaved
+from towers.tools.bench import check_window, measure_interleaved, precisions_of
+from towers.tools.hardware import precision_support
 
 tf1 = tf.compat.v1
 
@@ -87,15 +94,21 @@ def matmul_gflops(devices, size=2048, repeats=3, steps=3):
 def run_compare(model_name, model_fn, input_shape, num_classes, tower_counts, batch_size,
                 dataset, modes=('synthetic',), variable_updates=('parameter_server', 'replicated'),
                 xla=False, warmup_steps=10, timed_steps=50, plot=None, trace=None, log=print,
-                param_device='cpu'):
+                param_device='cpu', precisions=('fp32',), loss_scale=None):
     """Measure towers and its peers at each tower count; print one table.
 
+    precisions, loss_scale: as bench.run_bench takes them; Keras gets a row in
+    each, under its mixed-precision policy.
     Returns:
-      list of dicts: config, towers, mean, stderr, vs_best (images/sec over
-      towers' best at that count, +xla rows aside) and gflops (training GFLOP/s).
+      list of dicts: config, towers, precision, mean, stderr, vs_best
+      (images/sec over towers' best at that count in that precision, +xla rows
+      aside) and gflops (training GFLOP/s).
     """
     check_window(batch_size, warmup_steps, timed_steps)
-    twin = peers.keras_twin(model_name, input_shape, num_classes)
+    chosen = precisions_of(precisions, loss_scale)
+    twins = {p.name: peers.keras_twin(model_name, input_shape, num_classes,
+                                      peers.KERAS_POLICIES[p.name]) for p in chosen}
+    has_twin = None not in twins.values()
     _logical_cpus(max(tower_counts))
     sampler = EpochSampler(dataset.num_examples, batch_size)
     rows, configs = [], []
@@ -104,43 +117,63 @@ def run_compare(model_name, model_fn, input_shape, num_classes, tower_counts, ba
         params = resolve_param_device(param_device, devices)
         for update in variable_updates:
             for mode in modes:
-                rows.append({'config': 'towers %s/%s' % (update, mode), 'towers': count})
-                configs.append(dict(model_fn=model_fn, input_shape=input_shape,
-                                    tower_devices=devices, param_device=params,
-                                    variable_update=update,
-                                    source=make_input(mode, dataset, sampler, batch_size,
-                                                      num_classes)))
+                for precision in chosen:
+                    rows.append({'config': _label('towers %s/%s' % (update, mode), precision),
+                                 'towers': count, 'precision': precision.name})
+                    configs.append(dict(model_fn=model_fn, input_shape=input_shape,
+                                        tower_devices=devices, param_device=params,
+                                        variable_update=update, precision=precision,
+                                        source=make_input(mode, dataset, sampler, batch_size,
+                                                          num_classes)))
         if xla:
-            rows.append({'config': 'towers %s/%s +xla' % (variable_updates[0], modes[0]),
-                         'towers': count})
-            configs.append(dict(configs[-len(variable_updates) * len(modes)], xla=True,
-                                source=make_input(modes[0], dataset, sampler, batch_size,
-                                                  num_classes)))
+            rows.append({'config': _label('towers %s/%s' % (variable_updates[0], modes[0]),
+                                          chosen[0]) + ' +xla',
+                         'towers': count, 'precision': chosen[0].name})
+            configs.append(dict(configs[-len(variable_updates) * len(modes) * len(chosen)],
+                                xla=True, source=make_input(modes[0], dataset, sampler,
+                                                            batch_size, num_classes)))
         if batch_size % count == 0:
-            rows.append({'config': 'textbook', 'towers': count})
+            rows.append({'config': 'textbook', 'towers': count, 'precision': 'fp32'})
             configs.append(functools.partial(peers.Textbook, model_fn, input_shape, devices,
                                              dataset, batch_size))
         else:
             log('textbook at %d towers: skipped (tf.split needs the batch to divide evenly)'
                 % count)
-        if twin is not None and not _eager_has(devices):
+        if has_twin and not _eager_has(devices):
             log('keras mirrored at %d towers: skipped (TensorFlow started with fewer logical '
                 'devices; run the bench in a fresh process)' % count)
-        elif twin is not None:
-            rows.append({'config': 'keras mirrored', 'towers': count})
-            configs.append(functools.partial(peers.Mirrored, twin, devices, dataset, batch_size))
-    if twin is None:
+        elif has_twin:
+            for precision in chosen:
+                rows.append({'config': _keras_label(precision.name), 'towers': count,
+                             'precision': precision.name})
+                configs.append(functools.partial(peers.Mirrored, twins[precision.name],
+                                                 devices, dataset, batch_size))
+    if not has_twin:
         log('keras mirrored: skipped (%s has no Keras twin here)' % model_name)
+    devices = resolve_devices(num_towers=max(tower_counts))
+    for precision in chosen:
+        if precision.mixed:
+            log(precision_support(precision.name, devices))
     flops = training_flops_per_image(model_fn, input_shape, num_classes)
     for row, (mean, stderr) in zip(rows, measure_interleaved(configs, warmup_steps,
                                                              timed_steps, trace_path=trace,
                                                              log=log)):
         row.update(mean=mean, stderr=stderr, gflops=mean * flops / 1e9)
-    _report(rows, flops, tower_counts, log)
+    _report(rows, flops, tower_counts, [p.name for p in chosen], log)
     if plot:
         plot_rows(rows, plot, '%s, global batch %d' % (model_name, batch_size))
         log('plot: %s' % plot)
     return rows
+
+
+def _label(config, precision):
+    """'towers parameter_server/synthetic', with ' bf16' after it in a mixed precision."""
+    return config + (' ' + precision.name if precision.mixed else '')
+
+
+def _keras_label(precision):
+    policy = peers.KERAS_POLICIES[precision]
+    return 'keras mirrored' + (' ' + policy if policy else '')
 
 
 def _logical_cpus(count):
@@ -160,29 +193,46 @@ def _eager_has(devices):
     return all(d.lower() in have for d in devices)
 
 
-def _report(rows, flops, tower_counts, log):
-    best = {}
+def _report(rows, flops, tower_counts, precisions, log):
+    best = {}  # (towers, precision) -> towers' best images/sec, +xla rows aside
     for row in rows:
         if row['config'].startswith('towers') and not row['config'].endswith('+xla'):
-            best[row['towers']] = max(best.get(row['towers'], 0), row['mean'])
+            key = row['towers'], row['precision']
+            best[key] = max(best.get(key, 0), row['mean'])
+
+    def best_of(count, precision):  # the textbook's fp32 when fp32 was not asked for
+        return best.get((count, precision), best[count, precisions[0]])
     log('training FLOPs per image: %.2f MFLOP (counted on the graph)' % (flops / 1e6))
     log('%-40s %-7s %-20s %-9s %s' % ('config', 'towers', 'images/sec', 'vs best', 'GFLOP/s'))
     for row in rows:
-        row['vs_best'] = row['mean'] / best[row['towers']]
+        row['vs_best'] = row['mean'] / best_of(row['towers'], row['precision'])
         log('%-40s %-7d %-20s %-9.3f %.1f' % (row['config'], row['towers'], '%.1f ± %.1f' % (
             row['mean'], row['stderr']), row['vs_best'], row['gflops']))
+    several = len(precisions) > 1
     for count in tower_counts:
         devices = resolve_devices(num_towers=count)
-        log('%d tower(s): towers best %.1f GFLOP/s, a large matmul on the same devices %.1f '
-            'GFLOP/s' % (count, best[count] * flops / 1e9, matmul_gflops(devices)))
-    for peer in ('textbook', 'keras mirrored'):
-        ratios = ['%d: %.2fx' % (r['towers'], 1 / r['vs_best']) for r in rows
-                  if r['config'] == peer]
-        if ratios:
-            log('towers best vs %s: %s' % (peer, ', '.join(ratios)))
-    first = best[tower_counts[0]]
-    log('towers best vs %d tower(s): %s' % (tower_counts[0], ', '.join(
-        '%d: %.3f' % (count, best[count] / first) for count in tower_counts)))
+        log('%d tower(s): towers best %s GFLOP/s, a large matmul on the same devices '
+            '%.1f GFLOP/s' % (count, ', '.join(
+                '%.1f%s' % (best[count, p] * flops / 1e9, ' (%s)' % p if several else '')
+                for p in precisions), matmul_gflops(devices)))
+    peer_names = ['textbook', 'keras mirrored'] + [_keras_label(p) for p in precisions
+                                                   if p != 'fp32']
+    for peer in peer_names:
+        mine = [r for r in rows if r['config'] == peer]
+        if mine:
+            held = mine[0]['precision'] if (mine[0]['towers'], mine[0]['precision']) in best \
+                else precisions[0]
+            log('towers best%s vs %s: %s' % (' %s' % held if several else '', peer,
+                ', '.join('%d: %.2fx' % (r['towers'], 1 / r['vs_best']) for r in mine)))
+    for precision in precisions:
+        first = best[tower_counts[0], precision]
+        log('towers best%s vs %d tower(s): %s' % (
+            ' %s' % precision if several else '', tower_counts[0], ', '.join(
+                '%d: %.3f' % (count, best[count, precision] / first) for count in tower_counts)))
+    for precision in precisions[1:]:
+        log('towers best %s vs %s: %s' % (precision, precisions[0], ', '.join(
+            '%d: %.3f' % (count, best[count, precision] / best[count, precisions[0]])
+            for count in tower_counts)))
 
 
 def plot_rows(rows, path, title):

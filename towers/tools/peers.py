@@ -5,7 +5,8 @@ Each has what bench.measure_interleaved steps: run(steps, clock, timed), rates
 
   Textbook   the classic CIFAR-10 multi-GPU tutorial's loop, as printed there
   Mirrored   Keras model.fit under tf.distribute.MirroredStrategy, on a Keras
-             twin of the registry model (keras_twin)
+             twin of the registry model (keras_twin), in float32 or under a
+             Keras mixed-precision policy
 """
 import warnings
 
@@ -76,8 +77,18 @@ def tutorial_average_gradients(tower_grads):
     return average_grads
 
 
-def keras_twin(model_name, input_shape, num_classes):
-    """The Keras layers of a registry model, for MirroredStrategy; None if it has no twin."""
+# The Keras mixed-precision policy of each towers precision (fp32: Keras' default).
+KERAS_POLICIES = {'fp32': None, 'bf16': 'mixed_bfloat16', 'fp16': 'mixed_float16'}
+
+
+def keras_twin(model_name, input_shape, num_classes, policy=None):
+    """A builder of the Keras twin of a registry model, for MirroredStrategy; None if none.
+
+    policy: a Keras mixed-precision policy ('mixed_bfloat16', 'mixed_float16'),
+    global only while the model is built; the logits stay float32, as the Keras
+    mixed-precision guide keeps its last layer, and compile() wraps the
+    optimizer of a mixed_float16 model in its LossScaleOptimizer.
+    """
     import keras
     layers = keras.layers
     body = {
@@ -92,8 +103,16 @@ def keras_twin(model_name, input_shape, num_classes):
     }.get(model_name)
     if body is None:
         return None
-    return lambda: keras.Sequential([keras.Input(tuple(input_shape))] + body()
-                                    + [layers.Dense(num_classes)])
+
+    def build():
+        previous = keras.mixed_precision.global_policy()
+        keras.mixed_precision.set_global_policy(policy or 'float32')
+        try:
+            return keras.Sequential([keras.Input(tuple(input_shape))] + body()
+                                    + [layers.Dense(num_classes, dtype='float32')])
+        finally:
+            keras.mixed_precision.set_global_policy(previous)
+    return build
 
 
 class Mirrored:

@@ -1,0 +1,178 @@
+"""towers bench --precision: each precision timed against the first, and what the hardware has."""
+import pytest
+import tensorflow as tf
+
+from towers import data, models
+from towers.cli import main
+from towers.errors import SettingError
+from towers.tools import bench, clusterbench, compare, peers
+from towers.tools.bench import precisions_of, run_bench
+from towers.tools.hardware import precision_support
+
+SHAPE = (28, 28, 1)
+
+
+def test_run_bench_times_each_precision_against_the_first():
+    lines = []
+    rows = run_bench(models.build_model('small_convnet', SHAPE, 10), SHAPE, 10, [1],
+                     batch_size=8, warmup_steps=1, timed_steps=2, log=lines.append,
+                     precisions=['fp32', 'bf16'])
+    assert [(r['towers'], r['input'], r['precision']) for r in rows] == [
+        (1, 'synthetic', 'fp32'), (1, 'synthetic', 'bf16')]
+    fp32, bf16 = rows
+    assert fp32['mean'] > 0 and bf16['mean'] > 0
+    assert fp32['vs_precision'] == 1.0
+    assert bf16['vs_precision'] == bf16['mean'] / fp32['mean']
+    # Each precision is its own column of ratios: bf16's synthetic row is bf16's.
+    assert bf16['vs_synthetic'] == 1.0 and bf16['vs_first'] == 1.0
+    # What the hardware has for bf16, then the table with a 'vs fp32' column.
+    assert lines[0] == precision_support('bf16', ['/cpu:0'])
+    assert lines[1].split()[:3] == ['input', 'towers', 'precision']
+    assert lines[1].split()[-2:] == ['vs', 'fp32']
+    assert lines[3].split()[2] == 'bf16'
+    assert lines[3].split()[-1] == '%.3f' % bf16['vs_precision']
+
+
+SLOW_BF16 = 'bf16 runs converted through float32; expect no speed-up'
+SLOW_FP16 = ("TensorFlow's oneDNN leaves float16 to Eigen here (it logs \"oneDNN supports "
+             'DT_HALF only on platforms with AVX-512"); expect it slower than fp32')
+
+
+@pytest.mark.parametrize('name,flags,line', [
+    ('bf16', {'avx512f', 'avx512_bf16', 'amx_bf16', 'amx_tile'},
+     'bf16 on CPU: fast (AMX BF16 tiles: amx_bf16)'),
+    ('bf16', {'avx512f', 'avx512_bf16'}, 'bf16 on CPU: fast (AVX-512 BF16, no AMX: avx512_bf16)'),
+    ('bf16', {'avx2', 'avx512f'}, 'bf16 on CPU: not fast (no amx_bf16 or avx512_bf16): '
+     + SLOW_BF16),
+    ('fp16', {'avx512f', 'avx512_bf16'}, 'fp16 on CPU: not fast (no amx_fp16 or avx512_fp16): '
+     + SLOW_FP16),
+    ('fp16', {'avx512f', 'avx512_fp16'}, 'fp16 on CPU: fast (AVX-512 FP16: avx512_fp16)'),
+    ('bf16', set(), 'bf16 on CPU: unknown (no CPU flags to read in /proc/cpuinfo)'),
+    ('fp32', {'avx2'}, 'fp32: float32 throughout'),
+])
+def test_cpu_support_from_the_cpu_flags(name, flags, line):
+    assert precision_support(name, ['/cpu:0', '/cpu:1'], cpu_flags=flags) == line
+
+
+def _gpus(capability, name='Tesla V100-SXM2-16GB', count=1):
+    return {'/gpu:%d' % i: {'compute_capability': capability, 'device_name': name}
+            for i in range(count)}
+
+
+@pytest.mark.parametrize('name,details,line', [
+    ('bf16', _gpus((7, 0), count=2),
+     'bf16 on /gpu:0,/gpu:1 (Tesla V100-SXM2-16GB, compute capability 7.0): not fast (bf16 '
+     'tensor cores from compute capability 8.0, Ampere); expect no speed-up'),
+    ('bf16', _gpus((8, 0), 'NVIDIA A100-SXM4-40GB', count=2),
+     'bf16 on /gpu:0,/gpu:1 (NVIDIA A100-SXM4-40GB, compute capability 8.0): fast (bf16 '
+     'tensor cores from compute capability 8.0, Ampere)'),
+    ('fp16', _gpus((7, 0), count=2),
+     'fp16 on /gpu:0,/gpu:1 (Tesla V100-SXM2-16GB, compute capability 7.0): fast (fp16 '
+     'tensor cores from compute capability 7.0, Volta)'),
+    ('fp16', _gpus((6, 1), 'Tesla P4', count=2),
+     'fp16 on /gpu:0,/gpu:1 (Tesla P4, compute capability 6.1): not fast (fp16 tensor cores '
+     'from compute capability 7.0, Volta); expect no speed-up'),
+    ('bf16', {}, 'bf16 on /gpu:0,/gpu:1 (GPU, compute capability unknown): unknown (bf16 '
+     'tensor cores from compute capability 8.0, Ampere)'),
+])
+def test_gpu_support_from_the_compute_capability(name, details, line):
+    # The CPU's flags do not matter where the towers are GPUs.
+    assert precision_support(name, ['/gpu:0', '/gpu:1'], cpu_flags={'amx_bf16'},
+                             gpu_details=details) == line
+
+
+def test_gpus_of_two_kinds_are_named_apart_and_the_slower_decides():
+    details = dict(_gpus((8, 6), 'NVIDIA RTX A6000'),
+                   **{'/gpu:1': {'compute_capability': (7, 5), 'device_name': 'Tesla T4'}})
+    assert precision_support('bf16', ['/gpu:0', '/gpu:1'], gpu_details=details) == (
+        'bf16 on /gpu:0 (NVIDIA RTX A6000, compute capability 8.6); /gpu:1 (Tesla T4, compute '
+        'capability 7.5): not fast (bf16 tensor cores from compute capability 8.0, Ampere); '
+        'expect no speed-up')
+
+
+def test_precisions_are_checked_once_each_and_a_loss_scale_needs_fp16():
+    assert [(p.name, p.scaling) for p in precisions_of(['fp32', 'fp16', 'fp32'], 128)] == [
+        ('fp32', None), ('fp16', ('fixed', 128.0, None))]
+    with pytest.raises(SettingError, match=r'^loss_scale scales the float16 loss: use it with '
+                                           r'precision fp16 \(fp32 needs no loss scaling\)$'):
+        precisions_of(['fp32', 'bf16'], 128)
+    with pytest.raises(SettingError, match="unknown precision 'fp8'"):
+        precisions_of(['fp32', 'fp8'])
+
+
+def test_the_keras_twin_is_built_under_its_policy_and_leaves_the_global_one_alone():
+    import keras
+    before = keras.mixed_precision.global_policy().name
+    twin = peers.keras_twin('small_convnet', SHAPE, 10, 'mixed_bfloat16')()
+    assert keras.mixed_precision.global_policy().name == before
+    conv, logits = twin.layers[0], twin.layers[-1]
+    assert (conv.compute_dtype, conv.variable_dtype) == ('bfloat16', 'float32')
+    assert logits.compute_dtype == 'float32'  # softmax and the loss in float32
+    half = peers.keras_twin('small_convnet', SHAPE, 10, 'mixed_float16')()
+    half.compile(optimizer=keras.optimizers.SGD(0.01),
+                 loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    assert isinstance(half.optimizer, keras.optimizers.LossScaleOptimizer)
+    assert peers.keras_twin('small_convnet', SHAPE, 10)().layers[0].compute_dtype == 'float32'
+
+
+def test_compare_gives_keras_a_row_in_each_precision(monkeypatch):
+    monkeypatch.setattr(compare, 'matmul_gflops', lambda devices: 1.0)  # test_compare's part
+    train = data.load_dataset('mnist_sample').train
+    tf.config.list_logical_devices()  # eager on one CPU device, as in test_compare
+    lines = []
+    rows = compare.run_compare(
+        'small_convnet', models.build_model('small_convnet', SHAPE, 10), SHAPE, 10, [1],
+        batch_size=8, dataset=train, variable_updates=('parameter_server',), warmup_steps=1,
+        timed_steps=2, log=lines.append, precisions=['fp32', 'bf16'])
+    assert [(r['config'], r['precision']) for r in rows] == [
+        ('towers parameter_server/synthetic', 'fp32'),
+        ('towers parameter_server/synthetic bf16', 'bf16'), ('textbook', 'fp32'),
+        ('keras mirrored', 'fp32'), ('keras mirrored mixed_bfloat16', 'bf16')]
+    best = {r['precision']: r['mean'] for r in rows[:2]}
+    for row in rows:  # each against towers in its own precision
+        assert row['vs_best'] == pytest.approx(row['mean'] / best[row['precision']])
+    assert precision_support('bf16', ['/cpu:0']) in lines
+    assert any(line.startswith('towers best bf16 vs keras mirrored mixed_bfloat16: 1: ')
+               for line in lines)
+    assert any(line.startswith('towers best bf16 vs fp32: 1: ') for line in lines)
+
+
+@pytest.mark.parametrize('argv,message', [
+    (['bench', '--precision', 'fp32,fp8'],
+     "--precision wants some of fp32,bf16,fp16, got 'fp32,fp8'"),
+    (['bench', '--precision', 'fp32,bf16', '--loss-scale', '128'],
+     '--loss-scale scales the float16 loss: use it with --precision fp16 (fp32 needs no loss '
+     'scaling)'),
+    (['bench', '--cluster-mode', 'collective', '--towers', '1', '--precision', 'fp32,bf16'],
+     "--cluster-mode times one --precision per run, got 'fp32,bf16'"),
+])
+def test_bad_precisions_are_one_line(capsys, argv, message):
+    assert main(argv) == 1
+    assert capsys.readouterr().err.splitlines() == ['towers: error: ' + message]
+
+
+def test_the_cluster_bench_passes_its_precision_to_every_run(monkeypatch, capsys):
+    commands = []
+
+    def towers(command, timeout):
+        commands.append(command)
+        return 'trained to step 4: 100.0 images/sec after warm-up\n'
+    monkeypatch.setattr(clusterbench, '_towers', towers)
+    assert main(['bench', '--cluster-mode', 'collective', '--towers', '1', '--workers', '1',
+                 '--rounds', '2', '--warmup', '1', '--window', '3', '--model', 'small_convnet',
+                 '--precision', 'fp16', '--loss-scale', '256']) == 0
+    assert len(commands) == 4  # one process and one cluster, twice
+    for command in commands:
+        at = command.index('--precision')
+        assert command[at:at + 4] == ['--precision', 'fp16', '--loss-scale', '256']
+    assert ', fp16, 1 warm-up' in capsys.readouterr().out.splitlines()[0]
+
+
+def test_the_bench_title_names_the_precisions(monkeypatch, capsys):
+    seen = {}
+    monkeypatch.setattr(bench, 'run_bench', lambda *args, **kwargs: seen.update(kwargs))
+    assert main(['bench', '--precision', 'fp32,bf16,fp32', '--towers', '1']) == 0
+    assert capsys.readouterr().out.splitlines()[0].endswith(
+        'timed steps per row; in fp32, bf16, each against fp32')
+    assert (seen['precisions'], seen['loss_scale']) == (['fp32', 'bf16'], None)
+
