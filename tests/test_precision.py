@@ -270,3 +270,11 @@ def test_dropout_drops_the_same_units_in_every_precision():
     assert 0.3 < np.mean(masks[0] == 0) < 0.7
     for mask in masks[1:]:
         np.testing.assert_array_equal(mask, masks[0])
+
+
+@pytest.mark.parametrize('input_mode,variable_update', [
+    ('staging', 'independent'), ('dataset', 'replicated'), ('synthetic', 'parameter_server')])
+def test_bf16_trains_with_every_input_and_strategy(input_mode, variable_update):
+    result, _ = _train(None, 3, precision='bf16', input=input_mode,
+                       variable_update=variable_update, towers=2)
+    assert result['steps'] == 3 and np.isfinite(result['test_loss'])

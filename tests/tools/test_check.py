@@ -79,3 +79,23 @@ def test_the_command_refuses_more_examples_than_the_dataset_has(capsys):
     assert main(['check', '--batch-size', '100', '--steps', '41']) == 1
     assert ('check takes --steps batches of --batch-size distinct examples: 41 x 100 is more '
             'than the 4000 of mnist_sample') in capsys.readouterr().err
+
+
+def test_bf16_towers_are_checked_against_fp32_with_a_bf16_tolerance(capsys):
+    assert main(['check', '--model', 'small_convnet', '--towers', '2', '--batch-size', '10',
+                 '--steps', '2', '--precision', 'bf16']) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith('check: small_convnet on 2 tower(s) /cpu:0,/cpu:1 in bf16 against '
+                             '1 device in fp32')
+    assert out[-1].startswith('within tolerance 0.125 (32 bfloat16 roundings: the towers '
+                              'compute in bfloat16, the device in float32; largest relative '
+                              'difference ')
+    difference = float(out[-1].split('largest relative difference ')[1].split(')')[0])
+    assert 1e-5 < difference < 0.125  # bf16 shows, far beyond float32 rounding
+
+
+def test_fp16_is_checked_with_a_fixed_loss_scale(capsys):
+    assert main(['check', '--model', 'small_convnet', '--towers', '2', '--batch-size', '10',
+                 '--steps', '2', '--precision', 'fp16', '--loss-scale', '256']) == 0
+    out = capsys.readouterr().out
+    assert 'fp16 loss scale: fixed 256' in out and 'within tolerance 0.0156 (32 float16' in out

@@ -42,7 +42,7 @@ def precision_support(name, devices, cpu_flags=None, gpu_details=None):
     if gpus:
         return _gpu_support(name, gpus, _gpu_details(gpus) if gpu_details is None
                             else gpu_details)
-    flags = set(cpu_flags() if cpu_flags is None else cpu_flags)
+    flags = set(read_cpu_flags() if cpu_flags is None else cpu_flags)
     if not flags:
         return '%s on CPU: unknown (no CPU flags to read in /proc/cpuinfo)' % name
     for flag, what in _CPU_KERNELS[name]:
@@ -82,7 +82,7 @@ def _gpu_details(gpus):
     return details
 
 
-def cpu_flags():
+def read_cpu_flags():
     """The CPU's feature flags from /proc/cpuinfo (an empty set where there is none)."""
     try:
         with open('/proc/cpuinfo') as info:
