@@ -216,10 +216,10 @@ def dropout(x, rate, training, seed=None):
         return x * tf.cast(keep, x.dtype)
 
 
-MIN_EPSILON = 1.001e-5
+MIN_EPSILON = 1.001e-5  # the fused kernel's floor (cuDNN's)
 
 
-def batch_norm(x, training, decay=0.997, epsilon=1e-5, name='batch_norm'):
+def batch_norm(x, training, decay=0.997, epsilon=MIN_EPSILON, name='batch_norm'):
     """Batch normalisation over the last (channel) axis.
 
     Creates `beta` [C] (zeros) and `gamma` [C] (ones), trainable, and
@@ -244,8 +244,8 @@ def batch_norm(x, training, decay=0.997, epsilon=1e-5, name='batch_norm'):
             those of every tower's real examples together (all-reduced), so N
             towers normalise exactly as one device on the whole batch.
         decay: moving-average decay.
-        epsilon: added to the variance for numerical stability; at least
-            MIN_EPSILON, the fused kernel's floor.
+        epsilon: added to the variance for numerical stability; below
+            MIN_EPSILON, the fused kernel's floor, the tf.nn ops normalise.
         name: variable scope of the four variables.
 
     Returns:
@@ -253,8 +253,6 @@ def batch_norm(x, training, decay=0.997, epsilon=1e-5, name='batch_norm'):
     """
     _check_training(training, 'batch_norm')
     channels = _static_channels(x, 'batch_norm')
-    # The fused kernel's floor (cuDNN's); every path uses it, so that they agree.
-    epsilon = max(epsilon, MIN_EPSILON)
 
     def var(var_name, init, trainable=True):
         collections = None if trainable else [tf1.GraphKeys.GLOBAL_VARIABLES,
@@ -268,7 +266,7 @@ def batch_norm(x, training, decay=0.997, epsilon=1e-5, name='batch_norm'):
         gamma = var('gamma', tf1.ones_initializer())
         moving_mean = var('moving_mean', tf1.zeros_initializer(), trainable=False)
         moving_variance = var('moving_variance', tf1.ones_initializer(), trainable=False)
-        fused = _fusable(x)
+        fused = _fusable(x) and epsilon >= MIN_EPSILON
         if not training:
             if fused:
                 return tf1.nn.fused_batch_norm(x, gamma, beta, moving_mean, moving_variance,
