@@ -211,8 +211,8 @@ def test_a_checkpoint_moves_between_precisions(tmp_path):
     held = _checkpoint(logdir)
     assert {v.dtype for v in held.values() if v.dtype.kind == 'f'} == {np.dtype(np.float32)}
     result, lines = _train(logdir, 4, precision='fp16')  # no loss scale there yet
-    assert any('holds no loss scale (trained in another precision): the dynamic scale starts '
-               'at 32768' in line for line in lines), lines
+    assert any('holds no dynamic loss scale (trained in another precision, or with a fixed '
+               'scale): the scale starts at 32768' in line for line in lines), lines
     assert result['steps'] == 4 and 'loss_scale/scale' in _checkpoint(logdir)
     result, lines = _train(logdir, 6)  # and back to fp32, the loss scale left behind
     assert result['steps'] == 6 and any(line.startswith('resumed from') for line in lines)
@@ -278,3 +278,41 @@ def test_bf16_trains_with_every_input_and_strategy(input_mode, variable_update):
     result, _ = _train(None, 3, precision='bf16', input=input_mode,
                        variable_update=variable_update, towers=2)
     assert result['steps'] == 3 and np.isfinite(result['test_loss'])
+
+
+def _overflowing_net(images, training):
+    """small logits whose float16 gradient is Inf at any loss scale: a NaN no scale halves away."""
+    logits = models.layers.dense(images, 10, name='logits')
+
+    @tf.custom_gradient
+    def blow_up(x):
+        return x, lambda upstream: upstream * tf.constant(1e30, tf.float32)
+    return tf.cast(blow_up(tf.cast(logits, tf.float32)), logits.dtype)
+
+
+@pytest.mark.parametrize('initial_scale,finite', [(2.0, True), (1.0, False)])
+def test_an_overflow_stops_the_run_only_at_scale_1(initial_scale, finite):
+    precision = Precision('fp16', initial_scale=initial_scale)
+    graph, devices = _graph(precision, _batches(1), model_fn=_overflowing_net)
+    _, everything, steps = harness.run_graph(graph, devices, 1, fetches={'finite': graph.finite})
+    assert everything['loss_scale/skipped_steps'] == 1 and everything['loss_scale/scale'] == 1.0
+    assert bool(steps[0]['finite']) is finite
+
+
+def test_a_skipped_step_does_not_move_the_moving_average_of_the_weights():
+    model = ClassifierModel(models.build_model('small_convnet', SHAPE, 10), SHAPE, 10)
+    overflowing = Precision('fp16', initial_scale=2.0 ** 40)
+    graph = build_training_graph(model, ['/cpu:0'], seed=0, source=harness.fed(_batches(1)),
+                                 ema_decay=0.5, precision=overflowing)
+    with harness.open_graph(graph, ['/cpu:0']) as sess:
+        with graph.graph.as_default():
+            shadows = {v.op.name: v for v in tf1.global_variables()
+                       if v.op.name.endswith('ExponentialMovingAverage')}
+        before = sess.run(shadows)
+        with run_steps(sess, graph.source, {'train_op': graph.train_op}, 0, 1) as loop:
+            list(loop)
+        after = sess.run(shadows)
+        assert sess.run(graph.loss_scale.skipped_steps) == 1
+    assert shadows
+    for name in shadows:
+        np.testing.assert_array_equal(after[name], before[name], name)

@@ -148,12 +148,13 @@ def build_training_graph(model, tower_devices, param_device='/cpu:0', seed=None,
         train_op, applied = strategy.build_train_op(towers, optimizers, global_step, decay,
                                                     model.gradient_processors())
         masters = [v for v in tf1.trainable_variables() if variable_name(v) == v.op.name]
-        train_op, ema = _moving_average(train_op, masters, global_step, ema_decay)
+        loss, metrics, batch, finite = _step_results(towers, decay, masters, applied, strategy,
+                                                     loss_scale, train_op)
+        train_op, ema = _moving_average(train_op, masters, global_step, ema_decay,
+                                        loss_scale.gate if loss_scale else None)
         evaluation = _eval_towers(model, tower_devices, host, reuse=True, ema=ema,
                                   precision=precision)
         check_kernels(graph, precision, scopes=('tower_', 'eval/'))
-        loss, metrics, batch, finite = _step_results(towers, decay, masters, applied, strategy,
-                                                     loss_scale)
         sync_op = strategy.sync_op()
         # Without finalize the caller adds variables of its own, then makes these.
         init_op, saver = finalize_graph(graph, strategy) if finalize else (None, None)
@@ -176,18 +177,25 @@ def finalize_graph(graph, strategy, freeze=True):
     return init_op, saver
 
 
-def _moving_average(train_op, masters, global_step, ema_decay):
-    """(train_op that also updates the average, the ExponentialMovingAverage), or as given."""
+def _moving_average(train_op, masters, global_step, ema_decay, applied=None):
+    """(train_op that also updates the average, the ExponentialMovingAverage), or as given.
+
+    applied: a dynamic loss scale's decision (scalar bool): a step it skips does
+    not move the average either.
+    """
     if ema_decay is None:
         return train_op, None
     # As the tutorial: the average follows each apply, and num_updates lets
     # it move fast early on.
     ema = tf1.train.ExponentialMovingAverage(ema_decay, num_updates=global_step)
     with tf.control_dependencies([train_op]):
-        return tf.group(ema.apply(masters), name='train_op_ema'), ema
+        if applied is None:
+            return tf.group(ema.apply(masters), name='train_op_ema'), ema
+        return tf.group(tf.cond(applied, lambda: ema.apply(masters), tf.no_op),
+                        name='train_op_ema'), ema
 
 
-def _step_results(towers, decay, masters, applied, strategy, loss_scale=None):
+def _step_results(towers, decay, masters, applied, strategy, loss_scale, train_op):
     """What a step reports: (loss, metrics, batch, finite), see TrainGraph."""
     with tf.device('/cpu:0'):
         loss, metrics, batch = strategy.step_results(
@@ -195,10 +203,13 @@ def _step_results(towers, decay, masters, applied, strategy, loss_scale=None):
             tf.add_n([t.count for t in towers], name='batch'))
         if decay is not None:
             loss = tf.add(loss, decay.loss(masters), name='total_loss')
-        grads = all_finite([g for g, _ in applied if g is not None])
         if loss_scale is not None and loss_scale.dynamic:
-            # An overflow the scale can still halve away is skipped, not fatal.
-            grads = tf.logical_or(grads, loss_scale.value > 1.0)
+            # An overflow the scale can still halve away is skipped, not fatal: only
+            # one at scale 1 is. Read once the update (the chief's, across processes)
+            # has decided, whichever task's gradients overflowed.
+            grads = tf.logical_not(loss_scale.stuck(train_op))
+        else:
+            grads = all_finite([g for g, _ in applied if g is not None])
         finite = tf.logical_and(all_finite([loss]), grads, name='finite')
     return loss, metrics, batch, finite
 

@@ -161,6 +161,16 @@ class LossScale:
         """
         return LossScaleOptimizer(optimizer, self, primary)
 
+    def stuck(self, train_op):
+        """Scalar bool, once train_op has run: the step overflowed at scale 1 (a NaN or Inf
+        no scale removes): it was skipped at 1 and the scale stays there."""
+        with tf.control_dependencies([train_op]):
+            after = tf.identity(self.scale.read_value())
+            streak = tf.identity(self.good_steps.read_value())
+        # Applied at 1, the streak is at least 1, or the scale grew; skipped, both stay.
+        return tf.logical_and(tf.logical_and(self.value <= 1.0, after <= 1.0),
+                              tf.equal(streak, 0), name='stuck_at_1')
+
     def update(self, finite):
         """The op that moves the dynamic scale after a step whose gradients were finite or not."""
         with tf1.name_scope('loss_scale_update'), tf1.colocate_with(self.scale):

@@ -152,8 +152,9 @@ class Trainer:
         self.log('resumed from %s%s' % (latest, '' if latest == newest else
                                          ' (%s, newer, does not read back whole)' % newest))
         if fresh:
-            self.log('%s holds no loss scale (trained in another precision): the dynamic '
-                     'scale starts at %g' % (latest, self.graph.precision.scaling[1]))
+            self.log('%s holds no dynamic loss scale (trained in another precision, or with a '
+                     'fixed scale): the scale starts at %g'
+                     % (latest, self.graph.precision.scaling[1]))
 
     def train(self):
         """Run the loop to num_steps (or a stop); returns a dict (see `train`)."""

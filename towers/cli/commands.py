@@ -164,10 +164,11 @@ def run_explain(args, log):
     else:
         tower_devices = resolve_devices(args.towers, args.devices)
         param_device = resolve_param_device(args.param_device, tower_devices)
+    precision = Precision(args.precision, loss_scale(args.loss_scale))
     report = explain.explain(model_fn, info.input_shape, info.num_classes, tower_devices,
                              param_device, args.batch_size, args.variable_update,
                              args.input or 'feed', args.optimizer, args.sync_bn, cluster,
-                             precision=Precision(args.precision, loss_scale(args.loss_scale)))
+                             precision=precision)
     if args.json:
         log(json.dumps(report, indent=1))
         return
@@ -182,8 +183,7 @@ def run_explain(args, log):
     title = ('explain: %s on %d tower(s), global batch %d, %s input, %s, %s%s'
              % (args.model, len(tower_devices), args.batch_size, args.input or 'feed',
                 args.variable_update, where,
-                '; ' + Precision(args.precision).describe() if args.precision != 'fp32'
-                else ''))
+                '; ' + precision.describe() if precision.mixed else ''))
     for line in explain.report_lines(report, title):
         log(line)
 

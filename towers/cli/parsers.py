@@ -307,6 +307,9 @@ def eval_parser(commands):
                                                            'trained)')
     evaluate.add_argument('--batch-size', type=int, default=100,
                           help='global evaluation batch (default: 100)')
+    evaluate.add_argument('--precision', default=None, choices=PRECISIONS,
+                          help='compute in this precision (default: the one it trained in; '
+                               'its weights are float32 whatever it was)')
     _device_flags(evaluate)
     return evaluate
 

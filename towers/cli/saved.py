@@ -56,8 +56,8 @@ def run_eval(args, log):
     param_device = devices.resolve_param_device(args.param_device, tower_devices)
     model = ClassifierModel(model_fn, run['input_shape'], run['num_classes'])
     ema = run.get('ema', False)
-    # In the precision it trained in, as its in-training evaluations were.
-    precision = run.get('precision', 'fp32')
+    # In the precision it trained in, as its in-training evaluations were, unless asked.
+    precision = args.precision or run.get('precision', 'fp32')
     built = graph.build_eval_graph(model, tower_devices, param_device, ema=ema,
                                    precision=precision)
     with tf.compat.v1.Session(graph=built.graph,

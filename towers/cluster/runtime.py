@@ -179,7 +179,8 @@ class ClusterRun:
                 'batch_size': trainer.batch_size, 'seed': config.seed,
                 'steps': trainer.num_steps, 'steps_per_epoch': trainer.steps_per_epoch,
                 'learning_rate': config.schedule().describe(), 'ema': config.ema,
-                'input': trainer.source.name}
+                'input': trainer.source.name,
+                'precision': repr(trainer.graph.precision)}  # 'dynamic' and None alike
 
     def check_fingerprint(self, sess):
         """ClusterError unless every worker runs with the same settings as this one."""

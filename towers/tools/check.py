@@ -23,7 +23,7 @@ from towers.devices import resolve_devices, session_config
 from towers.errors import SettingError, TowersError
 from towers.gradients import average_gradients
 from towers.inputs import FeedInput
-from towers.precision import Precision
+from towers.precision import Precision, check_kernels
 from towers.session import load_variables, open_session, run_steps
 from towers.tower import build_towers_from_slices, split_sizes, tower_loss, tower_update_ops
 
@@ -63,6 +63,7 @@ class _Run:
             grads = average([t.grads_and_vars for t in towers], [t.weight for t in towers])
             self.grads = {v.op.name: g for g, v in grads if g is not None}
             self.train_op = tf.group(opt.apply_gradients(grads), *tower_update_ops(towers[0]))
+            check_kernels(self.graph, precision)
             self.variables = {v.op.name: v for v in tf1.global_variables()
                               if not v.op.name.startswith('loss_scale/')}
             self.has_batch_norm = bool(tf1.get_collection(tf1.GraphKeys.UPDATE_OPS))

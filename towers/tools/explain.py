@@ -125,8 +125,11 @@ def explain(model_fn, input_shape, num_classes, tower_devices, param_device='/cp
     return {'batch_size': batch_size, 'precision': precision.name,
             'compute_dtype': precision.dtype.name, 'devices': devices,
             'averaging': sorted({d for n, d in placed.items() if n.startswith(AVERAGE_SCOPES)}),
-            'apply': sorted({placed[op.name] for op in graph.graph.get_operations()
-                             if _APPLY_TYPE.match(op.type) and op.name in placed}),
+            # From the partitions TensorFlow ran: a dynamic loss scale's applies sit in a
+            # tf.cond's branch function, which the graph's own op list does not show.
+            'apply': sorted({short_device(node.device)
+                             for partition in metadata.partition_graphs
+                             for node in partition.node if _APPLY_TYPE.match(node.op)}),
             **transfers}
 
 
