@@ -33,8 +33,7 @@ def check_inputs(images, training, input_shape, model):
         ModelError: wrong dtype, rank or image shape.
         TypeError: `training` is not a Python bool.
     """
-    if not is_training_flag(training):
-        raise TypeError(f'{model}: training must be a Python bool, got {training!r}')
+    check_training(training, model)
     images = tf.convert_to_tensor(images)
     if images.dtype not in COMPUTE_DTYPES:
         raise ModelError(f'{model}: images must be float32 (or the bfloat16 or float16 of '
@@ -45,3 +44,19 @@ def check_inputs(images, training, input_shape, model):
         raise ModelError(f'{model} was built for images [batch, {", ".join(map(str, input_shape))}]'
                          f' but got shape {images.shape}; build it with the matching input_shape')
     return images
+
+
+def static_channels(x, layer):
+    """The static size of x's last axis, which a layer sizes its variables by."""
+    channels = x.shape[-1]
+    if channels is None:
+        raise ValueError(f'{layer}: the last dimension of {x.name} must be known '
+                         f'statically to size the variables, got shape {x.shape}')
+    return int(channels)
+
+
+def check_training(training, layer):
+    """TypeError unless training is a Python bool or a TowerContext."""
+    # A tensor here would silently be truthy and turn eval into training.
+    if not is_training_flag(training):
+        raise TypeError(f'{layer}: training must be a Python bool, got {training!r}')
