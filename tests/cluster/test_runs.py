@@ -280,20 +280,25 @@ def test_workers_started_with_other_settings_are_refused(tmp_path, mode):
             'towers: error: lost worker 1 (%s) after step 0' % jobs['worker'][1]), errors
 
 
-def test_fp16_workers_with_a_ps_share_one_loss_scale_and_equal_one_process(tmp_path):
-    """The chief's update applies or skips the whole batch's step; one loss scale, on the ps."""
-    flags = ['--steps', '6', '--precision', 'fp16'] + FLAGS
+@pytest.mark.parametrize('mode,precision,ps', [('parameter-server', 'fp16', 1),
+                                               ('collective', 'bf16', 0)])
+def test_mixed_precision_workers_equal_one_process(tmp_path, mode, precision, ps):
+    """fp16: the chief's update applies or skips the whole batch's step, one loss scale on
+    the ps; bf16: the workers all-reduce the float32 gradients of their bf16 towers."""
+    flags = ['--steps', '6', '--precision', precision] + FLAGS
     one = str(tmp_path / 'one')
     assert main(['train', '--towers', '2', '--logdir', one] + flags) == 0
     logdir = str(tmp_path / 'run')
-    status, lines = _launch(tmp_path, '--logdir', logdir, *flags, ps=1, mode='parameter-server')
+    status, lines = _launch(tmp_path, '--logdir', logdir, *flags, ps=ps, mode=mode)
     assert status == 0, '\n'.join(lines)
-    assert any(line.startswith('[worker 1] training 6 steps') and line.endswith('fp16')
+    assert any(line.startswith('[worker 1] training 6 steps') and line.endswith(precision)
                for line in lines), '\n'.join(lines)
     cluster, reference = _variables(logdir), _variables(one)
     assert sorted(cluster) == sorted(reference)
-    for name in ('loss_scale/scale', 'loss_scale/good_steps', 'loss_scale/skipped_steps'):
-        assert cluster[name] == reference[name], name
-    assert cluster['loss_scale/good_steps'] + cluster['loss_scale/skipped_steps'] == 6
-    # float16 towers: a float32 sum in another order may round a weight the other way.
+    if precision == 'fp16':
+        for name in ('loss_scale/scale', 'loss_scale/good_steps', 'loss_scale/skipped_steps'):
+            assert cluster[name] == reference[name], name
+        assert cluster['loss_scale/good_steps'] + cluster['loss_scale/skipped_steps'] == 6
+    # Towers in a 16-bit type: a float32 sum in another order may round a weight the
+    # other way.
     assert _close(reference, cluster) <= 1e-3
