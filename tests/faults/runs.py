@@ -18,6 +18,7 @@ import time
 import numpy as np
 import tensorflow as tf
 
+from towers import checkpoints
 from towers.cli import main
 
 tf1 = tf.compat.v1
@@ -152,6 +153,22 @@ def leftovers(folder):
     whole = {name + suffix for name in listed(folder)
              for suffix in ('.index', '.meta', '.data-00000-of-00001')}
     return sorted(name for name in os.listdir(folder) if name not in whole and not KEPT.match(name))
+
+
+def to_be_removed(folder):
+    """What the next run removes from folder (logdir.remove_unfinished): its leftovers,
+    but a whole checkpoint that is not newer than the newest listed one (any whole
+    one, when none is listed: a first save killed before its listing) stays."""
+    steps = [int(name.rsplit('-', 1)[1]) for name in listed(folder)]
+    kept = []
+    for name in leftovers(folder):
+        stem = re.match(r'(model\.ckpt-(\d+))\.(index|meta|data-00000-of-00001)$', name)
+        prefix = stem and os.path.join(folder, stem.group(1))
+        if stem and (not steps or int(stem.group(2)) < max(steps)) \
+                and os.path.isfile(prefix + '.meta') and checkpoints.reads_back(prefix):
+            continue
+        kept.append(name)
+    return kept
 
 
 def assert_same_variables(expected, actual):

@@ -26,6 +26,7 @@ from tests.faults.runs import (
     assert_whole,
     leftovers,
     listed,
+    to_be_removed,
     towers,
     variables,
     wait_until,
@@ -41,9 +42,9 @@ REMOVED = 'removed what an interrupted run left unfinished: '
 
 
 def _after_kill(logdir):
-    """What a killed run must leave: a free logdir, whole checkpoints; (listed, leftovers)."""
+    """What a killed run must leave: a free logdir, whole checkpoints; (listed, unfinished)."""
     assert in_use_by(logdir) is None  # the kernel dropped the lock with the process
-    return assert_whole(logdir), leftovers(logdir)
+    return assert_whole(logdir), to_be_removed(logdir)
 
 
 def _removed(out):
@@ -167,7 +168,7 @@ def test_kill_9_at_random_moments_of_an_evaluation(tmp_path, capsys, uninterrupt
         best = os.path.join(logdir, 'best')
         if os.path.isdir(best):
             assert_whole(best)
-        unfinished_best = (['best/' + name for name in leftovers(best) if name != 'best.json']
+        unfinished_best = (['best/' + name for name in to_be_removed(best) if name != 'best.json']
                            if os.path.isdir(best) else [])
         _resume(capsys, logdir, EVALUATED, unfinished, unfinished_best)
         assert_same_variables(uninterrupted(*EVALUATED),
