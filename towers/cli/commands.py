@@ -114,6 +114,82 @@ def run_cluster_bench(args, log):
         log(line)
 
 
+def run_plan(args, log):
+    """towers plan: predicted scaling over --workers, from one step timed here."""
+    from towers.names import CLUSTER_MODES
+    from towers.precision import Precision
+    from towers.tools import bench, plan
+    from towers.tools.trace import check_output
+    workers = int_list(args.workers, 'workers')
+    modes = name_list(args.cluster_mode, 'cluster_mode', CLUSTER_MODES)
+    bandwidth, latency = plan.parse_rate(args.bandwidth), plan.parse_delay(args.latency)
+    towers = args.devices_per_worker
+    if towers < 1:
+        raise SettingError('{devices_per_worker} is at least 1, got %d', towers)
+    if args.ps != 'workers' and not (args.ps.isdigit() and int(args.ps) >= 0):
+        raise SettingError('{ps} is a count of 0 or more, or "workers", not %r', args.ps)
+    if 'parameter-server' in modes and args.ps == '0':
+        raise SettingError('{cluster_mode} parameter-server needs {ps} of at least 1')
+    if args.plot:
+        check_output(args.plot, 'plot')
+    precision = Precision(args.precision, loss_scale(args.loss_scale))
+    info = data.dataset_info(args.dataset)
+    model_fn = models.build_model(args.model, info.input_shape, info.num_classes)
+    sizes = plan.model_sizes(model_fn, info.input_shape)
+    # One worker's towers split its batch; each tower's share, as train splits it.
+    per_tower = -(-args.batch_size // towers)
+    if args.device_flops is not None:
+        flops = plan.tower_flops(model_fn, info.input_shape, info.num_classes, per_tower)
+        compute = flops / plan.parse_flops(args.device_flops)
+        source = ('%s FLOP per tower step (%d images) / %s FLOP/s'
+                  % (_number(flops), per_tower, args.device_flops))
+    else:
+        bench.check_window(args.batch_size, args.warmup, args.window)
+        mean, stderr = bench.measure_one_worker(model_fn, info.input_shape, info.num_classes,
+                                                towers, args.batch_size, args.warmup,
+                                                args.window, precision)
+        compute = args.batch_size / mean
+        source = ('one worker timed here: %d tower(s), batch %d, %s: %.1f ± %.1f images/sec '
+                  'over %d steps after %d; on %s' % (towers, args.batch_size, precision.name,
+                                                     mean, stderr, args.window, args.warmup,
+                                                     bench.machine()))
+    slice_bytes = plan.slice_bytes(info.input_shape, args.batch_size)
+    log('plan: %s, batch %d per worker of %d device(s); links %s each way (B = %s/s), '
+        'latency a = %s' % (args.model, args.batch_size, towers, args.bandwidth,
+                            plan.bytes_text(bandwidth), args.latency))
+    log('compute: %.4f s per step (%s)' % (compute, source))
+    log('S = %s of gradients in %d variables; I = %s of input per worker'
+        % (plan.bytes_text(sum(sizes)), len(sizes), plan.bytes_text(slice_bytes)))
+    rows = []
+    for mode in modes:
+        for n in workers:
+            ps = (n if args.ps == 'workers' else int(args.ps)) if mode != 'collective' else 0
+            rows += plan.predict(mode, [n], compute, args.batch_size, sizes, bandwidth,
+                                 latency, towers, ps, slice_bytes)
+            rows[-1]['ps'] = ps
+    if args.json:
+        log(json.dumps(rows, indent=1, sort_keys=True))
+    else:
+        for line in plan.table_lines(rows):
+            log(line)
+        for mode in modes:
+            last = [row for row in rows if row['mode'] == mode][-1]
+            log('%s network at %d workers%s: %s' % (
+                mode, last['workers'], ', %d ps' % last['ps'] if last['ps'] else '',
+                last['formula']))
+    if args.plot:
+        plan.plot_rows(rows, args.plot, '%s, batch %d per worker, %s links'
+                       % (args.model, args.batch_size, args.bandwidth))
+        log('plot: %s' % args.plot)
+
+
+def _number(value):
+    for unit, scale in (('T', 1e12), ('G', 1e9), ('M', 1e6), ('k', 1e3)):
+        if value >= scale:
+            return '%.2f %s' % (value / scale, unit)
+    return '%d' % value
+
+
 def run_convert(args, log):
     """towers data convert: a dataset -> TFRecord shards and a manifest."""
     from towers.data import records
@@ -191,4 +267,4 @@ def run_explain(args, log):
 COMMANDS = {'train': run_train, 'devices': run_devices, 'bench': run_bench,
             'models': run_models, 'data': run_convert, 'eval': run_eval, 'export': run_export,
             'check': run_check, 'explain': run_explain, 'server': run_server,
-            'launch': run_launch}
+            'launch': run_launch, 'plan': run_plan}

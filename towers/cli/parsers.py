@@ -67,7 +67,7 @@ def build_parser():
     commands.required = True
     for add in (train_parser, devices_parser, bench_parser, explain_parser, check_parser,
                 models_parser, eval_parser, export_parser, data_parser, server_parser,
-                launch_parser):
+                launch_parser, plan_parser):
         add(commands)
     return parser
 
@@ -234,6 +234,44 @@ def bench_parser(commands):
     cluster.add_argument('--threads', type=int, default=None,
                          help="with --cluster-mode: each run's intra- and inter-op threads")
     return bench
+
+
+def plan_parser(commands):
+    """towers plan: predicted step time and efficiency over N workers."""
+    plan = commands.add_parser('plan', help='predict step time, images/sec and efficiency on N '
+                                            'workers from one step timed here and the bytes '
+                                            'each cluster mode sends')
+    _model_flags(plan)
+    plan.add_argument('--workers', default='1,2,4,8,16,32,64',
+                      help='comma-separated worker counts (default: 1,2,4,8,16,32,64)')
+    plan.add_argument('--devices-per-worker', type=int, default=1, metavar='G',
+                      help='towers (devices) per worker (default: 1)')
+    plan.add_argument('--batch-size', type=int, default=128,
+                      help="each worker's batch: the global batch is N times it, as the "
+                           "anchors scale (default: 128)")
+    plan.add_argument('--cluster-mode', default='collective,parameter-server',
+                      help='comma-separated modes: in-graph, collective, parameter-server '
+                           '(default: collective,parameter-server)')
+    plan.add_argument('--ps', default='1',
+                      help='ps tasks (parameter-server, in-graph): a count, or "workers" for '
+                           'one per worker as tf_cnn_benchmarks runs them (default: 1)')
+    plan.add_argument('--bandwidth', default='25Gbit',
+                      help="each host's link, each way: e.g. 10Gbit, 25Gbit, 100Mbit, 1GB "
+                           '(default: 25Gbit)')
+    plan.add_argument('--latency', default='10us',
+                      help='one-way latency of a link: e.g. 10us, 1ms, 0 (default: 10us)')
+    plan.add_argument('--device-flops', default=None, metavar='X',
+                      help="the target device's sustained FLOP/s (e.g. 4.5T): the compute is "
+                           "one tower's FLOPs over it instead of a step timed here")
+    plan.add_argument('--warmup', type=int, default=5,
+                      help='untimed steps of the step timed here (default: 5)')
+    plan.add_argument('--window', type=int, default=20,
+                      help='timed steps of the step timed here (default: 20)')
+    plan.add_argument('--plot', default=None, metavar='FILE.png',
+                      help='draw predicted efficiency against workers (needs matplotlib)')
+    plan.add_argument('--json', action='store_true', help='print the rows as JSON')
+    _precision_flags(plan)
+    return plan
 
 
 def explain_parser(commands):

@@ -151,6 +151,16 @@ def measure(model_fn, input_shape, tower_devices, source, warmup_steps=10, timed
     return measure_interleaved([config], warmup_steps, timed_steps, rounds=1, clock=clock)[0]
 
 
+def measure_one_worker(model_fn, input_shape, num_classes, towers, batch_size, warmup_steps,
+                       timed_steps, precision=None):
+    """(mean, stderr) images/sec of one worker's step: its towers on a synthetic batch."""
+    devices = resolve_devices(num_towers=towers)
+    config = dict(model_fn=model_fn, input_shape=input_shape, tower_devices=devices,
+                  param_device=resolve_param_device('cpu', devices), precision=precision,
+                  source=make_input('synthetic', None, None, batch_size, num_classes))
+    return measure_interleaved([config], warmup_steps, timed_steps, rounds=1)[0]
+
+
 def check_window(batch_size, warmup_steps, timed_steps):
     """The settings every timing shares: a batch, a warm-up, a window with a standard error."""
     if batch_size < 1 or timed_steps < 2 or warmup_steps < 0:

@@ -27,19 +27,17 @@ large matmul reaches on the same devices: how close the training gets to what
 the hardware gives TensorFlow.
 """
 import functools
-import os
 import time
 
 import tensorflow as tf
 
-from towers.data.atomic import atomic_output
 from towers.data.sampler import EpochSampler
 from towers.devices import resolve_devices, resolve_param_device, session_config
-from towers.errors import TowersError
 from towers.inputs import make_input
 from towers.tools import peers
 from towers.tools.bench import check_window, measure_interleaved, precisions_of
 from towers.tools.hardware import precision_support
+from towers.tools.trace import pyplot_for, save_png
 
 tf1 = tf.compat.v1
 
@@ -237,12 +235,7 @@ def _report(rows, flops, tower_counts, precisions, log):
 
 def plot_rows(rows, path, title):
     """images/sec against tower count, one line per configuration, as a PNG."""
-    try:
-        import matplotlib
-    except ImportError:
-        raise TowersError('{plot} needs matplotlib: pip install matplotlib') from None
-    matplotlib.use('Agg')
-    from matplotlib import pyplot
+    pyplot = pyplot_for('plot')
     figure, axes = pyplot.subplots(figsize=(7, 4.5))
     for config in dict.fromkeys(r['config'] for r in rows):
         mine = [r for r in rows if r['config'] == config]
@@ -255,7 +248,5 @@ def plot_rows(rows, path, title):
     axes.grid(alpha=0.3)
     axes.legend(fontsize=8)
     figure.tight_layout()
-    with atomic_output(os.path.abspath(path), suffix='.png') as out:
-        figure.savefig(out, format='png', dpi=100)
-    pyplot.close(figure)
+    save_png(pyplot, figure, path)
 

@@ -175,14 +175,27 @@ def _union(spans):
     return total
 
 
-def plot_timeline(run_metadata, path, title='one training step'):
-    """A PNG of the step: one row per device, a bar per op, coloured by what it does."""
+def pyplot_for(setting):
+    """matplotlib's pyplot, drawing to files; TowersError naming the setting without it."""
     try:
         import matplotlib
     except ImportError:
-        raise TowersError('{trace_plot} needs matplotlib: pip install matplotlib') from None
+        raise TowersError('{%s} needs matplotlib: pip install matplotlib' % setting) from None
     matplotlib.use('Agg')
     from matplotlib import pyplot
+    return pyplot
+
+
+def save_png(pyplot, figure, path, dpi=100):
+    """Write the figure to path whole (never half a file), and close it."""
+    with atomic_output(os.path.abspath(path), suffix='.png') as out:
+        figure.savefig(out, format='png', dpi=dpi)
+    pyplot.close(figure)
+
+
+def plot_timeline(run_metadata, path, title='one training step'):
+    """A PNG of the step: one row per device, a bar per op, coloured by what it does."""
+    pyplot = pyplot_for('trace_plot')
     colours = {'tower compute': '#4c72b0', 'gradient averaging': '#dd8452',
                'apply': '#55a868', 'other': '#b0b0b0'}
     rows = {}
@@ -207,6 +220,4 @@ def plot_timeline(run_metadata, path, title='one training step'):
     axes.legend(loc='upper center', bbox_to_anchor=(0.5, -0.35), ncol=4, fontsize=8,
                 frameon=False)
     figure.tight_layout()
-    with atomic_output(os.path.abspath(path), suffix='.png') as out:
-        figure.savefig(out, format='png', dpi=90)
-    pyplot.close(figure)
+    save_png(pyplot, figure, path, dpi=90)

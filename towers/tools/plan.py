@@ -1,0 +1,209 @@
+"""`towers plan`: how a model would scale over N workers, from one step measured here.
+
+A synchronous step on N workers of G devices each is the compute of one
+worker's step followed by what the strategy sends over the network (neither
+of towers' cluster modes overlaps the two: the gradients leave after the last
+tower's backward pass, and the next step's forward pass waits for the
+update). Weak scaling, as the anchors measure it: every worker keeps its
+batch b, so the global batch is N*b.
+
+  step(N)     = compute + communication(N)
+  images/sec  = N * b / step(N)
+  efficiency  = compute / step(N): images/sec against N workers that never
+                wait for the network (the anchors' "percent of linear")
+
+compute is the mean step of one worker (G towers, batch b) timed on this
+machine, or, given the target device's sustained FLOP/s, the FLOPs of one
+tower's step (TensorFlow's profiler, as `towers explain` counts them) over it.
+
+Each host has one link of B bytes/s in each direction and a one-way latency
+a. S is the bytes of the gradients (the float32 trainable variables, in every
+precision); S_p the share of them on ps task p, placed as towers places them
+(each variable to the least loaded ps task).
+
+  parameter-server  the pull, then the push, each bound by its busiest link:
+                    a worker reads every variable for each of its G towers
+                    (G*S in) and pushes its towers' average (S out); ps task
+                    p sends N*G*S_p and receives N*S_p:
+                    (max(G*S, N*G*max S_p) + max(S, N*max S_p)) / B + 4a
+  collective        a ring all-reduce of each buffer of gradients (packed up
+                    to 32 MB, towers/cluster/collective.py), then one of the
+                    step's loss and metrics:
+                    2(N-1)/N * S / B + 2(N-1) * a * (buffers + 1)
+  in-graph          the chief's one graph: every tower reads the variables
+                    and sends its own gradient to the ps tasks (to the chief,
+                    without ps tasks), and the chief feeds every worker its
+                    slice of the batch (I bytes per worker):
+                    (max(G*S, N*G*max S_p) + max(G*S, N*G*max S_p)
+                    + (N-1)*I) / B + 4a
+
+Bytes crossing a link cost size/B; the protocol's own overhead (gRPC framing,
+serialising) is left out, which is why a measured step may be slower than its
+prediction. Checked on an emulated cluster (`towers launch --emulate-link`) in
+tests/cluster/test_plan_emulated.py.
+"""
+import math
+import re
+
+import numpy as np
+import tensorflow as tf
+
+from towers.errors import SettingError
+from towers.graph import build_training_graph
+from towers.inputs import SyntheticInput
+from towers.model import ClassifierModel
+from towers.tools.explain import bytes_text
+from towers.tools.trace import pyplot_for, save_png
+from towers.variables import LeastLoaded
+
+tf1 = tf.compat.v1
+
+BUFFER_BYTES = 32 << 20  # as towers.cluster.collective.BUFFER_BYTES (kept TensorFlow-free here)
+_RATE = re.compile(r'^(\d+(?:\.\d+)?)\s*([kKMGT]?)(bit|B)(?:/s)?$')
+_DELAY = re.compile(r'^(\d+(?:\.\d+)?)\s*(s|ms|us|ns)$')
+_SCALES = {'': 1.0, 'k': 1e3, 'K': 1e3, 'M': 1e6, 'G': 1e9, 'T': 1e12}
+_SECONDS = {'s': 1.0, 'ms': 1e-3, 'us': 1e-6, 'ns': 1e-9}
+
+
+def parse_rate(text, setting='bandwidth'):
+    """'25Gbit' -> bytes/s (3.125e9); '100MB' -> 1e8. One line naming the setting otherwise."""
+    match = _RATE.match(str(text).strip())
+    rate = _SCALES[match.group(2)] * float(match.group(1)) if match else 0.0
+    if not match or rate <= 0:
+        raise SettingError('{%s} is a positive rate such as 25Gbit, 100Mbit or 1GB, not %r',
+                           setting, text)
+    return rate / 8 if match.group(3) == 'bit' else rate
+
+
+def parse_flops(text):
+    """'4.5T' -> 4.5e12 FLOP/s (units k, M, G, T)."""
+    match = re.match(r'^(\d+(?:\.\d+)?)\s*([kKMGT]?)(?:FLOP/s|FLOPS)?$', str(text).strip())
+    flops = _SCALES[match.group(2)] * float(match.group(1)) if match else 0.0
+    if flops <= 0:
+        raise SettingError('{device_flops} is a positive FLOP/s such as 4.5T or 800G, not %r',
+                           text)
+    return flops
+
+
+def parse_delay(text, setting='latency'):
+    """'10us' -> 1e-05 seconds; '0' is no delay."""
+    text = str(text).strip()
+    if text == '0':
+        return 0.0
+    match = _DELAY.match(text)
+    if not match:
+        raise SettingError('{%s} is a time such as 10us, 0.5ms or 0, not %r', setting, text)
+    return float(match.group(1)) * _SECONDS[match.group(2)]
+
+
+def shard_bytes(sizes, ps):
+    """The gradient bytes on each of ps tasks, each variable to the least loaded one."""
+    chooser = LeastLoaded(range(ps))
+    for size in sizes:
+        chooser.place(size)
+    return chooser.load
+
+
+def communication(mode, workers, sizes, bandwidth, latency, towers=1, ps=0, input_bytes=0):
+    """Seconds a step spends on the network, and the formula with its numbers.
+
+    Args:
+      sizes: bytes of each trainable variable (its gradient), in build order.
+      bandwidth: bytes/s of each host's link, each way; latency: seconds one way.
+      towers: G, devices per worker.
+      input_bytes: I, one worker's slice of the batch (in-graph: fed by the chief).
+    """
+    n, g, size, b, a = workers, towers, sum(sizes), bandwidth, latency
+    if mode == 'collective':
+        if n == 1:
+            return 0.0, 'one worker: nothing crosses the network'
+        buffers = max(1, math.ceil(size / BUFFER_BYTES))
+        moved = 2 * (n - 1) / n * size
+        seconds = moved / b + 2 * (n - 1) * a * (buffers + 1)
+        return seconds, '2(N-1)/N*S/B + 2(N-1)*a*(buffers+1) = %s/B + %d*a' % (
+            bytes_text(moved), 2 * (n - 1) * (buffers + 1))
+    if mode not in ('parameter-server', 'in-graph'):
+        raise SettingError('{cluster_mode} is in-graph, collective or parameter-server, not %r',
+                           mode)
+    if mode == 'parameter-server' and ps < 1:
+        raise SettingError('{cluster_mode} parameter-server needs {ps} of at least 1')
+    # Without ps tasks (in-graph only) the chief holds every variable and reads its own.
+    shard = max(shard_bytes(sizes, ps)) if ps else size
+    holders = n if ps else n - 1
+    pull = max(g * size if holders else 0, holders * g * shard)
+    push = (max(size, n * shard) if mode == 'parameter-server'
+            else max(g * size if holders else 0, holders * g * shard))
+    fed = (n - 1) * input_bytes if mode == 'in-graph' else 0
+    seconds = (pull + push + fed) / b + (4 * a if holders else 0)
+    what = 'max(G*S, N*G*S_p)' if mode == 'in-graph' else 'max(S, N*S_p)'
+    formula = 'max(G*S, N*G*S_p)/B + %s/B%s + 4a = (%s + %s%s)/B + 4a' % (
+        what, ' + (N-1)*I/B' if fed else '', bytes_text(pull), bytes_text(push),
+        ' + %s' % bytes_text(fed) if fed else '')
+    return seconds, formula
+
+
+def predict(mode, worker_counts, compute, batch, sizes, bandwidth, latency, towers=1, ps=0,
+            input_bytes=0):
+    """One row per worker count: step, images/sec, efficiency, and the formula's terms."""
+    rows = []
+    for n in worker_counts:
+        network, formula = communication(mode, n, sizes, bandwidth, latency, towers, ps,
+                                         input_bytes)
+        step = compute + network
+        rows.append({'mode': mode, 'workers': n, 'devices': n * towers, 'compute_s': compute,
+                     'network_s': network, 'step_s': step, 'images_per_sec': n * batch / step,
+                     'efficiency': compute / step, 'formula': formula})
+    return rows
+
+
+def model_sizes(model_fn, input_shape):
+    """Bytes of each trainable variable of the model (its gradient's size), in build order."""
+    with tf.Graph().as_default():
+        model_fn(tf1.placeholder(tf.float32, [None] + list(input_shape)), training=True)
+        return [v.shape.num_elements() * v.dtype.base_dtype.size
+                for v in tf1.trainable_variables()]
+
+
+def tower_flops(model_fn, input_shape, num_classes, batch):
+    """FLOPs of one tower's training step on `batch` images (TensorFlow's profiler)."""
+    graph = build_training_graph(ClassifierModel(model_fn, input_shape, num_classes),
+                                 ['/cpu:0'], '/cpu:0', seed=0,
+                                 source=SyntheticInput(batch, num_classes), learning_rate=0.01)
+    options = tf1.profiler.ProfileOptionBuilder.float_operation()
+    options['output'] = 'none'
+    return int(tf1.profiler.profile(graph.graph, options=options).total_float_ops)
+
+
+def table_lines(rows):
+    lines = ['%-17s %8s %8s %11s %11s %11s %12s %10s' % (
+        'mode', 'workers', 'devices', 'compute s', 'network s', 'step s', 'images/sec',
+        'efficiency')]
+    for row in rows:
+        lines.append('%-17s %8d %8d %11.4f %11.4f %11.4f %12.1f %9.1f%%' % (
+            row['mode'], row['workers'], row['devices'], row['compute_s'], row['network_s'],
+            row['step_s'], row['images_per_sec'], 100 * row['efficiency']))
+    return lines
+
+
+def plot_rows(rows, path, title):
+    """Efficiency against workers, one line per mode (needs matplotlib)."""
+    pyplot = pyplot_for('plot')
+    figure, axes = pyplot.subplots(figsize=(7, 4.5))
+    for mode in sorted({row['mode'] for row in rows}):
+        mine = [row for row in rows if row['mode'] == mode]
+        axes.plot([row['workers'] for row in mine], [100 * row['efficiency'] for row in mine],
+                  marker='o', label=mode)
+    axes.set_xscale('log', base=2)
+    axes.set_xlabel('workers')
+    axes.set_ylabel('predicted efficiency (% of linear)')
+    axes.set_ylim(0, 105)
+    axes.set_title(title)
+    axes.grid(True, alpha=0.3)
+    axes.legend()
+    figure.tight_layout()
+    save_png(pyplot, figure, path)
+
+
+def slice_bytes(input_shape, batch):
+    """I: one worker's slice of a float32 batch and its int64 labels."""
+    return int(batch * (np.prod(input_shape) * 4 + 8))
