@@ -8,7 +8,7 @@ everywhere): on a task that only serves, it serves.
 """
 import argparse
 
-from towers.cluster import launch, modes
+from towers.cluster import emulate, launch, modes
 from towers.cluster.server import serve, server_config
 from towers.cluster.spec import ClusterError, resolve
 
@@ -73,13 +73,26 @@ def run_launch(args, log):
     if args.workers < 1 or args.ps < 0:
         raise ClusterError('towers launch needs {workers} of at least 1 and {ps} of 0 or more')
     mode = _train_flags(command).cluster_mode or 'in-graph'
-    jobs = launch.local_cluster(args.workers, args.ps)
     tasks = [('worker', i, launch.towers_command(*command),
               mode == 'in-graph' and i > 0 and command[0] == 'train')
              for i in range(args.workers)]
     tasks += [('ps', i, launch.towers_command('server', *_server_flags(command)), True)
               for i in range(args.ps)]
-    return launch.launch(tasks, jobs, logs=args.logs, grace=args.grace, log=log)
+    if args.emulate_link is None:
+        jobs = launch.local_cluster(args.workers, args.ps)
+        return launch.launch(tasks, jobs, logs=args.logs, grace=args.grace, log=log)
+    rate, delay = emulate.parse_link(args.emulate_link)
+    with emulate.EmulatedHosts(len(tasks), rate, delay) as hosts:
+        log('towers launch: %d hosts on bridge %s, each link %s each way after %s'
+            % (len(tasks), hosts.bridge, args.emulate_link.split(',')[0],
+               (args.emulate_link.split(',') + ['0'])[1]))
+        addresses = ['%s:%d' % (a, emulate.PORT) for a in hosts.addresses]
+        jobs = {'worker': addresses[:args.workers]}
+        if args.ps:
+            jobs['ps'] = addresses[args.workers:]
+        tasks = [(kind, index, hosts.command(i, argv), serves)
+                 for i, (kind, index, argv, serves) in enumerate(tasks)]
+        return launch.launch(tasks, jobs, logs=args.logs, grace=args.grace, log=log)
 
 
 def _train_flags(command):

@@ -59,6 +59,11 @@ def launch_parser(commands):
     launch.add_argument('--grace', type=float, default=10.0,
                         help='seconds between SIGTERM and SIGKILL when the job is torn down '
                              '(default: 10)')
+    launch.add_argument('--emulate-link', default=None, metavar='RATE,DELAY',
+                        help='run each task in its own network namespace on a bridge, every '
+                             "host's link shaped with tc to RATE each way after DELAY, e.g. "
+                             '200Mbit,0 or 1Gbit,1ms (needs root and iproute2; a DELAY needs '
+                             'netem)')
     launch.add_argument('task_command', nargs=argparse.REMAINDER, metavar='-- COMMAND',
                         help='-- then the towers command every worker runs, e.g. train ...')
     return launch

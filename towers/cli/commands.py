@@ -116,13 +116,14 @@ def run_cluster_bench(args, log):
 
 def run_plan(args, log):
     """towers plan: predicted scaling over --workers, from one step timed here."""
+    from towers.cluster.emulate import parse_delay, parse_rate
     from towers.names import CLUSTER_MODES
     from towers.precision import Precision
     from towers.tools import bench, plan
     from towers.tools.trace import check_output
     workers = int_list(args.workers, 'workers')
     modes = name_list(args.cluster_mode, 'cluster_mode', CLUSTER_MODES)
-    bandwidth, latency = plan.parse_rate(args.bandwidth), plan.parse_delay(args.latency)
+    bandwidth, latency = parse_rate(args.bandwidth), parse_delay(args.latency)
     towers = args.devices_per_worker
     if towers < 1:
         raise SettingError('{devices_per_worker} is at least 1, got %d', towers)

@@ -48,6 +48,8 @@ import re
 import numpy as np
 import tensorflow as tf
 
+from towers.cluster.collective import BUFFER_BYTES
+from towers.cluster.emulate import SCALES
 from towers.errors import SettingError
 from towers.graph import build_training_graph
 from towers.inputs import SyntheticInput
@@ -58,42 +60,16 @@ from towers.variables import LeastLoaded
 
 tf1 = tf.compat.v1
 
-BUFFER_BYTES = 32 << 20  # as towers.cluster.collective.BUFFER_BYTES (kept TensorFlow-free here)
-_RATE = re.compile(r'^(\d+(?:\.\d+)?)\s*([kKMGT]?)(bit|B)(?:/s)?$')
-_DELAY = re.compile(r'^(\d+(?:\.\d+)?)\s*(s|ms|us|ns)$')
-_SCALES = {'': 1.0, 'k': 1e3, 'K': 1e3, 'M': 1e6, 'G': 1e9, 'T': 1e12}
-_SECONDS = {'s': 1.0, 'ms': 1e-3, 'us': 1e-6, 'ns': 1e-9}
-
-
-def parse_rate(text, setting='bandwidth'):
-    """'25Gbit' -> bytes/s (3.125e9); '100MB' -> 1e8. One line naming the setting otherwise."""
-    match = _RATE.match(str(text).strip())
-    rate = _SCALES[match.group(2)] * float(match.group(1)) if match else 0.0
-    if not match or rate <= 0:
-        raise SettingError('{%s} is a positive rate such as 25Gbit, 100Mbit or 1GB, not %r',
-                           setting, text)
-    return rate / 8 if match.group(3) == 'bit' else rate
 
 
 def parse_flops(text):
     """'4.5T' -> 4.5e12 FLOP/s (units k, M, G, T)."""
     match = re.match(r'^(\d+(?:\.\d+)?)\s*([kKMGT]?)(?:FLOP/s|FLOPS)?$', str(text).strip())
-    flops = _SCALES[match.group(2)] * float(match.group(1)) if match else 0.0
+    flops = SCALES[match.group(2)] * float(match.group(1)) if match else 0.0
     if flops <= 0:
         raise SettingError('{device_flops} is a positive FLOP/s such as 4.5T or 800G, not %r',
                            text)
     return flops
-
-
-def parse_delay(text, setting='latency'):
-    """'10us' -> 1e-05 seconds; '0' is no delay."""
-    text = str(text).strip()
-    if text == '0':
-        return 0.0
-    match = _DELAY.match(text)
-    if not match:
-        raise SettingError('{%s} is a time such as 10us, 0.5ms or 0, not %r', setting, text)
-    return float(match.group(1)) * _SECONDS[match.group(2)]
 
 
 def shard_bytes(sizes, ps):

@@ -1,0 +1,179 @@
+"""`towers launch --emulate-link RATE,DELAY`: every task on a host of its own, on one machine.
+
+Each task runs in its own network namespace, joined to the others by a Linux
+bridge through a veth pair, as hosts on one switch. Both ends of each pair
+are shaped with `tc`, so that every host's link carries RATE each way (a
+token bucket, tbf), after a one-way DELAY (netem, where the kernel has it):
+what `towers plan --bandwidth RATE --latency DELAY` assumes. The tasks use
+only the namespaces' own addresses (10.213.K.x); nothing else on the
+network is touched, and everything made is removed when the job ends.
+
+Needs root and iproute2 (`ip`, `tc`); without them `unavailable()` says why
+in one line, and the launcher refuses with that line.
+"""
+import os
+import re
+import shutil
+import subprocess
+
+from towers.cluster.spec import ClusterError
+from towers.errors import SettingError
+
+PORT = 2222  # every task listens on it: each has its own namespace
+_SUBNET = '10.213.%d.%d'
+
+
+SCALES = {'': 1.0, 'k': 1e3, 'K': 1e3, 'M': 1e6, 'G': 1e9, 'T': 1e12}
+_RATE = re.compile(r'^(\d+(?:\.\d+)?)\s*([kKMGT]?)(bit|B)(?:/s)?$')
+_DELAY = re.compile(r'^(\d+(?:\.\d+)?)\s*(s|ms|us|ns)$')
+_SECONDS = {'s': 1.0, 'ms': 1e-3, 'us': 1e-6, 'ns': 1e-9}
+
+
+def parse_rate(text, setting='bandwidth'):
+    """'25Gbit' -> bytes/s (3.125e9); '100MB' -> 1e8. One line naming the setting otherwise."""
+    match = _RATE.match(str(text).strip())
+    rate = SCALES[match.group(2)] * float(match.group(1)) if match else 0.0
+    if not match or rate <= 0:
+        raise SettingError('{%s} is a positive rate such as 25Gbit, 100Mbit or 1GB, not %r',
+                           setting, text)
+    return rate / 8 if match.group(3) == 'bit' else rate
+
+
+def parse_delay(text, setting='latency'):
+    """'10us' -> 1e-05 seconds; '0' is no delay."""
+    text = str(text).strip()
+    if text == '0':
+        return 0.0
+    match = _DELAY.match(text)
+    if not match:
+        raise SettingError('{%s} is a time such as 10us, 0.5ms or 0, not %r', setting, text)
+    return float(match.group(1)) * _SECONDS[match.group(2)]
+
+
+def parse_link(text):
+    """'RATE,DELAY' ('200Mbit,0', '1Gbit,1ms') -> (bytes/s, seconds)."""
+    rate, _, delay = str(text).partition(',')
+    return parse_rate(rate, 'emulate_link'), parse_delay(delay or '0', 'emulate_link')
+
+
+def unavailable():
+    """Why links cannot be emulated here (one line), or None when they can."""
+    if os.geteuid() != 0:
+        return 'emulating links needs root (network namespaces and tc)'
+    missing = [tool for tool in ('ip', 'tc') if shutil.which(tool) is None]
+    if missing:
+        return 'emulating links needs iproute2: %s not found' % ' and '.join(missing)
+    probe = 'towers-probe-%d' % os.getpid()
+    made = _run(['ip', 'netns', 'add', probe], check=False)
+    if made.returncode:
+        return 'cannot make a network namespace here: %s' % _said(made)
+    _run(['ip', 'netns', 'del', probe], check=False)
+    return None
+
+
+def has_netem():
+    """Whether this kernel has the netem qdisc (a link's delay needs it)."""
+    probe = 'towers-netem-%d' % os.getpid()
+    try:
+        _run(['ip', 'netns', 'add', probe])
+        made = _run(['ip', '-n', probe, 'link', 'add', 'probe0', 'type', 'dummy'], check=False)
+        return not made.returncode and not _run(
+            ['tc', '-n', probe, 'qdisc', 'add', 'dev', 'probe0', 'root', 'netem', 'delay', '1ms'],
+            check=False).returncode
+    finally:
+        _run(['ip', 'netns', 'del', probe], check=False)
+
+
+class EmulatedHosts:
+    """count namespaces on one bridge, each link shaped to rate bytes/s after delay seconds.
+
+    A context manager: entering makes them (removing what it made if any step
+    fails), leaving removes them.
+    """
+
+    def __init__(self, count, rate, delay=0.0):
+        reason = unavailable()
+        if reason:
+            raise ClusterError('{emulate_link}: %s' % reason)
+        if delay and not has_netem():
+            raise ClusterError('{emulate_link}: a DELAY needs the netem qdisc, which this '
+                               'kernel does not have; give a DELAY of 0')
+        self.count, self.rate, self.delay = count, rate, delay
+        tag = os.getpid() % 100000
+        self.bridge = 'twb%d' % tag
+        self.namespaces = ['towers-%d-%d' % (tag, i) for i in range(count)]
+        self._veths = ['tw%dv%d' % (tag, i) for i in range(count)]
+        self.subnet = tag % 250
+        self.addresses = [_SUBNET % (self.subnet, i + 1) for i in range(count)]
+        self._made = []
+
+    def __enter__(self):
+        try:
+            self._make()
+        except BaseException:
+            self._remove()
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        self._remove()
+        return False
+
+    def command(self, index, argv):
+        """argv run inside host index's namespace."""
+        return ['ip', 'netns', 'exec', self.namespaces[index]] + list(argv)
+
+    def _make(self):
+        self._do(['ip', 'link', 'add', self.bridge, 'type', 'bridge'], ('link', self.bridge))
+        self._do(['ip', 'link', 'set', self.bridge, 'up'])
+        for namespace, veth, address in zip(self.namespaces, self._veths, self.addresses):
+            self._do(['ip', 'netns', 'add', namespace], ('netns', namespace))
+            self._do(['ip', 'link', 'add', veth, 'type', 'veth', 'peer', 'name', 'eth0',
+                      'netns', namespace], ('link', veth))
+            self._do(['ip', 'link', 'set', veth, 'master', self.bridge, 'up'])
+            self._do(['ip', '-n', namespace, 'addr', 'add', address + '/24', 'dev', 'eth0'])
+            self._do(['ip', '-n', namespace, 'link', 'set', 'eth0', 'up'])
+            self._do(['ip', '-n', namespace, 'link', 'set', 'lo', 'up'])
+            # The host's sending side, inside its namespace; its receiving side, the
+            # bridge's end of its pair.
+            self._do(['tc', '-n', namespace, 'qdisc', 'add', 'dev', 'eth0', 'root']
+                     + self._shaping())
+            self._do(['tc', 'qdisc', 'add', 'dev', veth, 'root'] + self._shaping())
+
+    def _shaping(self):
+        bits = '%dbit' % int(self.rate * 8)
+        if self.delay:
+            return ['netem', 'delay', '%dus' % int(self.delay * 1e6), 'rate', bits,
+                    'limit', '100000']
+        # A bucket of 1/50 s of the rate, a queue of half a second: TCP sees the rate
+        # without drops.
+        burst = max(16384, int(self.rate / 50))
+        return ['tbf', 'rate', bits, 'burst', str(burst), 'limit', str(max(burst, int(
+            self.rate / 2)))]
+
+    def _do(self, argv, made=None):
+        _run(argv)
+        if made:
+            self._made.append(made)
+
+    def _remove(self):
+        # Deleting a namespace removes the veth end inside it, and so the pair.
+        for kind, name in reversed(self._made):
+            if kind == 'netns':
+                _run(['ip', 'netns', 'del', name], check=False)
+        for kind, name in reversed(self._made):
+            if kind == 'link':
+                _run(['ip', 'link', 'del', name], check=False)
+        self._made = []
+
+
+def _run(argv, check=True):
+    result = subprocess.run(argv, capture_output=True, text=True)
+    if check and result.returncode:
+        raise ClusterError('{emulate_link}: `%s` failed: %s' % (' '.join(argv), _said(result)))
+    return result
+
+
+def _said(result):
+    return (result.stderr.strip() or result.stdout.strip() or 'status %d'
+            % result.returncode).splitlines()[0]
