@@ -49,8 +49,8 @@ def test_a_measured_step_is_within_25_percent_of_the_plan(tmp_path, predicted, m
     process = subprocess.run(
         [sys.executable, '-m', 'towers', 'launch', '--workers', str(workers), '--ps', str(ps),
          '--emulate-link', LINK + ',0', '--grace', '5', '--logs', str(tmp_path / 'logs'), '--',
-         'train', '--cluster-mode', mode, '--batch-size', str(workers * BATCH), '--steps', '25',
-         '--eval-every', '0', '--quiet', '--log-every', '25'] + FLAGS,
+         'train', '--cluster-mode', mode, '--batch-size', str(workers * BATCH), '--steps', '15',
+         '--eval-every', '0', '--quiet', '--log-every', '15'] + FLAGS,
         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2'), cwd=str(tmp_path),
         capture_output=True, text=True, timeout=180)
     assert process.returncode == 0, process.stdout[-2000:]

@@ -131,6 +131,7 @@ def run_plan(args, log):
         raise SettingError('{ps} is a count of 0 or more, or "workers", not %r', args.ps)
     if 'parameter-server' in modes and args.ps == '0':
         raise SettingError('{cluster_mode} parameter-server needs {ps} of at least 1')
+    device_flops = plan.parse_flops(args.device_flops) if args.device_flops is not None else None
     if args.plot:
         check_output(args.plot, 'plot')
     precision = Precision(args.precision, loss_scale(args.loss_scale))
@@ -139,9 +140,9 @@ def run_plan(args, log):
     sizes = plan.model_sizes(model_fn, info.input_shape)
     # One worker's towers split its batch; each tower's share, as train splits it.
     per_tower = -(-args.batch_size // towers)
-    if args.device_flops is not None:
+    if device_flops is not None:
         flops = plan.tower_flops(model_fn, info.input_shape, info.num_classes, per_tower)
-        compute = flops / plan.parse_flops(args.device_flops)
+        compute = flops / device_flops
         source = ('%s FLOP per tower step (%d images) / %s FLOP/s'
                   % (_number(flops), per_tower, args.device_flops))
     else:

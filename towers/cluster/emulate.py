@@ -34,8 +34,8 @@ def parse_rate(text, setting='bandwidth'):
     match = _RATE.match(str(text).strip())
     rate = SCALES[match.group(2)] * float(match.group(1)) if match else 0.0
     if not match or rate <= 0:
-        raise SettingError('{%s} is a positive rate such as 25Gbit, 100Mbit or 1GB, not %r',
-                           setting, text)
+        raise SettingError('{%s} is a positive rate such as 25Gbit, 100Mbit or 1GB, not %%r'
+                           % setting, text)
     return rate / 8 if match.group(3) == 'bit' else rate
 
 
@@ -46,7 +46,7 @@ def parse_delay(text, setting='latency'):
         return 0.0
     match = _DELAY.match(text)
     if not match:
-        raise SettingError('{%s} is a time such as 10us, 0.5ms or 0, not %r', setting, text)
+        raise SettingError('{%s} is a time such as 10us, 0.5ms or 0, not %%r' % setting, text)
     return float(match.group(1)) * _SECONDS[match.group(2)]
 
 
