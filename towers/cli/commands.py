@@ -134,13 +134,27 @@ def run_plan(args, log):
     device_flops = plan.parse_flops(args.device_flops) if args.device_flops is not None else None
     if args.plot:
         check_output(args.plot, 'plot')
+    if args.gradient_bytes is not None and args.step_seconds is None:
+        raise SettingError('{gradient_bytes} goes with {step_seconds}: a model towers does not '
+                           'have cannot be timed here')
+    if args.step_seconds is not None and (device_flops is not None or args.step_seconds <= 0):
+        raise SettingError('{step_seconds} is a positive number of seconds, instead of '
+                           '{device_flops}, got %r', args.step_seconds)
     precision = Precision(args.precision, loss_scale(args.loss_scale))
     info = data.dataset_info(args.dataset)
-    model_fn = models.build_model(args.model, info.input_shape, info.num_classes)
-    sizes = plan.model_sizes(model_fn, info.input_shape)
+    model, slice_bytes = args.model, plan.slice_bytes(info.input_shape, args.batch_size)
+    if args.gradient_bytes is not None:
+        # Even shares over the ps tasks: its variables' sizes are not known here.
+        model, sizes = 'a model of %s' % args.gradient_bytes, plan.even_sizes(
+            plan.parse_bytes(args.gradient_bytes))
+    else:
+        model_fn = models.build_model(args.model, info.input_shape, info.num_classes)
+        sizes = plan.model_sizes(model_fn, info.input_shape)
     # One worker's towers split its batch; each tower's share, as train splits it.
     per_tower = -(-args.batch_size // towers)
-    if device_flops is not None:
+    if args.step_seconds is not None:
+        compute, source = args.step_seconds, 'one worker measured elsewhere: --step-seconds'
+    elif device_flops is not None:
         flops = plan.tower_flops(model_fn, info.input_shape, info.num_classes, per_tower)
         compute = flops / device_flops
         source = ('%s FLOP per tower step (%d images) / %s FLOP/s'
@@ -155,9 +169,8 @@ def run_plan(args, log):
                   'over %d steps after %d; on %s' % (towers, args.batch_size, precision.name,
                                                      mean, stderr, args.window, args.warmup,
                                                      bench.machine()))
-    slice_bytes = plan.slice_bytes(info.input_shape, args.batch_size)
     log('plan: %s, batch %d per worker of %d device(s); links %s each way (B = %s/s), '
-        'latency a = %s' % (args.model, args.batch_size, towers, args.bandwidth,
+        'latency a = %s' % (model, args.batch_size, towers, args.bandwidth,
                             plan.bytes_text(bandwidth), args.latency))
     log('compute: %.4f s per step (%s)' % (compute, source))
     log('S = %s of gradients in %d variables; I = %s of input per worker'
@@ -181,7 +194,7 @@ def run_plan(args, log):
                 last['formula']))
     if args.plot:
         plan.plot_rows(rows, args.plot, '%s, batch %d per worker, %s links'
-                       % (args.model, args.batch_size, args.bandwidth))
+                       % (model, args.batch_size, args.bandwidth))
         log('plot: %s' % args.plot)
 
 

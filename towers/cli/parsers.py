@@ -263,6 +263,13 @@ def plan_parser(commands):
     plan.add_argument('--device-flops', default=None, metavar='X',
                       help="the target device's sustained FLOP/s (e.g. 4.5T): the compute is "
                            "one tower's FLOPs over it instead of a step timed here")
+    plan.add_argument('--step-seconds', type=float, default=None, metavar='T',
+                      help="one worker's step measured elsewhere (e.g. from a published "
+                           'single-device images/sec): the compute, instead of timing one here')
+    plan.add_argument('--gradient-bytes', default=None, metavar='S',
+                      help="a model's gradient bytes when it is not one of towers' models "
+                           "(e.g. 102.2MB, ResNet-50's 25.6M float32 parameters), spread "
+                           'evenly over the ps tasks; goes with --step-seconds')
     plan.add_argument('--warmup', type=int, default=5,
                       help='untimed steps of the step timed here (default: 5)')
     plan.add_argument('--window', type=int, default=20,

@@ -132,6 +132,21 @@ def predict(mode, worker_counts, compute, batch, sizes, bandwidth, latency, towe
     return rows
 
 
+def parse_bytes(text):
+    """'102.2MB' -> 1.022e8 bytes."""
+    match = re.match(r'^(\d+(?:\.\d+)?)\s*([kKMGT]?)B$', str(text).strip())
+    size = SCALES[match.group(2)] * float(match.group(1)) if match else 0.0
+    if size <= 0:
+        raise SettingError('{gradient_bytes} is a positive size such as 102.2MB or 800kB, '
+                           'not %r', text)
+    return size
+
+
+def even_sizes(total, pieces=1024):
+    """A gradient of total bytes as many equal variables: shares even over any ps count."""
+    return [total / pieces] * pieces
+
+
 def model_sizes(model_fn, input_shape):
     """Bytes of each trainable variable of the model (its gradient's size), in build order."""
     with tf.Graph().as_default():
