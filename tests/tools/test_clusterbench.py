@@ -15,10 +15,10 @@ def test_gradient_bytes_are_the_models_trainable_variables():
 
 @pytest.mark.parametrize('mode,workers,expected,how', [
     ('collective', 1, 0, 'one task'),
-    ('collective', 2, 2 * 1000, 'ring: n*2(n-1)/n*S'),  # each of 2 workers sends S
-    ('collective', 4, 6 * 1000, 'ring: n*2(n-1)/n*S'),  # each sends 3/2 S
-    ('parameter-server', 1, 2 * 1000, 'n*(S pushed + S read)'),
-    ('parameter-server', 3, 6 * 1000, 'n*(S pushed + S read)'),
+    ('collective', 2, 2 * 1000, 'ring: 2(n-1)/n*S per worker'),  # each of 2 workers sends S
+    ('collective', 4, 6 * 1000, 'ring: 2(n-1)/n*S per worker'),  # each sends 3/2 S
+    ('parameter-server', 1, 2 * 1000, 'per worker: S read per tower, S pushed'),
+    ('parameter-server', 3, 6 * 1000, 'per worker: S read per tower, S pushed'),
     ('in-graph', 2, 1234, 'counted by explain'),
     ('in-graph', 1, 1234, 'counted by explain'),  # with a ps: the chief reads from it
 ])
@@ -55,7 +55,8 @@ def test_runs_in_turns_and_compares_each_cluster_with_one_process(monkeypatch):
     assert [r['vs_one_process'] for r in rows] == [1.0, 51 / 105, 1.0, 63 / 195]
     lines = clusterbench.table_lines(rows, 'collective', 217640, {})
     assert lines[4].split() == ['2', 'worker(s)', 'x', '1', 'tower(s)', '63.0', '±', '3.0',
-                                '0.323', '435.28', 'kB', '(ring:', 'n*2(n-1)/n*S)']
+                                '0.323', '435.28', 'kB', '(ring:', '2(n-1)/n*S', 'per',
+                                'worker)']
 
 
 def test_a_run_without_a_rate_or_a_failing_run_is_one_error(monkeypatch):

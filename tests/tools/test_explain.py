@@ -5,6 +5,7 @@ import pytest
 
 from towers.cli import main
 from towers.models import layers
+from towers.tools import plan
 from towers.tools.explain import explain, report_lines
 
 SHAPE = (2, 2, 2)
@@ -97,3 +98,9 @@ def test_on_a_cluster_each_part_is_named_by_task_and_the_network_bytes_counted(t
     between = sum(t['bytes'] for t in report['transfers']
                   if t['from'].rsplit('/', 1)[0] != t['to'].rsplit('/', 1)[0])
     assert report['bytes_between_tasks'] == between >= 4 * held
+    # What `towers plan` counts for in-graph: every tower's read and gradient, the slice fed.
+    counted = sum(t['kinds'].get(kind, 0) for t in report['transfers'] for kind in
+                  ('variables', 'gradients', 'input')
+                  if t['from'].rsplit('/', 1)[0] != t['to'].rsplit('/', 1)[0])
+    assert plan.bytes_between_tasks('in-graph', 2, held, towers=1, ps=1, input_bytes=(
+        plan.slice_bytes((28, 28, 1), 10))) == counted

@@ -110,7 +110,8 @@ def run_cluster_bench(args, log):
         '--batch-size', str(args.batch_size)]) if args.cluster_mode == 'in-graph' else {})
     size = clusterbench.gradient_bytes(model_fn, info.input_shape)
     log('S = %d bytes of gradients (the model\'s trainable variables)' % size)
-    for line in clusterbench.table_lines(rows, args.cluster_mode, size, explained):
+    for line in clusterbench.table_lines(rows, args.cluster_mode, size, explained,
+                                              towers):
         log(line)
 
 

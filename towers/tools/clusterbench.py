@@ -31,6 +31,7 @@ import tensorflow as tf
 from towers.errors import TowersError
 from towers.tools.bench import mean_stderr
 from towers.tools.explain import bytes_text
+from towers.tools.plan import bytes_between_tasks
 
 tf1 = tf.compat.v1
 
@@ -44,15 +45,15 @@ def gradient_bytes(model_fn, input_shape):
         return sum(v.shape.num_elements() * v.dtype.size for v in tf1.trainable_variables())
 
 
-def between_tasks(mode, workers, size, explained=None):
+def between_tasks(mode, workers, size, explained=None, towers=1, ps=0):
     """Bytes sent between tasks per step, and how they are known."""
     if workers == 1 and mode == 'collective':
         return 0, 'one task'
     if mode == 'in-graph':
         return explained, 'counted by explain'
-    if mode == 'collective':
-        return int(round(workers * 2 * (workers - 1) / workers * size)), 'ring: n*2(n-1)/n*S'
-    return 2 * workers * size, 'n*(S pushed + S read)'
+    how = 'ring: 2(n-1)/n*S per worker' if mode == 'collective' else \
+        'per worker: S read per tower, S pushed'
+    return bytes_between_tasks(mode, workers, size, towers, ps), how
 
 
 def run_cluster_bench(mode, worker_counts, train_flags, towers=1, ps=0, rounds=3,
@@ -98,7 +99,7 @@ def run_cluster_bench(mode, worker_counts, train_flags, towers=1, ps=0, rounds=3
     return rows
 
 
-def table_lines(rows, mode, size, explained):
+def table_lines(rows, mode, size, explained, towers=1):
     """The table: images/sec, the ratio to one process, the bytes between tasks."""
     lines = ['%-32s %-18s %-15s %s' % ('configuration', 'images/sec', 'vs one process',
                                        'between tasks per step')]
@@ -106,7 +107,7 @@ def table_lines(rows, mode, size, explained):
         moved = '-'
         if row['cluster']:
             size_moved, how = between_tasks(mode, row['workers'], size,
-                                            explained.get(row['workers']))
+                                            explained.get(row['workers']), towers)
             moved = '%s (%s)' % (bytes_text(size_moved), how)
         lines.append('%-32s %-18s %-15s %s' % (
             row['config'], '%.1f ± %.1f' % (row['mean'], row['stderr']),

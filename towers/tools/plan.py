@@ -37,6 +37,8 @@ precision); S_p the share of them on ps task p, placed as towers places them
                     (max(G*S, N*G*max S_p) + max(G*S, N*G*max S_p)
                     + (N-1)*I) / B + 4a
 
+The in-graph bytes are what `towers explain --workers N --ps P` counts in the
+real partitions (tests/tools/test_explain.py checks the two agree to the byte).
 Bytes crossing a link cost size/B; the protocol's own overhead (gRPC framing,
 serialising) is left out, which is why a measured step may be slower than its
 prediction. Checked on an emulated cluster (`towers launch --emulate-link`) in
@@ -118,6 +120,23 @@ def communication(mode, workers, sizes, bandwidth, latency, towers=1, ps=0, inpu
     return seconds, formula
 
 
+def bytes_between_tasks(mode, workers, size, towers=1, ps=0, input_bytes=0):
+    """All the bytes that cross the network per step (every link, both ways), by the formulas.
+
+    in-graph: every tower reads S and sends back S (between tasks when a ps task
+    holds them; the chief's own towers read locally without one), and the chief
+    feeds the other workers their slices; parameter-server: each worker reads S
+    per tower and pushes S; collective: the ring's 2(N-1)/N * S per worker.
+    """
+    n, g = workers, towers
+    if mode == 'collective':
+        return int(round(2 * (n - 1) * size))
+    remote = n if ps else n - 1  # the workers whose towers read across the network
+    if mode == 'parameter-server':
+        return int(n * g * size + n * size)
+    return int(2 * remote * g * size + (n - 1) * input_bytes)
+
+
 def predict(mode, worker_counts, compute, batch, sizes, bandwidth, latency, towers=1, ps=0,
             input_bytes=0):
     """One row per worker count: step, images/sec, efficiency, and the formula's terms."""
@@ -128,7 +147,9 @@ def predict(mode, worker_counts, compute, batch, sizes, bandwidth, latency, towe
         step = compute + network
         rows.append({'mode': mode, 'workers': n, 'devices': n * towers, 'compute_s': compute,
                      'network_s': network, 'step_s': step, 'images_per_sec': n * batch / step,
-                     'efficiency': compute / step, 'formula': formula})
+                     'efficiency': compute / step, 'formula': formula,
+                     'bytes_between_tasks': bytes_between_tasks(mode, n, sum(sizes), towers, ps,
+                                                                input_bytes)})
     return rows
 
 
@@ -196,5 +217,6 @@ def plot_rows(rows, path, title):
 
 
 def slice_bytes(input_shape, batch):
-    """I: one worker's slice of a float32 batch and its int64 labels."""
-    return int(batch * (np.prod(input_shape) * 4 + 8))
+    """I: one worker's slice of a fed batch: float32 images, int64 labels, and two int32
+    counts (the slice's and the batch's)."""
+    return int(batch * (np.prod(input_shape) * 4 + 8) + 2 * 4)
