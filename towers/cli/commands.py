@@ -121,6 +121,7 @@ def run_plan(args, log):
     from towers.names import CLUSTER_MODES
     from towers.precision import Precision
     from towers.tools import bench, plan
+    from towers.tools.explain import flops_text
     from towers.tools.trace import check_output
     workers = int_list(args.workers, 'workers')
     modes = name_list(args.cluster_mode, 'cluster_mode', CLUSTER_MODES)
@@ -158,8 +159,8 @@ def run_plan(args, log):
     elif device_flops is not None:
         flops = plan.tower_flops(model_fn, info.input_shape, info.num_classes, per_tower)
         compute = flops / device_flops
-        source = ('%s FLOP per tower step (%d images) / %s FLOP/s'
-                  % (_number(flops), per_tower, args.device_flops))
+        source = ('%s per tower step (%d images) / %s FLOP/s'
+                  % (flops_text(flops), per_tower, args.device_flops))
     else:
         bench.check_window(args.batch_size, args.warmup, args.window)
         mean, stderr = bench.measure_one_worker(model_fn, info.input_shape, info.num_classes,
@@ -176,13 +177,10 @@ def run_plan(args, log):
     log('compute: %.4f s per step (%s)' % (compute, source))
     log('S = %s of gradients in %d variables; I = %s of input per worker'
         % (plan.bytes_text(sum(sizes)), len(sizes), plan.bytes_text(slice_bytes)))
-    rows = []
-    for mode in modes:
-        for n in workers:
-            ps = (n if args.ps == 'workers' else int(args.ps)) if mode != 'collective' else 0
-            rows += plan.predict(mode, [n], compute, args.batch_size, sizes, bandwidth,
-                                 latency, towers, ps, slice_bytes)
-            rows[-1]['ps'] = ps
+    ps = args.ps if args.ps == 'workers' else int(args.ps)
+    rows = [row for mode in modes
+            for row in plan.predict(mode, workers, compute, args.batch_size, sizes, bandwidth,
+                                    latency, towers, ps, slice_bytes)]
     if args.json:
         log(json.dumps(rows, indent=1, sort_keys=True))
     else:
@@ -197,13 +195,6 @@ def run_plan(args, log):
         plan.plot_rows(rows, args.plot, '%s, batch %d per worker, %s links'
                        % (model, args.batch_size, args.bandwidth))
         log('plot: %s' % args.plot)
-
-
-def _number(value):
-    for unit, scale in (('T', 1e12), ('G', 1e9), ('M', 1e6), ('k', 1e3)):
-        if value >= scale:
-            return '%.2f %s' % (value / scale, unit)
-    return '%d' % value
 
 
 def run_convert(args, log):

@@ -31,7 +31,7 @@ import tensorflow as tf
 from towers.errors import TowersError
 from towers.tools.bench import mean_stderr
 from towers.tools.explain import bytes_text
-from towers.tools.plan import bytes_between_tasks
+from towers.tools.plan import bytes_between_tasks, model_sizes
 
 tf1 = tf.compat.v1
 
@@ -40,9 +40,7 @@ _RATE = re.compile(r'trained to step \d+: ([\d.]+) images/sec after warm-up')
 
 def gradient_bytes(model_fn, input_shape):
     """S: the bytes of the model's trainable variables (and so of one gradient)."""
-    with tf.Graph().as_default():
-        model_fn(tf1.placeholder(tf.float32, [None] + list(input_shape)), training=False)
-        return sum(v.shape.num_elements() * v.dtype.size for v in tf1.trainable_variables())
+    return sum(model_sizes(model_fn, input_shape))
 
 
 def between_tasks(mode, workers, size, explained=None, towers=1, ps=0):

@@ -117,7 +117,7 @@ def explain(model_fn, input_shape, num_classes, tower_devices, param_device='/cp
     transfers['bytes_between_tasks'] = sum(t['bytes'] for t in transfers['transfers']
                                            if _task(t['from']) != _task(t['to']))
     devices = _devices(graph, placed, variables,
-                       _flops(model, tower_devices, param_device, batch_size, num_classes,
+                       op_flops(model, tower_devices, param_device, batch_size, num_classes,
                               variable_update, sync_bn, precision),
                        [int(n) for n in examples])
     for device, entry in devices.items():
@@ -159,7 +159,7 @@ def _ops_in(metadata, dtype):
     return counts
 
 
-def _flops(model, tower_devices, param_device, batch_size, num_classes, variable_update,
+def op_flops(model, tower_devices, param_device, batch_size, num_classes, variable_update,
            sync_bn, precision=None):
     """op name -> FLOPs, by TensorFlow's profiler.
 
@@ -263,7 +263,7 @@ def report_lines(report, title):
         low = (' (%d in %s)' % (entry['low_precision_ops'], report['compute_dtype'])
                if entry.get('low_precision_ops') else '')
         lines.append('%-8s %s; %d ops%s, %s; %d variables, %s%s' % (
-            device, what, entry['ops'], low, _flops_text(entry['flops']), entry['variables'],
+            device, what, entry['ops'], low, flops_text(entry['flops']), entry['variables'],
             bytes_text(entry['variable_bytes']), '; ' + ', '.join(roles) if roles else ''))
     lines.append('between devices per step: %s' % bytes_text(report['bytes_per_step']))
     if any(device.startswith('/job:') for device in report['devices']):
@@ -284,7 +284,7 @@ def bytes_text(size):
     return '%d B' % size
 
 
-def _flops_text(flops):
+def flops_text(flops):
     for unit, scale in (('GFLOP', 1e9), ('MFLOP', 1e6), ('kFLOP', 1e3)):
         if flops >= scale:
             return '%.2f %s' % (flops / scale, unit)

@@ -53,15 +53,12 @@ import tensorflow as tf
 from towers.cluster.collective import BUFFER_BYTES
 from towers.cluster.emulate import SCALES
 from towers.errors import SettingError
-from towers.graph import build_training_graph
-from towers.inputs import SyntheticInput
 from towers.model import ClassifierModel
-from towers.tools.explain import bytes_text
+from towers.tools.explain import bytes_text, op_flops
 from towers.tools.trace import pyplot_for, save_png
 from towers.variables import LeastLoaded
 
 tf1 = tf.compat.v1
-
 
 
 def parse_flops(text):
@@ -139,28 +136,24 @@ def bytes_between_tasks(mode, workers, size, towers=1, ps=0, input_bytes=0):
 
 def predict(mode, worker_counts, compute, batch, sizes, bandwidth, latency, towers=1, ps=0,
             input_bytes=0):
-    """One row per worker count: step, images/sec, efficiency, and the formula's terms."""
+    """One row per worker count: step, images/sec, efficiency, and the formula's terms.
+
+    Args:
+      ps: ps tasks (none in collective mode), or 'workers' for one per worker.
+    """
     rows = []
     for n in worker_counts:
-        network, formula = communication(mode, n, sizes, bandwidth, latency, towers, ps,
+        tasks = 0 if mode == 'collective' else n if ps == 'workers' else ps
+        network, formula = communication(mode, n, sizes, bandwidth, latency, towers, tasks,
                                          input_bytes)
         step = compute + network
-        rows.append({'mode': mode, 'workers': n, 'devices': n * towers, 'compute_s': compute,
-                     'network_s': network, 'step_s': step, 'images_per_sec': n * batch / step,
-                     'efficiency': compute / step, 'formula': formula,
-                     'bytes_between_tasks': bytes_between_tasks(mode, n, sum(sizes), towers, ps,
-                                                                input_bytes)})
+        rows.append({'mode': mode, 'workers': n, 'devices': n * towers, 'ps': tasks,
+                     'compute_s': compute, 'network_s': network, 'step_s': step,
+                     'images_per_sec': n * batch / step, 'efficiency': compute / step,
+                     'formula': formula,
+                     'bytes_between_tasks': bytes_between_tasks(mode, n, sum(sizes), towers,
+                                                                tasks, input_bytes)})
     return rows
-
-
-def parse_bytes(text):
-    """'102.2MB' -> 1.022e8 bytes."""
-    match = re.match(r'^(\d+(?:\.\d+)?)\s*([kKMGT]?)B$', str(text).strip())
-    size = SCALES[match.group(2)] * float(match.group(1)) if match else 0.0
-    if size <= 0:
-        raise SettingError('{gradient_bytes} is a positive size such as 102.2MB or 800kB, '
-                           'not %r', text)
-    return size
 
 
 def even_sizes(total, pieces=1024):
@@ -177,13 +170,10 @@ def model_sizes(model_fn, input_shape):
 
 
 def tower_flops(model_fn, input_shape, num_classes, batch):
-    """FLOPs of one tower's training step on `batch` images (TensorFlow's profiler)."""
-    graph = build_training_graph(ClassifierModel(model_fn, input_shape, num_classes),
-                                 ['/cpu:0'], '/cpu:0', seed=0,
-                                 source=SyntheticInput(batch, num_classes), learning_rate=0.01)
-    options = tf1.profiler.ProfileOptionBuilder.float_operation()
-    options['output'] = 'none'
-    return int(tf1.profiler.profile(graph.graph, options=options).total_float_ops)
+    """FLOPs of one tower's training step on `batch` images (as `towers explain` counts them)."""
+    model = ClassifierModel(model_fn, input_shape, num_classes)
+    return sum(op_flops(model, ['/cpu:0'], '/cpu:0', batch, num_classes, 'parameter_server',
+                        False).values())
 
 
 def table_lines(rows):
