@@ -1,12 +1,13 @@
 """The `towers` command line.
 
-  parsers.py    the flags, one function per command (TensorFlow-free)
+  parsers.py    the parser, a subparser per command (TensorFlow-free); the flags of
+                each family of commands in flags.py (shared), train_flags.py,
+                tool_flags.py, saved_flags.py and cluster_flags.py
   config.py     the train flags as a TrainConfig; each setting's flag
   commands.py   models, devices, bench, check, explain, data convert
   train.py      towers train, and the signals that stop it cleanly
   saved.py      eval and export: what is done with a trained logdir
   cluster.py    towers server, towers launch, and train on a cluster
-  cluster_flags.py  their flags (TensorFlow-free)
   main.py       main(): parse, run, and one line per error
 """
 from towers.cli.main import main

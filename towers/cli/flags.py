@@ -1,0 +1,45 @@
+"""The flags several `towers` commands share: devices, model and dataset, precision.
+
+TensorFlow-free, as every flags module of towers/cli: `towers --help` is instant.
+"""
+from towers.data import DEFAULT_DATASET
+from towers.names import DEFAULT_MODEL, PRECISIONS
+
+
+def device_flags(parser):
+    group = parser.add_argument_group('devices')
+    group.add_argument('--towers', type=int, default=None,
+                       help='number of towers (default: every visible GPU, or 1 CPU); '
+                            'without GPUs, N virtual CPU devices /cpu:0..N-1')
+    group.add_argument('--devices', default=None,
+                       help='explicit comma-separated tower devices, e.g. /gpu:0,/gpu:2')
+    group.add_argument('--param-device', default='cpu',
+                       help="where variables live: 'cpu' (/cpu:0, the classic tutorial), "
+                            "'gpu' (the first tower's GPU), 'spread' (over the tower devices, "
+                            "by size) or a device name (default: cpu)")
+
+
+def model_flags(parser):
+    parser.add_argument('--model', default=DEFAULT_MODEL,
+                        help='model name (default: %s); see `towers models`' % DEFAULT_MODEL)
+    parser.add_argument('--dataset', default=DEFAULT_DATASET,
+                        help='dataset name (default: %s, 5,000 real MNIST digits shipped '
+                             'with towers), mnist, fashion_mnist, cifar10, or records:DIR '
+                             '(shards from `towers data convert`)' % DEFAULT_DATASET)
+
+
+def precision_flags(parser, several=False):
+    group = parser.add_argument_group('precision')
+    if several:
+        group.add_argument('--precision', default='fp32',
+                           help='comma-separated precisions to time, each against the first: '
+                                '%s (default: fp32)' % ', '.join(PRECISIONS))
+    else:
+        group.add_argument('--precision', default='fp32', choices=PRECISIONS,
+                           help='what the towers compute in: fp32, or bf16 / fp16 over float32 '
+                                'variables (the loss, softmax, batch-norm statistics and '
+                                'gradients stay float32) (default: fp32)')
+    group.add_argument('--loss-scale', default=None, metavar='S',
+                       help='fp16 only: a fixed loss scale S (a power of two), or "dynamic" '
+                            '(the default for fp16: from 32768, halved and the step skipped '
+                            'when a gradient overflows, doubled after 2000 finite steps)')

@@ -1,0 +1,119 @@
+"""The flags of `towers train`: what to train, on which devices, how, and what to keep.
+
+TensorFlow-free; config.py turns them into a TrainConfig.
+"""
+from towers.cli.cluster_flags import cluster_train_flags
+from towers.cli.flags import device_flags, model_flags, precision_flags
+from towers.names import INPUT_MODES, OPTIMIZERS, VARIABLE_UPDATES
+
+
+def train_parser(commands):
+    """towers train: what to train, on which devices, how, and what to keep."""
+    train = commands.add_parser('train', help='train a model over the towers, then test it')
+    model_flags(train)
+    train.add_argument('--data-dir', default=None,
+                       help='folder with the dataset files; default: the first of '
+                            '$TOWERS_DATA_DIR/NAME, ~/.cache/towers/NAME, '
+                            '/usr/share/datasets/NAME that has them (missing files are '
+                            'downloaded)')
+    train.add_argument('--validation-size', type=int, default=None,
+                       help='training examples held out as validation (default: per dataset)')
+    device_flags(train)
+    _train_strategy_flags(train)
+    _train_optimizer_flags(train)
+    _train_run_flags(train)
+    precision_flags(train)
+    cluster_train_flags(train)
+    return train
+
+
+def _train_strategy_flags(train):
+    """Variable strategy, batch norm and input flags."""
+    train.add_argument('--variable-update', default='parameter_server', choices=VARIABLE_UPDATES,
+                       help='parameter_server: one copy of the variables (on --param-device); '
+                            'replicated: a copy per tower, gradients all-reduced, the same '
+                            'update on every copy; independent: no synchronisation, for '
+                            'benchmarks only (default: parameter_server)')
+    train.add_argument('--sync-bn', action='store_true',
+                       help='batch norm over the whole global batch (moments all-reduced over '
+                            'the towers) instead of each tower its own slice')
+    train.add_argument('--input', default=None, choices=INPUT_MODES,
+                       help='how batches reach the towers: feed (feed_dict, the reference), '
+                            'staging (host queue + per-tower StagingArea), dataset (in-graph '
+                            'tf.data), synthetic (random, benchmarks only); default: feed, '
+                            'or dataset for records:DIR')
+    train.add_argument('--mean', default=None,
+                       help='with --input dataset: per-channel means subtracted after /255, '
+                            'e.g. 0.4914,0.4822,0.4465 (needs --std)')
+    train.add_argument('--std', default=None,
+                       help='with --input dataset: per-channel standard deviations to divide by')
+    train.add_argument('--num-workers', type=int, default=1,
+                       help='with records:DIR: how many workers share the shards (default: 1)')
+    train.add_argument('--worker-index', type=int, default=0,
+                       help='with records:DIR: which share of the shards this run reads')
+    train.add_argument('--skip-bad-shards', action='store_true',
+                       help='with records:DIR, skip (and count) shards that fail their '
+                            'checksum instead of stopping')
+
+
+def _train_optimizer_flags(train):
+    """The batch, the length and the optimisation."""
+    train.add_argument('--batch-size', type=int, default=100,
+                       help='global batch, split over the towers (default: 100)')
+    train.add_argument('--epochs', type=float, default=10.0, help='epochs to train (default: 10)')
+    train.add_argument('--steps', type=int, default=None, help='train this many steps instead')
+    train.add_argument('--optimizer', default='adam', choices=OPTIMIZERS,
+                       help='(default: adam)')
+    train.add_argument('--lr', type=float, default=1e-3, help='learning rate (default: 0.001)')
+    train.add_argument('--lr-schedule', default='constant',
+                       help='constant; piecewise:EPOCH=LR,... (e.g. piecewise:80=0.01,120=0.001); '
+                            'exponential:FACTOR,EPOCHS (x FACTOR every EPOCHS epochs, e.g. '
+                            'exponential:0.1,350 as the CIFAR-10 tutorial) (default: constant)')
+    train.add_argument('--warmup-epochs', type=float, default=0.0,
+                       help='ramp the learning rate up linearly over these epochs (default: 0)')
+    train.add_argument('--momentum', type=float, default=0.9,
+                       help='momentum for --optimizer momentum (default: 0.9)')
+    train.add_argument('--weight-decay', type=float, default=0.0,
+                       help='L2 weight decay on the weights (not biases), added once to the '
+                            'averaged gradients (default: 0)')
+    train.add_argument('--clip-norm', type=float, default=None,
+                       help='clip the averaged gradients to this global norm')
+    train.add_argument('--freeze', default=None, metavar='REGEX',
+                       help='do not train the variables whose names match, e.g. "^conv1/"')
+    train.add_argument('--ema', type=float, default=None, metavar='DECAY',
+                       help='keep a moving average of the weights (e.g. 0.999) and evaluate and '
+                            'export it, as the CIFAR-10 tutorial does')
+    train.add_argument('--dropout', type=float, default=None,
+                       help="dropout rate for models that have dropout (mnist_convnet: 0.5)")
+
+
+def _train_run_flags(train):
+    """What the run keeps and says: logdir, checkpoints, evaluation, logs."""
+    train.add_argument('--logdir', default=None,
+                       help='checkpoint folder; a checkpoint already there is resumed')
+    train.add_argument('--log-every', type=int, default=50, help='steps per log line (default: 50)')
+    train.add_argument('--checkpoint-every', type=int, default=500,
+                       help='steps per checkpoint with --logdir, besides each epoch end and the '
+                            'end (default: 500; 0: only those)')
+    train.add_argument('--keep-checkpoints', type=int, default=5,
+                       help='newest checkpoints to keep (default: 5)')
+    train.add_argument('--eval-every', type=int, default=1,
+                       help='epochs between evaluations on the validation set (the test set '
+                            'when there is none) (default: 1; 0: only the final test)')
+    train.add_argument('--best-metric', default='accuracy',
+                       help='with --logdir, keep the best checkpoint by this metric in '
+                            'LOGDIR/best (default: accuracy; "loss" keeps the lowest)')
+    train.add_argument('--no-tensorboard', action='store_true',
+                       help='write no TensorBoard events in --logdir')
+    train.add_argument('--histograms', action='store_true',
+                       help='also write weight histograms to TensorBoard')
+    train.add_argument('--trace', default=None, metavar='FILE.json',
+                       help='write one step, fully traced, as a Chrome trace (Perfetto, '
+                            'chrome://tracing) and print where the time went')
+    train.add_argument('--trace-plot', default=None, metavar='FILE.png',
+                       help='with --trace: also draw that step as a timeline, a row per device')
+    train.add_argument('--trace-step', type=int, default=None,
+                       help='the step --trace records (default: the first after warm-up)')
+    train.add_argument('--quiet', action='store_true',
+                       help='no progress bar: plain log lines, as when not on a terminal')
+    train.add_argument('--seed', type=int, default=0, help='random seed (default: 0)')
