@@ -125,3 +125,15 @@ def test_the_tasks_end_when_the_launcher_is_killed(tmp_path):
         if launcher.poll() is None:
             launcher.kill()
             launcher.wait()
+
+
+def test_the_launcher_itself_never_loads_tensorflow(tmp_path):
+    # Only its tasks do: each starts as soon as the launcher has parsed its flags.
+    code = ('import sys; from towers.cli import main; '
+            'status = main(["launch", "--workers", "1", "--", "models"]); '
+            'print("launcher:", status, "tensorflow" in sys.modules)')
+    run = subprocess.run([PY, '-c', code], cwd=str(tmp_path), capture_output=True, text=True,
+                         timeout=120)
+    lines = run.stdout.splitlines()
+    assert lines[-1] == 'launcher: 0 False', run.stdout + run.stderr
+    assert '[worker 0] datasets: cifar10, fashion_mnist, mnist, mnist_sample' in lines

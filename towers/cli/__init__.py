@@ -7,7 +7,8 @@
   commands.py   models, devices, bench, check, explain, data convert
   train.py      towers train, and the signals that stop it cleanly
   saved.py      eval and export: what is done with a trained logdir
-  cluster.py    towers server, towers launch, and train on a cluster
+  cluster.py    towers server, and train on a cluster
+  launcher.py   towers launch (TensorFlow-free: main.py runs it without TensorFlow)
   main.py       main(): parse, run, and one line per error
 """
 from towers.cli.main import main

@@ -1,4 +1,4 @@
-"""`towers server` and `towers launch`, and how `towers train` joins a cluster.
+"""`towers server`, and how `towers train` joins a cluster (`towers launch`: launcher.py).
 
 A cluster comes from TF_CONFIG or --cluster FILE --task-type T --task-index K.
 In in-graph mode the chief (worker 0) trains and every other task serves; in
@@ -6,9 +6,7 @@ collective mode every worker trains. Either way the same `towers train`
 command can run on every host (as Kubernetes' TFJob runs one command
 everywhere): on a task that only serves, it serves.
 """
-import argparse
-
-from towers.cluster import emulate, launch, modes
+from towers.cluster import modes
 from towers.cluster.server import serve, server_config
 from towers.cluster.spec import ClusterError, resolve
 
@@ -61,48 +59,3 @@ def cluster_run(args, cluster, log):
         serve(cluster, server_config(cluster, towers, args.threads), log=log)
         return None
     return modes.in_graph(cluster, towers, args.cluster_timeout, args.threads)
-
-
-def run_launch(args, log):
-    """towers launch: every task of a cluster as a process of this machine."""
-    command = args.task_command
-    command = command[1:] if command[:1] == ['--'] else command
-    if not command:
-        raise ClusterError('towers launch needs the command every worker runs: towers launch '
-                           '--workers 2 -- train ...')
-    if args.workers < 1 or args.ps < 0:
-        raise ClusterError('towers launch needs {workers} of at least 1 and {ps} of 0 or more')
-    mode = _train_flags(command).cluster_mode or 'in-graph'
-    tasks = [('worker', i, launch.towers_command(*command),
-              mode == 'in-graph' and i > 0 and command[0] == 'train')
-             for i in range(args.workers)]
-    tasks += [('ps', i, launch.towers_command('server', *_server_flags(command)), True)
-              for i in range(args.ps)]
-    if args.emulate_link is None:
-        jobs = launch.local_cluster(args.workers, args.ps)
-        return launch.launch(tasks, jobs, logs=args.logs, grace=args.grace, log=log)
-    rate, delay = emulate.parse_link(args.emulate_link)
-    with emulate.EmulatedHosts(len(tasks), rate, delay) as hosts:
-        log('towers launch: %d hosts on bridge %s, each link %s each way after %s'
-            % (len(tasks), hosts.bridge, args.emulate_link.split(',')[0],
-               (args.emulate_link.split(',') + ['0'])[1]))
-        addresses = ['%s:%d' % (a, emulate.PORT) for a in hosts.addresses]
-        jobs = {'worker': addresses[:args.workers]}
-        if args.ps:
-            jobs['ps'] = addresses[args.workers:]
-        tasks = [(kind, index, hosts.command(i, argv), serves)
-                 for i, (kind, index, argv, serves) in enumerate(tasks)]
-        return launch.launch(tasks, jobs, logs=args.logs, grace=args.grace, log=log)
-
-
-def _train_flags(command):
-    """The few train flags the launcher reads: the mode, and what the servers need."""
-    parser = argparse.ArgumentParser(add_help=False)
-    parser.add_argument('--cluster-mode', default=None)
-    parser.add_argument('--threads', default=None)
-    return parser.parse_known_args(command[1:])[0]
-
-
-def _server_flags(command):
-    threads = _train_flags(command).threads
-    return ['--threads', threads] if threads else []

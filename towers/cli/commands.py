@@ -11,8 +11,9 @@ import os
 import numpy as np
 
 from towers import data, models
-from towers.cli.cluster import run_launch, run_server
+from towers.cli.cluster import run_server
 from towers.cli.config import flag, int_list, loss_scale, name_list
+from towers.cli.launcher import run_launch
 from towers.cli.saved import run_eval, run_export
 from towers.cli.train import run_train
 from towers.config import check
