@@ -48,11 +48,14 @@ def test_train_end_to_end_on_the_embedded_sample(tmp_path):
 def test_devices_lists_virtual_cpus(capsys):
     assert main(['devices', '--towers', '3']) == 0
     out, err = capsys.readouterr()
-    assert out.splitlines() == ['visible GPUs: 0',
-                                'tower_0: /cpu:0 (virtual CPU device)',
-                                'tower_1: /cpu:1 (virtual CPU device)',
-                                'tower_2: /cpu:2 (virtual CPU device)',
-                                'variables: /cpu:0']
+    lines = out.splitlines()
+    assert lines[:5] == ['visible GPUs: 0',
+                         'tower_0: /cpu:0 (virtual CPU device)',
+                         'tower_1: /cpu:1 (virtual CPU device)',
+                         'tower_2: /cpu:2 (virtual CPU device)',
+                         'variables: /cpu:0']
+    # Then what bf16 and fp16 measured (tests/tools/test_hardware.py).
+    assert [line.split(':')[0] for line in lines[5:]] == ['bf16 on CPU', 'fp16 on CPU']
     assert err == ''
 
 

@@ -33,63 +33,6 @@ def test_run_bench_times_each_precision_against_the_first():
     assert lines[3].split()[-1] == '%.3f' % bf16['vs_precision']
 
 
-SLOW_BF16 = 'bf16 runs converted through float32; expect no speed-up'
-SLOW_FP16 = ("TensorFlow's oneDNN leaves float16 to Eigen here (it logs \"oneDNN supports "
-             'DT_HALF only on platforms with AVX-512"); expect it slower than fp32')
-
-
-@pytest.mark.parametrize('name,flags,line', [
-    ('bf16', {'avx512f', 'avx512_bf16', 'amx_bf16', 'amx_tile'},
-     'bf16 on CPU: fast (AMX BF16 tiles: amx_bf16)'),
-    ('bf16', {'avx512f', 'avx512_bf16'}, 'bf16 on CPU: fast (AVX-512 BF16, no AMX: avx512_bf16)'),
-    ('bf16', {'avx2', 'avx512f'}, 'bf16 on CPU: not fast (no amx_bf16 or avx512_bf16): '
-     + SLOW_BF16),
-    ('fp16', {'avx512f', 'avx512_bf16'}, 'fp16 on CPU: not fast (no amx_fp16 or avx512_fp16): '
-     + SLOW_FP16),
-    ('fp16', {'avx512f', 'avx512_fp16'}, 'fp16 on CPU: fast (AVX-512 FP16: avx512_fp16)'),
-    ('bf16', set(), 'bf16 on CPU: unknown (no CPU flags to read in /proc/cpuinfo)'),
-    ('fp32', {'avx2'}, 'fp32: float32 throughout'),
-])
-def test_cpu_support_from_the_cpu_flags(name, flags, line):
-    assert precision_support(name, ['/cpu:0', '/cpu:1'], cpu_flags=flags) == line
-
-
-def _gpus(capability, name='Tesla V100-SXM2-16GB', count=1):
-    return {'/gpu:%d' % i: {'compute_capability': capability, 'device_name': name}
-            for i in range(count)}
-
-
-@pytest.mark.parametrize('name,details,line', [
-    ('bf16', _gpus((7, 0), count=2),
-     'bf16 on /gpu:0,/gpu:1 (Tesla V100-SXM2-16GB, compute capability 7.0): not fast (bf16 '
-     'tensor cores from compute capability 8.0, Ampere); expect no speed-up'),
-    ('bf16', _gpus((8, 0), 'NVIDIA A100-SXM4-40GB', count=2),
-     'bf16 on /gpu:0,/gpu:1 (NVIDIA A100-SXM4-40GB, compute capability 8.0): fast (bf16 '
-     'tensor cores from compute capability 8.0, Ampere)'),
-    ('fp16', _gpus((7, 0), count=2),
-     'fp16 on /gpu:0,/gpu:1 (Tesla V100-SXM2-16GB, compute capability 7.0): fast (fp16 '
-     'tensor cores from compute capability 7.0, Volta)'),
-    ('fp16', _gpus((6, 1), 'Tesla P4', count=2),
-     'fp16 on /gpu:0,/gpu:1 (Tesla P4, compute capability 6.1): not fast (fp16 tensor cores '
-     'from compute capability 7.0, Volta); expect no speed-up'),
-    ('bf16', {}, 'bf16 on /gpu:0,/gpu:1 (GPU, compute capability unknown): unknown (bf16 '
-     'tensor cores from compute capability 8.0, Ampere)'),
-])
-def test_gpu_support_from_the_compute_capability(name, details, line):
-    # The CPU's flags do not matter where the towers are GPUs.
-    assert precision_support(name, ['/gpu:0', '/gpu:1'], cpu_flags={'amx_bf16'},
-                             gpu_details=details) == line
-
-
-def test_gpus_of_two_kinds_are_named_apart_and_the_slower_decides():
-    details = dict(_gpus((8, 6), 'NVIDIA RTX A6000'),
-                   **{'/gpu:1': {'compute_capability': (7, 5), 'device_name': 'Tesla T4'}})
-    assert precision_support('bf16', ['/gpu:0', '/gpu:1'], gpu_details=details) == (
-        'bf16 on /gpu:0 (NVIDIA RTX A6000, compute capability 8.6); /gpu:1 (Tesla T4, compute '
-        'capability 7.5): not fast (bf16 tensor cores from compute capability 8.0, Ampere); '
-        'expect no speed-up')
-
-
 def test_precisions_are_checked_once_each_and_a_loss_scale_needs_fp16():
     assert [(p.name, p.scaling) for p in precisions_of(['fp32', 'fp16', 'fp32'], 128)] == [
         ('fp32', None), ('fp16', ('fixed', 128.0, None))]

@@ -20,6 +20,7 @@ from towers.config import check
 from towers.devices import describe_devices, resolve_devices, resolve_param_device
 from towers.errors import SettingError
 from towers.names import VARIABLE_UPDATES
+from towers.tools.hardware import precision_support
 
 
 def run_models(args, log):
@@ -32,6 +33,8 @@ def run_devices(args, log):
     param_device = resolve_param_device(args.param_device, tower_devices)
     for line in describe_devices(tower_devices, param_device):
         log(line)
+    for name in ('bf16', 'fp16'):  # measured here, on the towers' devices
+        log(precision_support(name, tower_devices))
 
 
 def run_bench(args, log):

@@ -9,10 +9,10 @@ same process. All rows are built first and then timed in turns, block by
 block, because absolute speed on a shared machine drifts over a minute.
 
 With several precisions (towers/precision.py) every (tower count, input)
-runs in each, and each is given as a ratio to the first. Whether the hardware
-has fast kernels for a precision is said before the table
-(precision_support), so that a bf16 row on a CPU without bf16 instructions
-reads as what it is.
+runs in each, and each is given as a ratio to the first. Before the table,
+a line per mixed precision says how fast it measured here against float32
+(towers/tools/probe.py, through precision_support) and what the hardware has,
+so that a slow row reads as what it is.
 """
 import math
 import os

@@ -1,29 +1,38 @@
-"""Whether a machine's CPU or GPUs have fast kernels for a precision: what `towers bench` says.
+"""Whether bf16 or fp16 is fast on the towers' devices: measured, with what the hardware has.
 
-A bf16 or fp16 row on hardware without native kernels for the type still runs
-(TensorFlow converts through float32, or falls back to Eigen), and slowly; the
-bench says so from the CPU's flags or the GPUs' compute capability instead of
-letting the table pretend.
+The verdict comes from the probe (towers/tools/probe.py), which times the
+model's kind of work in float32 and in the precision right here: 'fast' at
+1.2x float32 or better, 'slow' under 0.8x, 'no faster' between. What the
+hardware has (the CPU's flags, the GPUs' compute capability) is said beside the
+measurement, as information: a flag means an instruction exists, not that
+TensorFlow's kernels use it (an Intel Xeon with avx512_fp16 ran float16 at
+0.003x float32).
 """
 import tensorflow as tf
 
-# The CPU flags (Linux /proc/cpuinfo) under which oneDNN has native kernels for a
-# type, best first; without them TensorFlow still runs the type, but slowly.
+from towers.tools import probe
+
+FAST = 1.2  # at least this times float32's speed: 'fast'
+NO_FASTER = 0.8  # under this: 'slow'
+WARN_BELOW = 1 / 3  # train warns before a run more than ~3x slower than float32
+
+# The CPU flags (Linux /proc/cpuinfo) of instructions for a type, best first.
 _CPU_KERNELS = {
     'bf16': [('amx_bf16', 'AMX BF16 tiles'), ('avx512_bf16', 'AVX-512 BF16, no AMX')],
     'fp16': [('amx_fp16', 'AMX FP16 tiles'), ('avx512_fp16', 'AVX-512 FP16')],
 }
-_CPU_SLOW = {
-    'bf16': 'bf16 runs converted through float32; expect no speed-up',
-    'fp16': "TensorFlow's oneDNN leaves float16 to Eigen here (it logs \"oneDNN supports "
-            'DT_HALF only on platforms with AVX-512"); expect it slower than fp32',
-}
+_TYPE_NAMES = {'bf16': 'bfloat16', 'fp16': 'float16'}
 # The compute capability from which NVIDIA GPUs have tensor cores for a type.
 _GPU_KERNELS = {'bf16': ((8, 0), 'Ampere'), 'fp16': ((7, 0), 'Volta')}
 
 
-def precision_support(name, devices, cpu_flags=None, gpu_details=None):
-    """One line: whether the devices have fast kernels for a precision, and why.
+def verdict(ratio):
+    """'fast', 'no faster' or 'slow' for a speed against float32's."""
+    return 'fast' if ratio >= FAST else 'slow' if ratio < NO_FASTER else 'no faster'
+
+
+def precision_support(name, devices, cpu_flags=None, gpu_details=None, measure=None):
+    """One line: how fast a precision measured on the devices, and what the hardware has.
 
     Args:
       name: 'fp32', 'bf16' or 'fp16'.
@@ -33,42 +42,93 @@ def precision_support(name, devices, cpu_flags=None, gpu_details=None):
       gpu_details: {'/gpu:i': {'compute_capability': (major, minor),
         'device_name': ...}}, as tf.config.experimental.get_device_details
         gives them; None asks TensorFlow.
+      measure: (name, device) -> probe.Speed; None is the probe itself.
     Returns:
-      e.g. 'bf16 on CPU: fast (AVX-512 BF16, no AMX: avx512_bf16)'.
+      e.g. 'fp16 on CPU: slow, 0.14x float32 measured (conv 0.11x, matmul
+      0.92x); TensorFlow's CPU kernels emulate float16 here (the CPU has no
+      amx_fp16 or avx512_fp16)'.
     """
     if name == 'fp32':
         return 'fp32: float32 throughout'
-    gpus = [d for d in devices if d.lower().startswith(('/gpu', '/device:gpu'))]
-    if gpus:
-        return _gpu_support(name, gpus, _gpu_details(gpus) if gpu_details is None
-                            else gpu_details)
-    flags = set(read_cpu_flags() if cpu_flags is None else cpu_flags)
-    if not flags:
-        return '%s on CPU: unknown (no CPU flags to read in /proc/cpuinfo)' % name
-    for flag, what in _CPU_KERNELS[name]:
-        if flag in flags:
-            return '%s on CPU: fast (%s: %s)' % (name, what, flag)
-    return '%s on CPU: not fast (no %s): %s' % (
-        name, ' or '.join(flag for flag, _ in _CPU_KERNELS[name]), _CPU_SLOW[name])
-
-
-def _gpu_support(name, gpus, details):
+    kinds = device_kinds(devices, gpu_details)
+    speeds = _measured(name, kinds, measure)
+    if kinds[0][0] == 'CPU':
+        speed, = speeds
+        if speed.error:
+            return '%s on CPU: %s' % (name, speed.text())
+        flags = set(read_cpu_flags() if cpu_flags is None else cpu_flags)
+        return '%s on CPU: %s; %s' % (name, _judged(speed),
+                                      _cpu_why(name, verdict(speed.ratio), flags))
     need, family = _GPU_KERNELS[name]
+    return '%s on %s; %s tensor cores from compute capability %d.%d (%s)' % (
+        name, '; '.join('%s: %s' % (label, _judged(speed))
+                        for (label, _), speed in zip(kinds, speeds)),
+        name, need[0], need[1], family)
+
+
+def slow_warning(name, devices, gpu_details=None, measure=None):
+    """One line to print before a run in a precision measured > ~3x slower than fp32, or None.
+
+    The advice names what measured faster here: fp32, and the other of bf16
+    and fp16 where it is not slow too.
+    """
+    if name == 'fp32':
+        return None
+    kinds = device_kinds(devices, gpu_details)
+    if not any(s.error or s.ratio < WARN_BELOW for s in _measured(name, kinds, measure)):
+        return None
+    other = 'fp16' if name == 'bf16' else 'bf16'
+    good = all(not s.error and s.ratio >= NO_FASTER for s in _measured(other, kinds, measure))
+    return 'warning: %s; use %s on %s' % (
+        precision_support(name, devices, gpu_details=gpu_details, measure=measure),
+        '%s or fp32' % other if good else 'fp32',
+        'this CPU' if kinds[0][0] == 'CPU' else 'these GPUs')
+
+
+def device_kinds(devices, gpu_details=None):
+    """[(label, devices)]: the towers' devices by kind, each kind timed once.
+
+    Virtual CPUs are one CPU: [('CPU', devices)]. GPUs are grouped by model and
+    compute capability: [('/gpu:0,/gpu:1 (Tesla V100-SXM2-16GB, compute
+    capability 7.0)', ['/gpu:0', '/gpu:1'])].
+    """
+    gpus = [d for d in devices if d.lower().startswith(('/gpu', '/device:gpu'))]
+    if not gpus:
+        return [('CPU', list(devices))]
+    details = _gpu_details(gpus) if gpu_details is None else gpu_details
     groups = {}  # (device name, compute capability) -> the towers' GPUs of that kind
     for device in gpus:
         info = details.get(device) or {}
         capability = info.get('compute_capability')
         groups.setdefault((info.get('device_name', 'GPU'),
                            tuple(capability) if capability else None), []).append(device)
-    known = [c for _, c in groups if c is not None]
-    verdict = ('not fast' if any(c < need for c in known) else
-               'unknown' if len(known) < len(groups) else 'fast')
-    where = '; '.join('%s (%s, compute capability %s)' % (
-        ','.join(devices), device_name, '%d.%d' % capability if capability else 'unknown')
-        for (device_name, capability), devices in groups.items())
-    return '%s on %s: %s (%s tensor cores from compute capability %d.%d, %s)%s' % (
-        name, where, verdict, name, need[0], need[1], family,
-        '; expect no speed-up' if verdict == 'not fast' else '')
+    return [('%s (%s, compute capability %s)' % (
+        ','.join(group), device_name, '%d.%d' % capability if capability else 'unknown'), group)
+        for (device_name, capability), group in groups.items()]
+
+
+def _measured(name, kinds, measure=None):
+    """The probe's Speed of the first device of each kind."""
+    return [(measure or probe.measure)(name, group[0]) for _, group in kinds]
+
+
+def _judged(speed):
+    """'slow, 0.14x float32 measured (conv 0.11x, matmul 0.92x)'."""
+    return speed.text() if speed.error else '%s, %s' % (verdict(speed.ratio), speed.text())
+
+
+def _cpu_why(name, judged, flags):
+    """What the CPU has for the type, worded against the verdict."""
+    if not flags:
+        return 'its flags are unknown (no /proc/cpuinfo to read)'
+    kernels = _CPU_KERNELS[name]
+    has = next(('%s (%s)' % (flag, what) for flag, what in kernels if flag in flags), None)
+    missing = 'no %s' % ' or '.join(flag for flag, _ in kernels)
+    if judged != 'slow':
+        return 'the CPU has %s' % (has or missing)
+    emulated = "TensorFlow's CPU kernels emulate %s here" % _TYPE_NAMES[name]
+    return ('%s, although the CPU has %s' % (emulated, has) if has else
+            '%s (the CPU has %s)' % (emulated, missing))
 
 
 def _gpu_details(gpus):
