@@ -25,7 +25,8 @@ setup(
         'cpu': ['tensorflow-cpu>=2.16'],
         'gpu': ['tensorflow[and-cuda]>=2.16'],
         'plot': ['matplotlib'],  # towers bench --compare --plot
-        'test': ['pytest', 'matplotlib', 'ruff'],
+        'tensorboard': ['tensorboard>=2.16'],  # tensorboard --logdir (TF 2.21 lacks it)
+        'test': ['pytest', 'matplotlib', 'ruff', 'tensorboard>=2.16'],
     },
     entry_points={'console_scripts': ['towers = towers.cli:main']},
 )

@@ -96,6 +96,27 @@ def test_tensorboard_writes_scalars_the_graph_and_histograms_and_marks_a_resume(
             for value in event.summary.value} == train_tags
 
 
+def test_tensorboard_itself_reads_the_run(tmp_path):
+    # The `tensorboard` extra: what `tensorboard --logdir` loads, its scalars, graph and
+    # histograms, from one run of towers.
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    make_trainer([monitors.TensorBoard(every_steps=2, histograms=True), cb.Evaluate(),
+                  cb.Checkpoint(every_steps=0)], [], towers=['/cpu:0', '/cpu:1'],
+                 steps_per_epoch=3, steps=4, logdir=str(tmp_path)).train()
+    run = EventAccumulator(str(tmp_path), size_guidance={'histograms': 0})
+    run.Reload()
+    tags = run.Tags()
+    assert set(tags['scalars']) == {'loss', 'accuracy', 'learning_rate', 'images_per_sec',
+                                    'tower_0/loss', 'tower_1/loss', 'test/loss',
+                                    'test/accuracy'}
+    assert [e.step for e in run.Scalars('learning_rate')] == [2, 4]
+    assert run.Scalars('learning_rate')[-1].value == pytest.approx(0.05)
+    assert [e.step for e in run.Scalars('test/accuracy')] == [3, 4]
+    assert tags['graph'] and any(node.name.startswith('tower_1/') for node in run.Graph().node)
+    assert set(tags['histograms']) == {'histograms/conv1/weights', 'histograms/conv1/biases',
+                                       'histograms/logits/weights', 'histograms/logits/biases'}
+
+
 class _FakeTrainer:
     """What TensorBoard.before_train reads of a Trainer."""
 
