@@ -26,7 +26,8 @@ setup(
         'gpu': ['tensorflow[and-cuda]>=2.16'],
         'plot': ['matplotlib'],  # towers bench --compare --plot
         'tensorboard': ['tensorboard>=2.16'],  # tensorboard --logdir (TF 2.21 lacks it)
-        'test': ['pytest', 'matplotlib', 'ruff', 'tensorboard>=2.16'],
+        # pytest-xdist: the suite runs on two workers (.ci/run, README's Tests)
+        'test': ['pytest', 'pytest-xdist', 'matplotlib', 'ruff', 'tensorboard>=2.16'],
     },
     entry_points={'console_scripts': ['towers = towers.cli:main']},
 )

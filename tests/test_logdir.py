@@ -117,8 +117,9 @@ HOLDER = TINY + ('--steps', '100000', '--checkpoint-every', '5', '--log-every', 
 
 
 def _holder_command(logdir):
-    """The command line the holder's lock records (LogdirLock's _command)."""
-    return 'towers train %s --logdir %s' % (' '.join(HOLDER), logdir)
+    """The command line the holder's lock records (LogdirLock's _command: 200 characters
+    at most, which a long temporary folder reaches)."""
+    return ('towers train %s --logdir %s' % (' '.join(HOLDER), logdir))[:200]
 
 
 def test_a_logdir_in_use_refuses_a_second_run_and_is_read_by_eval_and_export(tmp_path,

@@ -22,6 +22,9 @@ from towers.models import layers
 from towers.tools import probe
 
 LIMIT = 40  # seconds a run in a mixed precision may take here (a test: 60 s at most)
+# Alone: whether a run fits is judged from the fp32 run's time, and another test's load
+# beside it would skew that time.
+pytestmark = pytest.mark.alone
 
 
 def _fits(name, fp32_seconds, kind='ratio'):

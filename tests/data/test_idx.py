@@ -130,8 +130,9 @@ def test_gz_name_without_gzip_or_idx_data(tmp_path):
 
 
 @pytest.mark.parametrize('payload', [
-    gzip.compress(GOOD)[:-12],                          # gzip stream cut off
-    gzip.compress(GOOD)[:12] + b'\xff' * 20,            # gzip magic, garbage body
+    # mtime=0: the same bytes in every process (pytest-xdist's workers collect them apart).
+    gzip.compress(GOOD, mtime=0)[:-12],                 # gzip stream cut off
+    gzip.compress(GOOD, mtime=0)[:12] + b'\xff' * 20,   # gzip magic, garbage body
 ])
 def test_corrupt_gzip(tmp_path, payload):
     path = tmp_path / 'broken.gz'
