@@ -10,6 +10,7 @@ import sys
 import traceback
 
 from towers.cli.parsers import build_parser
+from towers.quiet import native_stderr_silenced
 
 
 def _import_tensorflow_quietly():
@@ -22,15 +23,8 @@ def _import_tensorflow_quietly():
     """
     if 'tensorflow' in sys.modules:
         return
-    sys.stderr.flush()
-    saved = os.dup(2)
-    try:
-        with open(os.devnull, 'w') as devnull:
-            os.dup2(devnull.fileno(), 2)
-            import tensorflow  # noqa: F401
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
+    with native_stderr_silenced():
+        import tensorflow  # noqa: F401
 
 
 def _set_xla_flag(args):

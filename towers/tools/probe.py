@@ -24,6 +24,7 @@ import tensorflow as tf
 
 from towers.devices import parse_device
 from towers.errors import op_error_summary
+from towers.quiet import native_stderr_silenced
 
 tf1 = tf.compat.v1
 
@@ -96,7 +97,9 @@ def _measure(name, device):
     config = tf1.ConfigProto(allow_soft_placement=False)
     # GPU options are the process's: the probe must not take every GPU's memory.
     config.gpu_options.allow_growth = True
-    with tf1.Session(graph=graph, config=config) as sess:
+    # TensorFlow logs an error line where oneDNN has no float16 kernel: what the probe
+    # measures, and says better.
+    with native_stderr_silenced(), tf1.Session(graph=graph, config=config) as sess:
         sess.run(init)
         try:
             seconds = {(kind, precision): best
