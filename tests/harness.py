@@ -10,7 +10,6 @@ import os
 
 import tensorflow as tf
 
-from towers.devices import session_config
 from towers.inputs import FeedInput
 from towers.session import load_variables, open_session, run_steps
 
@@ -28,14 +27,15 @@ def saved_variables(graph):
         return graph.strategy.saved_variables()
 
 
-def open_graph(graph, devices, initial=None, param_device='/cpu:0'):
-    """A Session on the TrainGraph, `initial` {saved name: value} loaded before the sync."""
+def open_graph(graph, initial=None):
+    """A Session on the TrainGraph (its plan's config), `initial` {saved name: value}
+    loaded before the sync."""
     variables = saved_variables(graph)
     load = (lambda sess: load_variables(sess, variables, initial)) if initial else None
-    return open_session(graph, session_config(devices, param_device), load=load)
+    return open_session(graph, graph.plan.config, load=load)
 
 
-def run_graph(graph, devices, steps, initial=None, fetches=None, param_device='/cpu:0'):
+def run_graph(graph, steps, initial=None, fetches=None):
     """Train the TrainGraph `steps` steps from its own source.
 
     Args:
@@ -46,7 +46,7 @@ def run_graph(graph, devices, steps, initial=None, fetches=None, param_device='/
       [{name: value} of fetches, per step]).
     """
     fetches = dict(fetches or {}, train_op=graph.train_op)
-    with open_graph(graph, devices, initial, param_device) as sess:
+    with open_graph(graph, initial) as sess:
         with run_steps(sess, graph.source, fetches, 0, steps) as loop:
             per_step = [{k: v for k, v in values.items() if k in fetches and k != 'train_op'}
                         for values in loop]

@@ -3,6 +3,7 @@ import pytest
 import tensorflow as tf
 
 from towers.context import EVAL, TRAIN, TowerContext, is_training_flag
+from towers.deviceplan import DevicePlan
 from towers.tower import build_towers, build_towers_from_slices, split_batch
 
 tf1 = tf.compat.v1
@@ -32,8 +33,9 @@ def test_each_tower_gets_its_own_context_with_its_index_and_share():
         images = tf1.placeholder(tf.float32, [None, 2, 2, 1])
         labels = tf1.placeholder(tf.int64, [None])
         slices = split_batch(images, labels, 3)
-        towers = build_towers_from_slices(loss_fn, slices, ['/cpu:0'] * 3, sync_bn=True)
-        build_towers_from_slices(loss_fn, slices, ['/cpu:0'] * 3, training=False, reuse=True)
+        plan = DevicePlan(['/cpu:0'] * 3)
+        towers = build_towers_from_slices(loss_fn, slices, plan, sync_bn=True)
+        build_towers_from_slices(loss_fn, slices, plan, training=False, reuse=True)
         with tf1.Session() as sess:
             weights = sess.run([c.weight for c in seen[:3]],
                                {images: [[[[0.0]] * 2] * 2] * 10, labels: [0] * 10})

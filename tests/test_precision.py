@@ -6,6 +6,7 @@ import tensorflow as tf
 from tests import easy_digits, harness
 from towers import data, models
 from towers.config import TrainConfig
+from towers.deviceplan import DevicePlan, local_plan
 from towers.errors import SettingError
 from towers.graph import build_training_graph
 from towers.model import ClassifierModel
@@ -29,8 +30,8 @@ def _graph(precision, batches, towers=1, variable_update='parameter_server', mod
     model_fn = model_fn or models.build_model('small_convnet', SHAPE, 10)
     model = ClassifierModel(model_fn, SHAPE, 10, optimizer=optimizer)
     devices = ['/cpu:%d' % i for i in range(towers)]
-    graph = build_training_graph(model, devices, seed=0, source=harness.fed(batches),
-                                 learning_rate=0.01, variable_update=variable_update,
+    graph = build_training_graph(model, local_plan(devices, variable_update=variable_update),
+                                 seed=0, source=harness.fed(batches), learning_rate=0.01,
                                  precision=precision, sync_bn=sync_bn)
     return graph, devices
 
@@ -61,9 +62,9 @@ def test_bf16_starts_from_the_fp32_weights_and_trains_near_them():
         # SGD: an update in proportion to the gradient (Adam's sign-like one turns a
         # rounding near 0 into a full step).
         graph, devices = _graph(precision, batches, towers=2, optimizer='sgd')
-        with harness.open_graph(graph, devices) as sess:
+        with harness.open_graph(graph) as sess:
             initial = sess.run(harness.saved_variables(graph))
-        runs[precision] = initial, harness.run_graph(graph, devices, len(batches))[0]
+        runs[precision] = initial, harness.run_graph(graph, len(batches))[0]
     for name, value in runs['fp32'][0].items():  # the same float32 initial weights
         np.testing.assert_array_equal(runs['bf16'][0][name], value, err_msg=name)
     after32, after16 = runs['fp32'][1], runs['bf16'][1]
@@ -73,7 +74,7 @@ def test_bf16_starts_from_the_fp32_weights_and_trains_near_them():
 
 def _step_by_step(graph, devices, steps):
     """Every global variable {name: value} before the first step and after each one."""
-    with harness.open_graph(graph, devices) as sess:
+    with harness.open_graph(graph) as sess:
         with graph.graph.as_default():
             everything = {v.op.name: v for v in tf1.global_variables()}
         states = [sess.run(everything)]
@@ -118,7 +119,7 @@ def test_replicated_copies_skip_together_and_stay_equal():
     steps = 16
     precision = Precision('fp16', initial_scale=2.0 ** 24)
     graph, devices = _graph(precision, _batches(steps), towers=2, variable_update='replicated')
-    _, everything, _ = harness.run_graph(graph, devices, steps)
+    _, everything, _ = harness.run_graph(graph, steps)
     assert 0 < everything['loss_scale/skipped_steps'] < steps
     replicas = [n for n in everything if n.startswith('replica_1/')]
     assert replicas
@@ -142,7 +143,7 @@ def test_batch_norm_keeps_float32_statistics_under_bf16_and_sync_bn():
     assert moving == {'bn/moving_mean': tf.float32, 'bn/moving_variance': tf.float32}
     # The moments are pooled over the towers in float32.
     assert _types(graph, 'CollectiveReduce', 'tower_') == {tf.float32}
-    _, everything, _ = harness.run_graph(graph, devices, 2)
+    _, everything, _ = harness.run_graph(graph, 2)
     assert np.all(np.isfinite(everything['bn/moving_variance']))
     assert not np.array_equal(everything['bn/moving_mean'], np.zeros(8, np.float32))
 
@@ -165,7 +166,8 @@ def test_fp16_on_a_device_without_fp16_kernels_is_one_line():
     model = ClassifierModel(models.build_model('small_convnet', SHAPE, 10), SHAPE, 10)
     with pytest.raises(SettingError, match=r'^precision fp16: \w+ \(tower_0/.*\) has no GPU '
                                            r'kernel for float16 on this TensorFlow'):
-        build_training_graph(model, ['/gpu:0'], source=harness.fed(_batches(1)),
+        # Built only, on a plan naming a GPU this machine need not have.
+        build_training_graph(model, DevicePlan(['/gpu:0']), source=harness.fed(_batches(1)),
                              precision='fp16')
 
 
@@ -239,7 +241,7 @@ def test_export_of_a_bf16_run_is_float32(tmp_path):
 def _gradients(precision, model_fn, images, labels):
     graph, devices = _graph(precision, [(images, labels)], model_fn=model_fn, optimizer='sgd')
     grads = {v.op.name: g for g, v in graph.towers[0].grads_and_vars}
-    with harness.open_graph(graph, devices) as sess:
+    with harness.open_graph(graph) as sess:
         return sess.run(grads, graph.source.step(0)[1])
 
 
@@ -294,7 +296,7 @@ def _overflowing_net(images, training):
 def test_an_overflow_stops_the_run_only_at_scale_1(initial_scale, finite):
     precision = Precision('fp16', initial_scale=initial_scale)
     graph, devices = _graph(precision, _batches(1), model_fn=_overflowing_net)
-    _, everything, steps = harness.run_graph(graph, devices, 1, fetches={'finite': graph.finite})
+    _, everything, steps = harness.run_graph(graph, 1, fetches={'finite': graph.finite})
     assert everything['loss_scale/skipped_steps'] == 1 and everything['loss_scale/scale'] == 1.0
     assert bool(steps[0]['finite']) is finite
 
@@ -302,9 +304,10 @@ def test_an_overflow_stops_the_run_only_at_scale_1(initial_scale, finite):
 def test_a_skipped_step_does_not_move_the_moving_average_of_the_weights():
     model = ClassifierModel(models.build_model('small_convnet', SHAPE, 10), SHAPE, 10)
     overflowing = Precision('fp16', initial_scale=2.0 ** 40)
-    graph = build_training_graph(model, ['/cpu:0'], seed=0, source=harness.fed(_batches(1)),
-                                 ema_decay=0.5, precision=overflowing)
-    with harness.open_graph(graph, ['/cpu:0']) as sess:
+    graph = build_training_graph(model, local_plan(['/cpu:0']), seed=0,
+                                 source=harness.fed(_batches(1)), ema_decay=0.5,
+                                 precision=overflowing)
+    with harness.open_graph(graph) as sess:
         with graph.graph.as_default():
             shadows = {v.op.name: v for v in tf1.global_variables()
                        if v.op.name.endswith('ExponentialMovingAverage')}

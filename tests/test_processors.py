@@ -12,6 +12,7 @@ import tensorflow as tf
 
 from tests.harness import open_graph
 from towers import models
+from towers.deviceplan import local_plan
 from towers.errors import TowersError
 from towers.gradients import build_train_op
 from towers.graph import build_training_graph
@@ -49,10 +50,10 @@ def _model(**options):
 @contextlib.contextmanager
 def _session(model, devices, initial=None, **options):
     """A built TrainGraph and an initialized Session; initial: name -> value to load."""
-    train = build_training_graph(model, devices, seed=1, learning_rate=LR, **options)
+    train = build_training_graph(model, local_plan(devices), seed=1, learning_rate=LR, **options)
     if initial is not None:
         initial = {v.op.name: initial[v.op.name] for v in _trainable(train)}
-    with open_graph(train, devices, initial) as sess:
+    with open_graph(train, initial) as sess:
         yield train, sess
 
 
@@ -298,7 +299,7 @@ def test_frozen_variables_stay_put_and_do_not_decay(reference):
 
 def test_freezing_every_variable_fails_when_the_graph_is_built():
     with pytest.raises(TowersError, match='matches every trained variable'):
-        build_training_graph(_model(freeze='/'), ['/cpu:0'])
+        build_training_graph(_model(freeze='/'), local_plan(['/cpu:0']))
 
 
 def test_ema_follows_tensorflows_formula_and_feeds_the_eval_towers():

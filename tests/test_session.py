@@ -5,6 +5,7 @@ import tensorflow as tf
 
 from tests.harness import fed
 from towers import models
+from towers.deviceplan import local_plan
 from towers.devices import session_config
 from towers.graph import build_training_graph
 from towers.inputs import InputSource
@@ -26,8 +27,8 @@ def _batches(num, size=6):
 def _graph(source, variable_update='replicated'):
     model = ClassifierModel(models.build_model('small_convnet', SHAPE, 10), SHAPE, 10,
                             optimizer='sgd')
-    return build_training_graph(model, DEVICES, seed=0, source=source, learning_rate=0.1,
-                                variable_update=variable_update)
+    return build_training_graph(model, local_plan(DEVICES, variable_update=variable_update),
+                                seed=0, source=source, learning_rate=0.1)
 
 
 def test_open_session_initialises_loads_then_syncs_the_replicas():

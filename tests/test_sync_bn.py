@@ -4,6 +4,7 @@ import pytest
 import tensorflow as tf
 
 from tests.harness import fed, run_graph
+from towers.deviceplan import local_plan
 from towers.graph import build_training_graph
 from towers.model import ClassifierModel
 from towers.models import layers
@@ -21,9 +22,9 @@ def _net(images, training):
 
 def _train(devices, batches, initial=None, sync_bn=False, variable_update='parameter_server'):
     model = ClassifierModel(_net, SHAPE, 3, optimizer='sgd')
-    graph = build_training_graph(model, devices, seed=1, source=fed(batches), learning_rate=0.5,
-                                 sync_bn=sync_bn, variable_update=variable_update)
-    saved, _, steps = run_graph(graph, devices, len(batches), initial, {'loss': graph.loss})
+    graph = build_training_graph(model, local_plan(devices, variable_update=variable_update),
+                                 seed=1, source=fed(batches), learning_rate=0.5, sync_bn=sync_bn)
+    saved, _, steps = run_graph(graph, len(batches), initial, {'loss': graph.loss})
     return saved, [step['loss'] for step in steps]
 
 

@@ -9,6 +9,7 @@ import tensorflow as tf
 from tests import easy_digits
 from towers import data, models
 from towers.config import TrainConfig
+from towers.deviceplan import local_plan
 from towers.devices import session_config
 from towers.errors import TowersError
 from towers.evaluation import evaluate
@@ -175,7 +176,7 @@ def _reference_loss_and_accuracy(logits, labels):
 def test_evaluate_counts_every_example_of_a_test_set_that_is_not_a_multiple_of_the_batch(
         tmp_path):
     images = np.random.RandomState(5).rand(NUM_TEST, *SHAPE).astype(np.float32)
-    one = build_training_graph(_classifier(), ['/cpu:0'], seed=3)
+    one = build_training_graph(_classifier(), local_plan(['/cpu:0']), seed=3)
     with tf1.Session(graph=one.graph, config=session_config(['/cpu:0'])) as sess:
         sess.run(one.init_op)
         checkpoint = one.saver.save(sess, str(tmp_path / 'weights'))
@@ -202,7 +203,7 @@ def test_evaluate_counts_every_example_of_a_test_set_that_is_not_a_multiple_of_t
     # Three towers, same weights: the last batch of 7 splits 3/2/2; batch 1 leaves
     # two towers empty on every run.
     devices = ['/cpu:0', '/cpu:1', '/cpu:2']
-    three = build_training_graph(_classifier(), devices, seed=3)
+    three = build_training_graph(_classifier(), local_plan(devices), seed=3)
     with tf1.Session(graph=three.graph, config=session_config(devices)) as sess:
         three.saver.restore(sess, checkpoint)
         for batch_size in (10, 1, 37):
@@ -212,7 +213,7 @@ def test_evaluate_counts_every_example_of_a_test_set_that_is_not_a_multiple_of_t
 
 
 def test_evaluate_refuses_an_empty_set():
-    graph = build_training_graph(_classifier(), ['/cpu:0'])
+    graph = build_training_graph(_classifier(), local_plan(['/cpu:0']))
     empty = data.DataSet(np.zeros([0, 28, 28, 1], np.float32), np.zeros([0], np.int64))
     with tf1.Session(graph=graph.graph, config=session_config(['/cpu:0'])) as sess:
         sess.run(graph.init_op)

@@ -6,11 +6,12 @@ import tensorflow as tf
 from tests.harness import fed, run_graph
 from towers import data, models
 from towers.callbacks import Callback
+from towers.deviceplan import LeastLoaded, local_plan
 from towers.errors import TowersError
 from towers.graph import build_training_graph
 from towers.model import ClassifierModel
 from towers.trainer import Trainer
-from towers.variables import LeastLoaded, make_strategy
+from towers.variables import make_strategy
 
 tf1 = tf.compat.v1
 
@@ -29,13 +30,13 @@ def _batches(num_steps, batch=7, seed=0):
             for _ in range(num_steps)]
 
 
-def _train(devices, variable_update, batches, initial=None, param_device='/cpu:0', **model):
+def _train(devices, variable_update, batches, initial=None, param_device='/cpu:0',
+           all_reduce=None, **model):
     """Train on the batches; returns ({saved name: value}, {every variable: value})."""
-    graph = build_training_graph(_model(**model), devices, param_device, seed=3,
-                                 source=fed(batches), learning_rate=0.05,
-                                 variable_update=variable_update)
-    saved, everything, _ = run_graph(graph, devices, len(batches), initial,
-                                     param_device=param_device)
+    plan = local_plan(devices, param_device, variable_update, all_reduce=all_reduce)
+    graph = build_training_graph(_model(**model), plan, seed=3, source=fed(batches),
+                                 learning_rate=0.05)
+    saved, everything, _ = run_graph(graph, len(batches), initial)
     return saved, everything
 
 
@@ -49,13 +50,15 @@ def reference():
     return initial, batches, final
 
 
-@pytest.mark.parametrize('variable_update,param_device', [
-    ('parameter_server', '/cpu:0'), ('parameter_server', '/cpu:2'),
-    ('parameter_server', 'spread'), ('replicated', '/cpu:0')])
-def test_every_synchronous_strategy_equals_one_device(reference, variable_update, param_device):
+@pytest.mark.parametrize('variable_update,param_device,all_reduce', [
+    ('parameter_server', '/cpu:0', None), ('parameter_server', '/cpu:2', None),
+    ('parameter_server', 'spread', None), ('replicated', '/cpu:0', 'host'),
+    ('replicated', '/cpu:0', 'ring')])
+def test_every_synchronous_strategy_equals_one_device(reference, variable_update, param_device,
+                                                      all_reduce):
     initial, batches, expected = reference
     got, _ = _train(THREE, variable_update, batches, initial, param_device=param_device,
-                    weight_decay=0.01, clip_norm=5.0)
+                    all_reduce=all_reduce, weight_decay=0.01, clip_norm=5.0)
     # The checkpoint's variables are named alike in every strategy.
     assert got.keys() == expected.keys()
     for name in expected:
@@ -63,9 +66,11 @@ def test_every_synchronous_strategy_equals_one_device(reference, variable_update
                                    err_msg=name)
 
 
-@pytest.mark.parametrize('optimizer', ['momentum', 'adam'])
-def test_replicated_copies_stay_bit_equal(optimizer):
-    _, everything = _train(THREE, 'replicated', _batches(5), optimizer=optimizer)
+@pytest.mark.parametrize('optimizer,all_reduce', [('momentum', 'host'), ('adam', 'host'),
+                                                  ('adam', 'ring')])
+def test_replicated_copies_stay_bit_equal(optimizer, all_reduce):
+    _, everything = _train(THREE, 'replicated', _batches(5), optimizer=optimizer,
+                           all_reduce=all_reduce)
     replicas = [name for name in everything if name.startswith('replica_')]
     # Two copies of each model variable and of each optimizer slot beyond the master.
     masters = [name for name in everything if not name.startswith('replica_')]
@@ -91,7 +96,7 @@ def test_independent_copies_drift_apart_and_the_master_is_saved():
 
 
 def test_replicated_variables_live_on_their_towers():
-    graph = build_training_graph(_model(), THREE, variable_update='replicated')
+    graph = build_training_graph(_model(), local_plan(THREE, variable_update='replicated'))
     with graph.graph.as_default():
         devices = {v.op.name: v.device.upper()[-5:] for v in tf1.global_variables()}
     assert devices['conv1/weights'] == 'CPU:0'
@@ -105,7 +110,7 @@ def test_spread_places_each_variable_on_the_least_loaded_device():
     chooser = LeastLoaded(['/cpu:0', '/cpu:1'])
     assert [chooser.place(size) for size in (100, 10, 10, 95, 5)] == \
         ['/cpu:0', '/cpu:1', '/cpu:1', '/cpu:1', '/cpu:0']
-    graph = build_training_graph(_model(), THREE, 'spread')
+    graph = build_training_graph(_model(), local_plan(THREE, 'spread'))
     with graph.graph.as_default():
         devices = {v.op.name: v.device.upper()[-5:] for v in tf1.trainable_variables()}
     # small_convnet's biggest variable (logits/weights, 5408x10) comes after conv1's two.
@@ -135,7 +140,7 @@ def test_a_checkpoint_moves_between_strategies(tmp_path):
 
 def test_an_unknown_variable_update_is_named():
     with pytest.raises(TowersError, match="unknown variable_update 'ring'; choose one of"):
-        make_strategy('ring', THREE)
+        make_strategy(local_plan(THREE, variable_update='ring'))
 
 
 class _ReplicasEqualMaster(Callback):
@@ -178,9 +183,10 @@ def test_every_strategy_implements_the_one_documented_interface():
     from towers.names import VARIABLE_UPDATES
     from towers.variables import STRATEGIES, VariableStrategy
     with pytest.raises(TypeError, match='abstract'):
-        VariableStrategy(THREE)
+        VariableStrategy(local_plan(THREE))
     assert tuple(STRATEGIES) == VARIABLE_UPDATES
-    hooks = ('tower_variables', 'build_train_op', 'saved_variables', 'sync_op')
+    # Where the variables are is the plan's (towers/deviceplan.py), not a strategy's.
+    hooks = ('build_train_op', 'saved_variables', 'sync_op')
     for name, strategy in STRATEGIES.items():
         assert strategy.name == name
         # Each is its own implementation of the interface, none a variation of a neighbour.

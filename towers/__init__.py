@@ -3,6 +3,7 @@
 The public API, in the order the classic recipe uses it:
 
     resolve_devices, session_config    which devices; a ConfigProto that has them
+    local_plan, DevicePlan             where towers, variables and host ops go, decided once
     split_batch                        slice the global batch, one piece per tower
     build_towers, Tower                one tower per device, shared variables
     average_gradients                  combine the towers' gradients
@@ -38,6 +39,8 @@ import importlib
 _API = {
     'resolve_devices': 'towers.devices',
     'session_config': 'towers.devices',
+    'DevicePlan': 'towers.deviceplan',
+    'local_plan': 'towers.deviceplan',
     'build_towers': 'towers.tower',
     'split_batch': 'towers.tower',
     'Tower': 'towers.tower',

@@ -17,13 +17,7 @@ from towers.inputs.feed import FeedInput
 from towers.precision import Precision, all_finite, check_kernels
 from towers.schedules import LearningRate
 from towers.tower import build_towers_from_slices, split_batch
-from towers.variables import (
-    VariableStrategy,
-    host_device,
-    make_strategy,
-    variable_name,
-    variable_placement,
-)
+from towers.variables import make_strategy, variable_name
 
 tf1 = tf.compat.v1
 
@@ -31,7 +25,7 @@ TrainGraph = collections.namedtuple(
     'TrainGraph', ['graph', 'source', 'towers', 'train_op', 'loss', 'metrics', 'batch',
                    'global_step', 'learning_rate', 'finite', 'ema', 'eval_images',
                    'eval_labels', 'eval_loss', 'eval_metrics', 'init_op', 'saver', 'strategy',
-                   'sync_op', 'precision', 'loss_scale'])
+                   'sync_op', 'precision', 'loss_scale', 'plan'])
 TrainGraph.__doc__ = """Handles on a built training graph.
 
   graph: the tf.Graph holding everything.
@@ -62,6 +56,7 @@ TrainGraph.__doc__ = """Handles on a built training graph.
     init_op and after every restore (a no-op for parameter_server).
   precision: the towers.precision.Precision the towers compute in.
   loss_scale: its towers.precision.LossScale (fp16), or None.
+  plan: the towers.deviceplan.DevicePlan it was built on.
 """
 
 
@@ -83,17 +78,15 @@ def weighted_metrics(towers):
         total, name=name) for name in sorted(towers[0].metrics)}
 
 
-def build_training_graph(model, tower_devices, param_device='/cpu:0', seed=None, source=None,
-                         learning_rate=1e-3, steps_per_epoch=1, ema_decay=None, finalize=True,
-                         variable_update='parameter_server', sync_bn=False, default_device=None,
-                         precision=None):
+def build_training_graph(model, plan, seed=None, source=None, learning_rate=1e-3,
+                         steps_per_epoch=1, ema_decay=None, finalize=True, strategy=None,
+                         sync_bn=False, precision=None):
     """Build a fresh tf.Graph with training and evaluation towers.
 
     Args:
       model: a towers.model.ModelDesc (ClassifierModel wraps a model_fn).
-      tower_devices: one device string per tower.
-      param_device: where the variables live with parameter_server: a device,
-        or 'spread' over the tower devices.
+      plan: the towers.deviceplan.DevicePlan: the towers' devices, where the
+        variables live, the host ops, and in a cluster the task's own device.
       seed: graph-level random seed (initializers, dropout), or None.
       source: the InputSource of the training batches; default a FeedInput
         (placeholders fed by the Session loop).
@@ -103,14 +96,11 @@ def build_training_graph(model, tower_devices, param_device='/cpu:0', seed=None,
         variables with this decay (the CIFAR-10 tutorial's 0.9999), or None.
       finalize: finalize the graph; the Trainer says False, adds its
         callbacks' ops, then finalizes it itself.
-      variable_update: 'parameter_server', 'replicated' or 'independent'
-        (towers/variables.py), or a VariableStrategy (e.g. a cluster's).
+      strategy: how the towers' gradients meet (towers/variables.py), e.g. a
+        cluster mode's; None: the one of the plan's --variable-update.
       sync_bn: batch norms use the moments of the whole global batch, pooled
         over the towers; default: each tower its own slice's, and the moving
         averages from tower 0 (as tf_cnn_benchmarks).
-      default_device: what completes every device of the graph, e.g. the
-        chief's '/job:worker/task:0' in a cluster, where '/cpu:0' (the host's
-        ops) then means the chief's CPU; None in one process.
       precision: a towers.precision.Precision or its name ('fp32', 'bf16',
         'fp16'): what the towers compute in, over float32 variables, and the
         loss scaling; None: float32.
@@ -123,27 +113,24 @@ def build_training_graph(model, tower_devices, param_device='/cpu:0', seed=None,
     check('ema', ema_decay)
     precision = Precision.of(precision)
     graph = tf.Graph()
-    with graph.as_default(), tf1.device(default_device):
+    with graph.as_default(), tf1.device(plan.default_device):
         if seed is not None:
             tf1.set_random_seed(seed)
-        strategy = (variable_update if isinstance(variable_update, VariableStrategy)
-                    else make_strategy(variable_update, tower_devices, param_device))
-        host = host_device(param_device)
-        slices = source.build(model.input_shape, tower_devices)
-        with tf.device(host):
+        strategy = strategy or make_strategy(plan)
+        slices = source.build(model.input_shape, list(plan.towers))
+        with tf.device(plan.host):
             global_step = tf1.train.get_or_create_global_step()
             rate = schedule.build(global_step, steps_per_epoch)
             loss_scale = precision.build_loss_scale()
         # One optimizer per copy of the variables (each keeps its own slots).
         optimizers = [model.optimizer(rate)
-                      for _ in (tower_devices if strategy.replicas else [None])]
+                      for _ in (plan.towers if strategy.replicas else [None])]
         if loss_scale is not None:  # the first copy's apply moves the scale
             optimizers = [loss_scale.optimizer(o, primary=i == 0)
                           for i, o in enumerate(optimizers)]
-        towers = build_towers_from_slices(model.tower_loss, slices, tower_devices, param_device,
+        towers = build_towers_from_slices(model.tower_loss, slices, plan,
                                           optimizer=optimizers[0], training=True,
-                                          strategy=strategy, sync_bn=sync_bn,
-                                          precision=precision)
+                                          sync_bn=sync_bn, precision=precision)
         decay = model.weight_decay()
         train_op, applied = strategy.build_train_op(towers, optimizers, global_step, decay,
                                                     model.gradient_processors())
@@ -152,15 +139,20 @@ def build_training_graph(model, tower_devices, param_device='/cpu:0', seed=None,
                                                      loss_scale, train_op)
         train_op, ema = _moving_average(train_op, masters, global_step, ema_decay,
                                         loss_scale.gate if loss_scale else None)
-        evaluation = _eval_towers(model, tower_devices, host, reuse=True, ema=ema,
+        evaluation = _eval_towers(model, plan.for_evaluation(), reuse=True, ema=ema,
                                   precision=precision)
         check_kernels(graph, precision, scopes=('tower_', 'eval/'))
         sync_op = strategy.sync_op()
         # Without finalize the caller adds variables of its own, then makes these.
         init_op, saver = finalize_graph(graph, strategy) if finalize else (None, None)
-    return TrainGraph(graph, source, towers, train_op, loss, metrics, batch, global_step, rate,
-                      finite, ema, *evaluation, init_op, saver, strategy, sync_op, precision,
-                      loss_scale)
+    eval_images, eval_labels, eval_loss, eval_metrics = evaluation
+    return TrainGraph(
+        graph=graph, source=source, towers=towers, train_op=train_op, loss=loss,
+        metrics=metrics, batch=batch, global_step=global_step, learning_rate=rate,
+        finite=finite, ema=ema, eval_images=eval_images, eval_labels=eval_labels,
+        eval_loss=eval_loss, eval_metrics=eval_metrics, init_op=init_op, saver=saver,
+        strategy=strategy, sync_op=sync_op, precision=precision, loss_scale=loss_scale,
+        plan=plan)
 
 
 def finalize_graph(graph, strategy, freeze=True):
@@ -223,8 +215,8 @@ def _averaged(ema):
     return averaged_getter
 
 
-def _eval_towers(model, tower_devices, param_device, reuse, ema=None, precision=None):
-    """Inference-mode towers on their own placeholders.
+def _eval_towers(model, plan, reuse, ema=None, precision=None):
+    """Inference-mode towers on their own placeholders, one shared copy of the variables.
 
     Returns:
       (images, labels, loss, metrics): placeholders [None, H, W, C] float32 and
@@ -237,9 +229,9 @@ def _eval_towers(model, tower_devices, param_device, reuse, ema=None, precision=
             tf1.variable_scope(tf1.get_variable_scope(), custom_getter=getter,
                                auxiliary_name_scope=False):
         with tf.device('/cpu:0'):
-            slices = split_batch(images, labels, len(tower_devices))
-        towers = build_towers_from_slices(model.tower_loss, slices, tower_devices, param_device,
-                                          training=False, reuse=reuse, precision=precision)
+            slices = split_batch(images, labels, plan.num_towers)
+        towers = build_towers_from_slices(model.tower_loss, slices, plan, training=False,
+                                          reuse=reuse, precision=precision)
     with tf.device('/cpu:0'):
         loss = weighted_loss(towers, name='eval_loss')
         metrics = weighted_metrics(towers)
@@ -258,13 +250,12 @@ EvalGraph.__doc__ = """An inference-only graph over the towers, for `evaluate` a
 """
 
 
-def build_eval_graph(model, tower_devices, param_device='/cpu:0', ema=False, precision=None):
+def build_eval_graph(model, plan, ema=False, precision=None):
     """A fresh tf.Graph with only the inference-mode towers (computing in precision)."""
-    param_device = variable_placement(param_device, tower_devices)
     precision = Precision.of(precision)
     graph = tf.Graph()
     with graph.as_default():
-        evaluation = _eval_towers(model, tower_devices, param_device, reuse=False,
+        evaluation = _eval_towers(model, plan.for_evaluation(), reuse=False,
                                   precision=precision)
         check_kernels(graph, precision, scopes=('eval/',))
         variables = restore_map(ema)

@@ -13,6 +13,7 @@ import functools
 import tensorflow as tf
 
 from towers.context import EVAL, TRAIN, TowerContext
+from towers.deviceplan import DevicePlan
 from towers.precision import Precision
 
 tf1 = tf.compat.v1
@@ -151,7 +152,7 @@ def build_towers(model_fn, images, labels, tower_devices, param_device='/cpu:0',
       images: [batch, H, W, C] float32 (e.g. a placeholder with batch None).
       labels: [batch] int64.
       tower_devices: device strings, one per tower ('/gpu:0', '/cpu:1', ...).
-      param_device: where the variables live.
+      param_device: where the variables live (a device, or a device function).
       optimizer: a tf.compat.v1.train.Optimizer; when given, each tower computes
         its gradients (on its own device) into Tower.grads_and_vars.
       training: Python bool: training towers, or inference-mode ones. Each
@@ -167,13 +168,13 @@ def build_towers(model_fn, images, labels, tower_devices, param_device='/cpu:0',
         # Slicing on the host, as the classic tutorial dequeues there; each
         # slice is then copied once to its tower's device.
         slices = split_batch(images, labels, len(tower_devices))
-    return build_towers_from_slices(functools.partial(tower_loss, model_fn), slices,
-                                    tower_devices, param_device, optimizer, training, reuse,
-                                    sync_bn=sync_bn, precision=precision)
+    plan = DevicePlan(tower_devices, variables=param_device)
+    return build_towers_from_slices(functools.partial(tower_loss, model_fn), slices, plan,
+                                    optimizer, training, reuse, sync_bn=sync_bn,
+                                    precision=precision)
 
 
-def build_towers_from_slices(loss_fn, slices, tower_devices, param_device='/cpu:0',
-                             optimizer=None, training=True, reuse=False, strategy=None,
+def build_towers_from_slices(loss_fn, slices, plan, optimizer=None, training=True, reuse=False,
                              sync_bn=False, precision=None):
     """build_towers for input already cut per tower (e.g. staged on each device).
 
@@ -181,10 +182,9 @@ def build_towers_from_slices(loss_fn, slices, tower_devices, param_device='/cpu:
       loss_fn: callable(images, labels, count, context) -> (loss, metrics),
         run once per tower with its TowerContext (truthy when training):
         tower_loss over a model_fn, or a ModelDesc's tower_loss (towers/model.py).
-      slices: one TowerSlice per tower device.
-      strategy: a towers/variables.py strategy saying where tower i's
-        variables go (a replicated one gives each tower copies of its own);
-        None shares one copy on param_device, as build_towers does.
+      slices: one TowerSlice per tower of the plan.
+      plan: the towers.deviceplan.DevicePlan: each tower's device, and where its
+        variables go (one shared copy, or copies of its own).
       sync_bn: in training, the towers' contexts ask their batch norms to
         use the whole global batch's moments (pooled over the towers) instead
         of each slice's own.
@@ -197,9 +197,8 @@ def build_towers_from_slices(loss_fn, slices, tower_devices, param_device='/cpu:
     """
     precision = Precision.of(precision)
     towers = []
-    for i, (device, piece) in enumerate(zip(tower_devices, slices)):
-        own_scope, variable_device = (strategy.tower_variables(i, device) if strategy
-                                      else (None, param_device))
+    for i, (device, piece) in enumerate(zip(plan.towers, slices)):
+        own_scope, variable_device = plan.tower_variables(i)
         # The reuse flag lives only inside this `with`, so it cannot leak into
         # the optimizer's slot creation later (Momentum/Adam get_variable calls).
         shares = own_scope is None and (reuse or i > 0)
@@ -213,7 +212,7 @@ def build_towers_from_slices(loss_fn, slices, tower_devices, param_device='/cpu:
             weight = tf.math.divide(tf.cast(piece.count, tf.float32),
                                     tf.cast(tf.maximum(piece.batch, 1), tf.float32),
                                     name='weight')
-            context = TowerContext(TRAIN if training else EVAL, i, len(tower_devices),
+            context = TowerContext(TRAIN if training else EVAL, i, plan.num_towers,
                                    piece.count, weight, sync_bn=sync_bn)
             loss, metrics = loss_fn(precision.cast(piece.images), piece.labels, piece.count,
                                     context)
@@ -222,7 +221,7 @@ def build_towers_from_slices(loss_fn, slices, tower_devices, param_device='/cpu:
             if optimizer is not None:
                 # A tower with copies of its own differentiates only those.
                 own = ([v for v in tf1.trainable_variables() if v not in before]
-                       if strategy is not None and strategy.replicas else None)
+                       if plan.copies else None)
                 grads_and_vars = optimizer.compute_gradients(
                     loss, var_list=own, colocate_gradients_with_ops=True)
         towers.append(Tower(device, scope, piece.images, piece.labels, loss, metrics,

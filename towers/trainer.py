@@ -16,9 +16,9 @@ import tensorflow as tf
 
 from towers import checkpoints, evaluation
 from towers.callbacks import Checkpoint, Throughput, default_callbacks
-from towers.cluster.placement import local_placement
 from towers.config import TrainConfig
 from towers.dataorder import DataOrder
+from towers.deviceplan import local_plan
 from towers.errors import TowersError
 from towers.graph import build_training_graph, finalize_graph
 from towers.inputs import source_for
@@ -26,7 +26,6 @@ from towers.logdir import LogdirLock, prepare_logdir
 from towers.model import ClassifierModel
 from towers.precision import Precision
 from towers.session import open_session, run_steps, trace_options
-from towers.variables import host_device
 
 tf1 = tf.compat.v1
 
@@ -70,10 +69,9 @@ class Trainer:
             raise TypeError('give a TrainConfig or its settings, not both: %s' % sorted(settings))
         model.check_settings(config)
         self.model, self.data, self.config, self.cluster = model, data, config, cluster
-        self.placement = (cluster.placement if cluster is not None
-                          else local_placement(config.towers, config.param_device))
-        self.tower_devices = self.placement.tower_devices
-        self.param_device = self.placement.param_device
+        self.plan = (cluster.plan if cluster is not None
+                     else local_plan(config.towers, config.param_device, config.variable_update))
+        self.tower_devices = list(self.plan.towers)
         self.logdir, self.batch_size = config.logdir, config.batch_size
         self.warmup_steps = config.warmup_steps
         self.log, self.stop_requested, self.run_info = log, stop_requested, run_info
@@ -106,19 +104,18 @@ class Trainer:
     def _build(self):
         config = self.config
         graph = build_training_graph(
-            self.model, self.tower_devices, self.param_device, seed=config.seed,
-            source=self.source, learning_rate=config.schedule(),
-            steps_per_epoch=self.steps_per_epoch, ema_decay=config.ema, finalize=False,
-            variable_update=(self.cluster and self.cluster.strategy) or config.variable_update,
-            sync_bn=config.sync_bn, default_device=self.placement.default_device,
+            self.model, self.plan, seed=config.seed, source=self.source,
+            learning_rate=config.schedule(), steps_per_epoch=self.steps_per_epoch,
+            ema_decay=config.ema, finalize=False,
+            strategy=self.cluster and self.cluster.strategy, sync_bn=config.sync_bn,
             precision=Precision(config.precision, config.loss_scale))
         # In a cluster the chief's task completes every device here too: its Savers
         # write the checkpoints, its host runs the evaluation's slicing.
-        with graph.graph.as_default(), tf1.device(self.placement.default_device):
+        with graph.graph.as_default(), tf1.device(self.plan.default_device):
             if self.cluster is not None:
-                self.cluster.build_graph_ops(host_device(self.param_device))
+                self.cluster.build_graph_ops(self.plan.host)
             self.data_order = DataOrder(self._data_order())
-            self.data_order.build(host_device(self.param_device))
+            self.data_order.build(self.plan.host)
             self.graph = graph
             for callback in self.callbacks:
                 callback.setup_graph(self)
@@ -198,7 +195,7 @@ class Trainer:
     def _session(self):
         """The run's Session: in this process, or on the cluster (towers/cluster/runtime.py)."""
         if self.cluster is None:
-            return open_session(self.graph, self.placement.config, load=self._resume)
+            return open_session(self.graph, self.plan.config, load=self._resume)
 
         def load(sess):  # the workers agree before any collective runs, then the restore
             self.cluster.check_fingerprint(sess)

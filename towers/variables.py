@@ -1,4 +1,7 @@
-"""Where the variables live and how the towers' gradients meet: --variable-update.
+"""How the towers' gradients meet and are applied: --variable-update.
+
+Where the variables live is the run's DevicePlan (towers/deviceplan.py); the
+strategies read it.
 
 One abstract interface, VariableStrategy, and three small strategies behind
 it, as tf_cnn_benchmarks has its VariableMgr classes:
@@ -10,8 +13,9 @@ it, as tf_cnn_benchmarks has its VariableMgr classes:
                     applied once.
   replicated        one copy per tower: tower 0's, with the plain names, is the
                     master; tower i's are named replica_<i>/... on its device.
-                    Each variable's weighted gradient sum is formed on one
-                    device (spread by bytes) and copied to every tower, and every
+                    Each tower weights its gradients by its share, an all-reduce
+                    sums them over the towers (NCCL on GPUs, TensorFlow's
+                    collective ring on CPUs: towers/allreduce.py), and every
                     tower applies that same update to its copy with its own
                     optimizer, so the trained copies stay bit-equal. Batch-norm
                     moving averages are kept on the master only, from tower 0
@@ -28,9 +32,10 @@ import re
 
 import tensorflow as tf
 
+from towers.allreduce import TowerAllReduce
 from towers.errors import SettingError, TowersError
-from towers.gradients import build_train_op, combine, process_gradients
-from towers.names import SPREAD, VARIABLE_UPDATES
+from towers.gradients import build_train_op, process_gradients
+from towers.names import VARIABLE_UPDATES
 from towers.tower import tower_update_ops
 
 tf1 = tf.compat.v1
@@ -47,53 +52,12 @@ def variable_name(var):
     return _REPLICA.sub('', var.op.name)
 
 
-def _bytes(op):
-    """Bytes of the variable a VarHandleOp / VariableV2 op creates."""
-    shape = tf.TensorShape(op.get_attr('shape'))
-    return (shape.num_elements() or 0) * tf.as_dtype(op.get_attr('dtype')).size
-
-
-class LeastLoaded:
-    """A device chooser: each variable to the device holding the fewest bytes so far.
-
-    Deterministic (ties go to the earliest device), so every run of the same
-    model places its variables alike.
-    """
-
-    def __init__(self, devices):
-        self.devices, self.load = list(devices), [0] * len(devices)
-
-    def place(self, size):
-        index = min(range(len(self.devices)), key=lambda i: (self.load[i], i))
-        self.load[index] += size
-        return self.devices[index]
-
-    def __call__(self, op):
-        return self.place(_bytes(op))
-
-
-def variable_placement(param_device, tower_devices):
-    """Where variables go for a --param-device: that device; for 'spread' a LeastLoaded
-    chooser over the tower devices, for a list of devices (a cluster's ps tasks) one
-    over those (a device function)."""
-    if isinstance(param_device, (list, tuple)):
-        return LeastLoaded(param_device)
-    return LeastLoaded(tower_devices) if param_device == SPREAD else param_device
-
-
-def host_device(param_device):
-    """Where single ops such as the step counter go: the parameter device, or /cpu:0
-    (the chief's, in a cluster) when the variables are spread."""
-    return '/cpu:0' if param_device == SPREAD or not isinstance(param_device, str) \
-        else param_device
-
-
 class VariableStrategy(abc.ABC):
-    """What a --variable-update decides; the graph builder (graph.py) asks in this order.
+    """How the towers' gradients meet and are applied; the graph builder (graph.py) asks
+    in this order. Where the variables are is the plan's (towers/deviceplan.py).
 
     Args:
-      tower_devices: one device string per tower.
-      param_device: a device, or 'spread'; only parameter_server uses it.
+      plan: the run's DevicePlan.
 
     Attributes:
       name: the --variable-update name.
@@ -104,18 +68,8 @@ class VariableStrategy(abc.ABC):
     name = None
     replicas = False
 
-    def __init__(self, tower_devices, param_device='/cpu:0'):
-        self.tower_devices = list(tower_devices)
-
-    @abc.abstractmethod
-    def tower_variables(self, index, device):
-        """Where tower `index`, built on `device`, gets its variables.
-
-        Returns:
-          (scope, variable_device): a variable scope name for copies of its
-          own, or None to share the one scope (tower 0 creates, the others
-          reuse); and the device (or device function) for its variables.
-        """
+    def __init__(self, plan):
+        self.plan = plan
 
     @abc.abstractmethod
     def build_train_op(self, towers, optimizers, global_step, weight_decay=None,
@@ -150,16 +104,9 @@ class VariableStrategy(abc.ABC):
 
 
 class ParameterServer(VariableStrategy):
-    """One copy of each variable, on param_device or spread over the towers ('spread')."""
+    """One copy of each variable, where the plan puts it (a device, or spread by bytes)."""
 
     name = 'parameter_server'
-
-    def __init__(self, tower_devices, param_device='/cpu:0'):
-        super().__init__(tower_devices)
-        self.param_device = variable_placement(param_device, tower_devices)
-
-    def tower_variables(self, index, device):
-        return None, self.param_device
 
     def build_train_op(self, towers, optimizers, global_step, weight_decay=None,
                        processors=()):
@@ -179,29 +126,15 @@ class Replicated(VariableStrategy):
     name = 'replicated'
     replicas = True
 
-    def tower_variables(self, index, device):
-        return replica_scope(index), device
-
     def build_train_op(self, towers, optimizers, global_step, weight_decay=None,
                        processors=()):
-        return apply_per_replica(self._all_reduced(towers), towers, optimizers, global_step,
-                                 weight_decay, processors)
-
-    def _all_reduced(self, towers):
-        """Per tower, [(the weighted sum of all towers' gradients, its own variable)]."""
         _check_replicas(towers)
-        chooser = LeastLoaded(self.tower_devices)
-        per_tower = [[] for _ in towers]
+        all_reduce = TowerAllReduce(self.plan.towers, self.plan.all_reduce)
         with tf1.name_scope('all_reduce'):
-            for column in zip(*[t.grads_and_vars for t in towers]):
-                master = column[0][1]
-                with tf.device(chooser.place(master.shape.num_elements()
-                                             * master.dtype.size)):
-                    total = combine([g for g, _ in column], [t.weight for t in towers])
-                for i, (_, var) in enumerate(column):
-                    with tf.device(self.tower_devices[i]):
-                        per_tower[i].append((_copy(total), var))
-        return per_tower
+            per_tower = all_reduce([t.grads_and_vars for t in towers],
+                                   [t.weight for t in towers])
+        return apply_per_replica(per_tower, towers, optimizers, global_step, weight_decay,
+                                 processors)
 
     def saved_variables(self):
         return masters()
@@ -215,9 +148,6 @@ class Independent(VariableStrategy):
 
     name = 'independent'
     replicas = True
-
-    def tower_variables(self, index, device):
-        return replica_scope(index), device
 
     def build_train_op(self, towers, optimizers, global_step, weight_decay=None,
                        processors=()):
@@ -235,20 +165,16 @@ class Independent(VariableStrategy):
 STRATEGIES = {s.name: s for s in (ParameterServer, Replicated, Independent)}  # VARIABLE_UPDATES
 
 
-def make_strategy(name, tower_devices, param_device='/cpu:0'):
-    """The strategy of a --variable-update name."""
+def make_strategy(plan):
+    """The strategy of the plan's --variable-update."""
+    name = plan.variable_update
     if name not in STRATEGIES:
         raise SettingError('unknown {variable_update} %r; choose one of: %s', name,
                            ', '.join(VARIABLE_UPDATES))
-    return STRATEGIES[name](tower_devices, param_device)
+    return STRATEGIES[name](plan)
 
 
 # What the two strategies with a copy per tower share.
-
-def replica_scope(index):
-    """Tower 0 holds the masters under the plain names; tower i its copies in replica_<i>."""
-    return 'replica_%d' % index if index else None
-
 
 def apply_per_replica(per_tower, towers, optimizers, global_step, weight_decay, processors):
     """Each tower's optimizer applies its gradients to its own copies.
@@ -287,16 +213,6 @@ def sync_replicas():
             with tf.device(var.device):
                 assigns.append(tf1.assign(var, master.read_value()))
     return tf.group(*assigns, name='sync_replicas')
-
-
-def _copy(grad):
-    """grad on the current device (IndexedSlices stay sparse)."""
-    if grad is None:
-        return None
-    if isinstance(grad, tf.IndexedSlices):
-        return tf.IndexedSlices(tf.identity(grad.values), tf.identity(grad.indices),
-                                grad.dense_shape)
-    return tf.identity(grad)
 
 
 def _check_replicas(towers):

@@ -96,6 +96,10 @@ def test_collective_mode_takes_workers_only_and_one_copy_per_worker(capsys, monk
                  'replicated']) == 1
     assert _one_line(capsys) == ('--cluster-mode collective keeps one copy of the variables per '
                                  'worker: leave --variable-update at parameter_server')
+    assert main(['train', '--variable-update', 'replicated']) == 1  # in-graph, the default
+    assert _one_line(capsys) == ('--cluster-mode in-graph keeps one copy of the variables on the '
+                                 'ps tasks (or the chief): leave --variable-update at '
+                                 'parameter_server')
 
 
 def test_parameter_server_mode_needs_ps_tasks_and_one_copy(capsys, monkeypatch):

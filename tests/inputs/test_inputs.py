@@ -14,6 +14,7 @@ from tests.harness import run_graph
 from towers import data, models
 from towers.config import TrainConfig
 from towers.data.sampler import EpochSampler
+from towers.deviceplan import local_plan
 from towers.devices import session_config
 from towers.errors import TowersError
 from towers.graph import build_training_graph
@@ -163,9 +164,9 @@ def test_dataset_cleaning_drops_and_counts_bad_records():
 
 def _train_variables(source, num_steps=3, devices=DEVICES):
     model_fn = models.build_model('small_convnet', SHAPE, 10)
-    graph = build_training_graph(ClassifierModel(model_fn, SHAPE, 10, optimizer='sgd'), devices,
-                                 seed=7, source=source, learning_rate=0.1)
-    saved, _, _ = run_graph(graph, devices, num_steps)
+    graph = build_training_graph(ClassifierModel(model_fn, SHAPE, 10, optimizer='sgd'),
+                                 local_plan(devices), seed=7, source=source, learning_rate=0.1)
+    saved, _, _ = run_graph(graph, num_steps)
     return [saved[v.op.name]
             for v in graph.graph.get_collection(tf1.GraphKeys.TRAINABLE_VARIABLES)]
 

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from towers import data, models
+from towers.deviceplan import local_plan
 from towers.devices import resolve_devices
 from towers.errors import TowersError
 from towers.inputs import INPUT_MODES, SyntheticInput
@@ -37,7 +38,7 @@ def _tiny_dataset(num=40):
 
 def test_measure_times_a_real_window():
     model_fn = models.build_model('small_convnet', SHAPE, 10)
-    mean, stderr = measure(model_fn, SHAPE, ['/cpu:0', '/cpu:1'],
+    mean, stderr = measure(model_fn, SHAPE, local_plan(['/cpu:0', '/cpu:1']),
                            SyntheticInput(8, 10), warmup_steps=2, timed_steps=3)
     assert math.isfinite(mean) and mean > 0
     assert math.isfinite(stderr) and stderr >= 0
@@ -56,7 +57,7 @@ def test_measure_leaves_the_warm_up_out():
         return now[0]
 
     model_fn = models.build_model('small_convnet', SHAPE, 10)
-    mean, stderr = measure(model_fn, SHAPE, ['/cpu:0'], SyntheticInput(8, 10),
+    mean, stderr = measure(model_fn, SHAPE, local_plan(['/cpu:0']), SyntheticInput(8, 10),
                            warmup_steps=2, timed_steps=3, clock=clock)
     assert (mean, stderr) == (16.0, 0.0)  # 8 images / 0.5 s, warm-up not counted
 
@@ -115,8 +116,8 @@ def test_configurations_are_timed_in_turns():
             return super().step(step)
 
     model_fn = models.build_model('small_convnet', SHAPE, 10)
-    configs = [dict(model_fn=model_fn, input_shape=SHAPE, tower_devices=['/cpu:0'],
-                    param_device='/cpu:0', source=Recording(label)) for label in 'ab']
+    configs = [dict(model_fn=model_fn, input_shape=SHAPE, plan=local_plan(['/cpu:0']),
+                    source=Recording(label)) for label in 'ab']
     results = measure_interleaved(configs, warmup_steps=1, timed_steps=4, rounds=2)
     assert order == list('a' 'b' 'aa' 'bb' 'aa' 'bb')
     assert len(results) == 2 and all(mean > 0 for mean, _ in results)

@@ -4,6 +4,7 @@ import json
 import pytest
 
 from towers.cli import main
+from towers.deviceplan import local_plan
 from towers.models import layers
 from towers.tools import plan
 from towers.tools.explain import explain, report_lines
@@ -19,7 +20,7 @@ def _dense(images, training):
 def report():
     # One dense layer 8 -> 4 on 2 towers, a global batch of 4 (2 + 2), SGD, the
     # variables on /cpu:0.
-    return explain(_dense, SHAPE, 4, ['/cpu:0', '/cpu:1'], '/cpu:0', batch_size=4)
+    return explain(_dense, SHAPE, 4, local_plan(['/cpu:0', '/cpu:1']), batch_size=4)
 
 
 def test_each_device_holds_its_tower_and_variables(report):

@@ -53,6 +53,9 @@ def cluster_run(args, cluster, log):
                                'variables on the ps tasks: leave {variable_update} at '
                                'parameter_server')
         return modes.parameter_server(cluster, towers, args.cluster_timeout, args.threads)
+    if args.variable_update != 'parameter_server':
+        raise ClusterError('{cluster_mode} in-graph keeps one copy of the variables on the ps '
+                           'tasks (or the chief): leave {variable_update} at parameter_server')
     if not cluster.is_chief:
         log('in-graph mode: %s %d serves; worker 0 trains' % (cluster.task_type,
                                                               cluster.task_index))

@@ -17,6 +17,7 @@ from towers.cli.launcher import run_launch
 from towers.cli.saved import run_eval, run_export
 from towers.cli.train import run_train
 from towers.config import check
+from towers.deviceplan import local_plan
 from towers.devices import describe_devices, resolve_devices, resolve_param_device
 from towers.errors import SettingError
 from towers.names import VARIABLE_UPDATES
@@ -241,34 +242,30 @@ def run_explain(args, log):
     check('batch_size', args.batch_size)
     info = data.dataset_info(args.dataset)
     model_fn = models.build_model(args.model, info.input_shape, info.num_classes)
-    cluster = None
+    target = ''
     if args.workers is not None or args.ps:
         if args.workers is None or args.workers < 1 or args.ps < 0:
             raise SettingError('explain on a cluster needs {workers} of at least 1 (and {ps} '
                                'of 0 or more)')
-        cluster = explain.local_in_graph(args.workers, args.ps, args.towers or 1)
-        tower_devices, param_device = cluster[0].tower_devices, cluster[0].param_device
+        if args.variable_update != 'parameter_server':
+            raise SettingError('explain on a cluster is in-graph, one copy of the variables: '
+                               'leave {variable_update} at parameter_server')
+        plan, target = explain.local_in_graph(args.workers, args.ps, args.towers or 1)
     else:
-        tower_devices = resolve_devices(args.towers, args.devices)
-        param_device = resolve_param_device(args.param_device, tower_devices)
+        plan = local_plan(args.towers, args.param_device, args.variable_update, args.devices)
     precision = Precision(args.precision, loss_scale(args.loss_scale))
-    report = explain.explain(model_fn, info.input_shape, info.num_classes, tower_devices,
-                             param_device, args.batch_size, args.variable_update,
-                             args.input or 'feed', args.optimizer, args.sync_bn, cluster,
-                             precision=precision)
+    report = explain.explain(model_fn, info.input_shape, info.num_classes, plan,
+                             args.batch_size, args.input or 'feed', args.optimizer,
+                             args.sync_bn, target, precision=precision)
     if args.json:
         log(json.dumps(report, indent=1))
         return
-    if args.variable_update != 'parameter_server':
-        where = 'a copy of the variables per tower'
-    else:
-        where = 'variables on %s' % (', '.join(param_device) if isinstance(param_device, list)
-                                     else param_device)
-    if cluster is not None:
+    where = 'variables: %s' % plan.describe()
+    if target:
         where += '; in-graph over %d worker task(s) and %d ps task(s)' % (args.workers,
                                                                          args.ps)
     title = ('explain: %s on %d tower(s), global batch %d, %s input, %s, %s%s'
-             % (args.model, len(tower_devices), args.batch_size, args.input or 'feed',
+             % (args.model, plan.num_towers, args.batch_size, args.input or 'feed',
                 args.variable_update, where,
                 '; ' + precision.describe() if precision.mixed else ''))
     for line in explain.report_lines(report, title):

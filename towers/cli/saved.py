@@ -8,8 +8,9 @@ import os
 
 import tensorflow as tf
 
-from towers import checkpoints, data, devices, graph, models
+from towers import checkpoints, data, graph, models
 from towers.config import check
+from towers.deviceplan import local_plan
 from towers.errors import TowersError
 from towers.evaluation import evaluate, format_metrics
 from towers.logdir import in_use_by
@@ -52,16 +53,13 @@ def run_eval(args, log):
     # The model is rebuilt from run.json: the data found now must fit it.
     data.check_images(test_set, run['input_shape'], origin=origin,
                       model='the model in %s' % os.path.join(args.logdir, RUN_FILE))
-    tower_devices = devices.resolve_devices(args.towers, args.devices)
-    param_device = devices.resolve_param_device(args.param_device, tower_devices)
+    plan = local_plan(args.towers, args.param_device, devices=args.devices)
     model = ClassifierModel(model_fn, run['input_shape'], run['num_classes'])
     ema = run.get('ema', False)
     # In the precision it trained in, as its in-training evaluations were, unless asked.
     precision = args.precision or run.get('precision', 'fp32')
-    built = graph.build_eval_graph(model, tower_devices, param_device, ema=ema,
-                                   precision=precision)
-    with tf.compat.v1.Session(graph=built.graph,
-                              config=devices.session_config(tower_devices, param_device)) as sess:
+    built = graph.build_eval_graph(model, plan, ema=ema, precision=precision)
+    with tf.compat.v1.Session(graph=built.graph, config=plan.config) as sess:
         checkpoints.restore(sess, built.saver, checkpoint, built.variables)
         values = evaluate(sess, built, test_set, args.batch_size)
     log('checkpoint: %s%s%s' % (checkpoint, ' (moving averages of the weights)' if ema else '',

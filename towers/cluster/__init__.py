@@ -3,7 +3,7 @@
   spec.py        which cluster and which task: TF_CONFIG, or --cluster FILE (TensorFlow-free)
   server.py      a task's tf.compat.v1.train.Server, its ConfigProto, `towers server`
   launch.py      every task of a cluster as a process of this machine (`towers launch`)
-  placement.py   where a run's towers, variables and host ops go, in one process or a cluster
+  placement.py   the device plan of a task in a cluster (in-graph: the whole cluster's)
   collective.py  the workers' all-reduce: packed gradients, the chief's values broadcast
   syncreplicas.py  parameter-server mode: SyncReplicasOptimizer's exact update, the sessions
   runtime.py     a task's part in a cluster run: step timeouts, the lost task named, the

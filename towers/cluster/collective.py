@@ -17,6 +17,7 @@ k-th of the others.
 import tensorflow as tf
 from tensorflow.python.ops import collective_ops
 
+from towers.allreduce import sum_packed
 from towers.gradients import average_gradients, process_gradients
 from towers.tower import tower_update_ops
 from towers.variables import VariableStrategy
@@ -24,7 +25,6 @@ from towers.variables import VariableStrategy
 tf1 = tf.compat.v1
 
 GROUP_KEY = 100  # the workers' group (the towers of one process use TowerContext.GROUP_KEY)
-BUFFER_BYTES = 32 << 20  # gradients are packed into all-reduce buffers of at most this
 FINGERPRINT_KEYS = (1, 2)  # reserved: the workers' first collectives, whatever their graphs
 FIRST_KEY = 10  # the others, in the order they are built
 
@@ -50,41 +50,24 @@ class Collectives:
 
     def sum_packed(self, tensors):
         """The sum over the workers of each tensor, packed into buffers of one dtype."""
-        out, buffer, size = [None] * len(tensors), [], 0
-        for i, tensor in enumerate(tensors):
-            buffer.append(i)
-            size += tensor.shape.num_elements() * tensor.dtype.size
-            last = i + 1 == len(tensors) or tensors[i + 1].dtype != tensor.dtype
-            if last or size >= BUFFER_BYTES:
-                self._reduce_buffer(tensors, buffer, out)
-                buffer, size = [], 0
-        return out
-
-    def _reduce_buffer(self, tensors, indices, out):
-        flat = tf.concat([tf.reshape(tensors[i], [-1]) for i in indices], axis=0)
-        total = self.all_reduce(flat)
-        pieces = tf.split(total, [tensors[i].shape.num_elements() for i in indices])
-        for i, piece in zip(indices, pieces):
-            out[i] = tf.reshape(piece, tensors[i].shape)
+        return sum_packed(tensors, self.all_reduce)
 
 
 class AcrossWorkers(VariableStrategy):
     """This worker's copy of the variables, its towers' average, the workers' all-reduce.
 
     Args:
+      plan: this worker's DevicePlan; its host (the worker's CPU) holds its copy of
+        the variables and runs the all-reduce.
       collectives: the workers' Collectives.
-      host: this worker's CPU, where its copy of the variables lives.
       is_chief: whether this worker's values are the ones broadcast to all.
     """
 
     name = 'collective'
 
-    def __init__(self, collectives, host, is_chief):
-        super().__init__([host])
-        self.collectives, self.host, self.is_chief = collectives, host, is_chief
-
-    def tower_variables(self, index, device):
-        return None, self.host
+    def __init__(self, plan, collectives, is_chief):
+        super().__init__(plan)
+        self.collectives, self.host, self.is_chief = collectives, plan.host, is_chief
 
     def build_train_op(self, towers, optimizers, global_step, weight_decay=None,
                        processors=()):

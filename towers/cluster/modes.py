@@ -5,11 +5,12 @@
   parameter_server  a worker's: replica_device_setter, SyncReplicasOptimizer
 """
 from towers.cluster.collective import AcrossWorkers, Collectives
-from towers.cluster.placement import Placement, in_graph_placement
+from towers.cluster.placement import in_graph_plan
 from towers.cluster.runtime import FIRST_STEPS_S, ClusterRun
 from towers.cluster.server import server_config
 from towers.cluster.spec import ClusterError
 from towers.cluster.syncreplicas import SyncReplicas, ps_device_setter
+from towers.deviceplan import DevicePlan
 
 UPDATE_WAIT_S = 3600.0
 
@@ -21,9 +22,9 @@ def in_graph(cluster, towers_per_task=1, timeout=None, threads=None):
                            'serves: run `towers server` there' % (cluster.task_type,
                                                                   cluster.task_index))
     # The session's own timeout is a backstop for every run (init, evaluation).
-    placement = in_graph_placement(cluster, towers_per_task, timeout=timeout or FIRST_STEPS_S,
-                                   threads=threads)
-    return ClusterRun('in-graph', cluster, placement, timeout)
+    plan = in_graph_plan(cluster, towers_per_task, timeout=timeout or FIRST_STEPS_S,
+                         threads=threads)
+    return ClusterRun('in-graph', cluster, plan, timeout)
 
 
 def collective(cluster, towers_per_task=1, timeout=None, threads=None):
@@ -35,10 +36,11 @@ def collective(cluster, towers_per_task=1, timeout=None, threads=None):
                            timeout_ms=1000 * (timeout or FIRST_STEPS_S))
     config.device_filters.append('/job:worker')  # its own towers, and the others' pings
     host = task + '/device:CPU:0'
-    placement = Placement(tower_devices, host, task, config)
-    strategy = AcrossWorkers(Collectives(cluster.num_workers, timeout or FIRST_STEPS_S), host,
+    plan = DevicePlan(tower_devices, variables=host, host=host, default_device=task,
+                      variable_update='collective', config=config)
+    strategy = AcrossWorkers(plan, Collectives(cluster.num_workers, timeout or FIRST_STEPS_S),
                              cluster.is_chief)
-    return ClusterRun('collective', cluster, placement, timeout, strategy,
+    return ClusterRun('collective', cluster, plan, timeout, strategy,
                       share=(cluster.task_index, cluster.num_workers))
 
 
@@ -58,10 +60,12 @@ def parameter_server(cluster, towers_per_task=1, timeout=None, threads=None):
                            timeout_ms=1000 * max(timeout or FIRST_STEPS_S, UPDATE_WAIT_S))
     # The ps tasks and the workers (whose pings name a lost one); never another job.
     config.device_filters.extend(['/job:ps', '/job:worker'])
-    placement = Placement(tower_devices, None, ps_device_setter(cluster, cluster.task_index),
-                          config)
-    strategy = SyncReplicas(cluster.num_workers, cluster.is_chief)
-    return ClusterRun('parameter-server', cluster, placement, timeout, strategy,
+    # The variables go where the ps tasks' device setter puts them, as in the classic recipe.
+    plan = DevicePlan(tower_devices, variables=None,
+                      default_device=ps_device_setter(cluster, cluster.task_index),
+                      variable_update='parameter-server', config=config)
+    strategy = SyncReplicas(plan, cluster.num_workers, cluster.is_chief)
+    return ClusterRun('parameter-server', cluster, plan, timeout, strategy,
                       share=(cluster.task_index, cluster.num_workers))
 
 

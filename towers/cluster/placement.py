@@ -1,9 +1,8 @@
-"""Where a run's towers, variables and host ops go, and the Session target that runs them.
+"""The device plan of a task in a cluster, and the Session target that runs it.
 
-In one process: towers on /gpu:i or virtual /cpu:i, the variables on
---param-device, host ops on /cpu:0, an in-process Session. In a cluster the
-same graph is built with fully qualified devices. For in-graph replication
-(the chief builds one graph for the whole cluster) that is:
+The same DevicePlan as one process (towers/deviceplan.py), with fully
+qualified devices. For in-graph replication (the chief builds one graph for
+the whole cluster) that is:
 
   towers     T per worker task, /job:worker/task:k/device:CPU:i (or GPU:i)
   variables  spread by bytes over the ps tasks, or on the chief's CPU
@@ -11,36 +10,12 @@ same graph is built with fully qualified devices. For in-graph replication
   session    grpc://<the chief's address>, filtered to the cluster's jobs, and
              with an operation timeout so that a lost task fails the step
              instead of hanging it
+
+A between-graph worker (collective, parameter-server) plans only its own
+towers: towers/cluster/modes.py.
 """
-import collections
-
-import tensorflow as tf
-
 from towers.cluster.server import server_config
-from towers.devices import resolve_devices, resolve_param_device, session_config
-
-tf1 = tf.compat.v1
-
-Placement = collections.namedtuple(
-    'Placement', ['tower_devices', 'param_device', 'default_device', 'config'])
-Placement.__doc__ = """Everything a Trainer needs to know about where its graph runs.
-
-  tower_devices: one device per tower.
-  param_device: a device, 'spread', or a list of devices to spread the
-    variables over by bytes (the ps tasks).
-  default_device: what completes every device of the graph (the chief's
-    task in a cluster), or None.
-  config: the Session's ConfigProto (its target is this task's server in a
-    cluster: towers/cluster/runtime.py).
-"""
-
-
-def local_placement(towers=None, param_device=None):
-    """The towers and variables of one process (towers: a count, device names, or None)."""
-    tower_devices = (list(towers) if isinstance(towers, (list, tuple))
-                     else resolve_devices(towers))
-    param = resolve_param_device(param_device, tower_devices)
-    return Placement(tower_devices, param, None, session_config(tower_devices, param))
+from towers.deviceplan import make_plan
 
 
 def cluster_tower_devices(cluster, towers_per_task, kind='CPU'):
@@ -49,8 +24,8 @@ def cluster_tower_devices(cluster, towers_per_task, kind='CPU'):
             for task in range(cluster.num_workers) for i in range(towers_per_task)]
 
 
-def in_graph_placement(cluster, towers_per_task=1, timeout=None, threads=None):
-    """The chief's placement for in-graph replication over the whole cluster.
+def in_graph_plan(cluster, towers_per_task=1, timeout=None, threads=None):
+    """The chief's plan for in-graph replication over the whole cluster.
 
     Args:
       cluster: the towers.cluster.spec.Cluster (this task must be the chief).
@@ -64,4 +39,4 @@ def in_graph_placement(cluster, towers_per_task=1, timeout=None, threads=None):
                            timeout_ms=timeout and 1000 * timeout)
     # Only the cluster's own jobs: a session never waits on a task it does not use.
     config.device_filters.extend('/job:%s' % job for job in cluster.jobs)
-    return Placement(tower_devices, param, '/job:worker/task:0', config)
+    return make_plan(tower_devices, param, default_device='/job:worker/task:0', config=config)

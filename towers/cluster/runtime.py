@@ -63,14 +63,14 @@ class ClusterRun:
     Attributes:
       mode: 'in-graph', 'collective' or 'parameter-server'.
       cluster: the towers.cluster.spec.Cluster.
-      placement: where this task's graph goes (towers/cluster/placement.py).
+      plan: where this task's graph goes (a towers.deviceplan.DevicePlan).
       strategy: the VariableStrategy the graph uses, or None for the config's.
       share: (index, count): the share of each global batch this task reads,
         or None for all of it.
     """
 
-    def __init__(self, mode, cluster, placement, timeout, strategy=None, share=None):
-        self.mode, self.cluster, self.placement = mode, cluster, placement
+    def __init__(self, mode, cluster, plan, timeout, strategy=None, share=None):
+        self.mode, self.cluster, self.plan = mode, cluster, plan
         self.timeout, self.strategy, self.share = timeout, strategy, share
         self.server, self._seconds, self._pings = None, [], {}
         self._feed = self.votes = self._vote = self._fingerprint = None
@@ -89,7 +89,7 @@ class ClusterRun:
 
     def start(self):
         """Start this task's server, wait for the others; the Session target."""
-        self.server = start_server(self.cluster, self.placement.config)
+        self.server = start_server(self.cluster, self.plan.config)
         wait_for_tasks(self.cluster, self.timeout or FIRST_STEPS_S)
         return self.server.target
 
@@ -110,10 +110,10 @@ class ClusterRun:
         if self.monitored:
             with built.graph.as_default():
                 monitored, sess = monitored_session(
-                    target, built, self.placement.config, self.strategy, self._readiness,
+                    target, built, self.plan.config, self.strategy, self._readiness,
                     load, self.timeout or FIRST_STEPS_S)
         else:
-            sess = tf1.Session(target, graph=built.graph, config=self.placement.config)
+            sess = tf1.Session(target, graph=built.graph, config=self.plan.config)
         try:
             with sess.as_default(), built.graph.as_default():
                 self.check_devices(sess)
@@ -198,7 +198,7 @@ class ClusterRun:
     def check_devices(self, sess):
         """ClusterError unless every tower device exists: each task started with its towers."""
         have = {_short(d.name) for d in sess.list_devices()}
-        missing = [d for d in self.placement.tower_devices if _short(d) not in have]
+        missing = [d for d in self.plan.towers if _short(d) not in have]
         if missing:
             raise ClusterError('the cluster lacks %s: start each worker with as many devices '
                                'as it has towers (towers server --towers N)'

@@ -30,10 +30,11 @@ just have changed): there N workers are not one device on N shares.
 import tensorflow as tf
 
 from towers.cluster.spec import ClusterError, check_same, fingerprint
+from towers.deviceplan import LeastLoaded
 from towers.gradients import average_gradients, process_gradients
 from towers.graph import weighted_loss, weighted_metrics
 from towers.tower import tower_update_ops
-from towers.variables import LeastLoaded, VariableStrategy
+from towers.variables import VariableStrategy
 
 tf1 = tf.compat.v1
 
@@ -53,6 +54,7 @@ class SyncReplicas(VariableStrategy):
     """One copy of each variable on the ps tasks; one synchronous update per step.
 
     Args:
+      plan: this worker's DevicePlan (its variables where the ps device setter puts them).
       num_workers: the workers whose gradients make each update.
       is_chief: whether this worker runs the update (the queue runner) and
         keeps tower 0's batch-norm statistics.
@@ -64,13 +66,10 @@ class SyncReplicas(VariableStrategy):
 
     name = 'parameter-server'
 
-    def __init__(self, num_workers, is_chief):
-        super().__init__([])
+    def __init__(self, plan, num_workers, is_chief):
+        super().__init__(plan)
         self.num_workers, self.is_chief = num_workers, is_chief
         self.optimizer = self.vote = self.votes = self._results = None
-
-    def tower_variables(self, index, device):
-        return None, None  # where replica_device_setter puts them: a ps task
 
     def build_train_op(self, towers, optimizers, global_step, weight_decay=None,
                        processors=()):

@@ -24,7 +24,7 @@ import tensorflow as tf
 
 from towers.config import check_loss_scale
 from towers.data.sampler import EpochSampler
-from towers.devices import resolve_devices, resolve_param_device, session_config
+from towers.deviceplan import local_plan
 from towers.errors import SettingError, TowersError
 from towers.graph import build_training_graph
 from towers.inputs import make_input
@@ -61,14 +61,14 @@ def mean_stderr(values):
 class _Trainer:
     """One configuration, built and warm, stepped a block at a time."""
 
-    def __init__(self, model_fn, input_shape, tower_devices, source, num_steps, param_device,
-                 optimizer='sgd', variable_update='parameter_server', xla=False, precision=None):
+    def __init__(self, model_fn, input_shape, plan, source, num_steps, optimizer='sgd',
+                 xla=False, precision=None):
         model = ClassifierModel(model_fn, input_shape, num_classes=None, optimizer=optimizer)
-        self.graph = build_training_graph(model, tower_devices, param_device, seed=0,
-                                          source=source, learning_rate=0.01,
-                                          variable_update=variable_update, precision=precision)
+        self.graph = build_training_graph(model, plan, seed=0, source=source,
+                                          learning_rate=0.01, precision=precision)
         self.rates, self._trace_next = [], False
-        config = session_config(tower_devices, param_device)
+        config = tf1.ConfigProto()
+        config.CopyFrom(plan.config)
         if xla:  # XLA's auto-clustering of the whole step (tf_cnn_benchmarks' --xla)
             config.graph_options.optimizer_options.global_jit_level = tf1.OptimizerOptions.ON_1
         self.sess = open_session(self.graph, config)
@@ -111,9 +111,9 @@ def measure_interleaved(configs, warmup_steps=10, timed_steps=50, rounds=5,
 
     Args:
       configs: list of dicts with the keyword arguments of _Trainer except
-        num_steps (model_fn, input_shape, tower_devices, source, param_device,
-        ...), or callables num_steps -> a runner with the same run(steps,
-        clock, timed), rates and close() (e.g. a peer's training loop).
+        num_steps (model_fn, input_shape, plan, source, ...), or callables
+        num_steps -> a runner with the same run(steps, clock, timed), rates and
+        close() (e.g. a peer's training loop).
       trace_path: trace one step of the first configuration, after its
         warm-up and before any timing, into this Chrome-trace file.
     Returns:
@@ -139,24 +139,22 @@ def measure_interleaved(configs, warmup_steps=10, timed_steps=50, rounds=5,
             trainer.close()
 
 
-def measure(model_fn, input_shape, tower_devices, source, warmup_steps=10, timed_steps=50,
-            param_device='/cpu:0', clock=time.perf_counter):
-    """Train from `source` and time each step after warm-up.
+def measure(model_fn, input_shape, plan, source, warmup_steps=10, timed_steps=50,
+            clock=time.perf_counter):
+    """Train from `source` on the DevicePlan and time each step after warm-up.
 
     Returns:
       (mean, stderr) of images/sec over the timed steps.
     """
-    config = dict(model_fn=model_fn, input_shape=input_shape, tower_devices=tower_devices,
-                  source=source, param_device=param_device)
+    config = dict(model_fn=model_fn, input_shape=input_shape, plan=plan, source=source)
     return measure_interleaved([config], warmup_steps, timed_steps, rounds=1, clock=clock)[0]
 
 
 def measure_one_worker(model_fn, input_shape, num_classes, towers, batch_size, warmup_steps,
                        timed_steps, precision=None):
     """(mean, stderr) images/sec of one worker's step: its towers on a synthetic batch."""
-    devices = resolve_devices(num_towers=towers)
-    config = dict(model_fn=model_fn, input_shape=input_shape, tower_devices=devices,
-                  param_device=resolve_param_device('cpu', devices), precision=precision,
+    config = dict(model_fn=model_fn, input_shape=input_shape, plan=local_plan(towers),
+                  precision=precision,
                   source=make_input('synthetic', None, None, batch_size, num_classes))
     return measure_interleaved([config], warmup_steps, timed_steps, rounds=1)[0]
 
@@ -218,18 +216,17 @@ def run_bench(model_fn, input_shape, num_classes, tower_counts, batch_size, mode
     rows, configs = [], []
     for count in tower_counts:
         try:
-            devices = resolve_devices(num_towers=count)
-            params = resolve_param_device(param_device, devices)
+            plan = local_plan(count, param_device)
         except TowersError as e:
             log('%d towers: skipped (%s)' % (count, e.named(name_of)))
             continue
         for mode in modes:
             for precision in chosen:
                 rows.append({'input': mode, 'towers': count, 'precision': precision.name,
-                             'devices': ','.join(devices)})
+                             'devices': ','.join(plan.towers)})
                 configs.append(dict(
-                    model_fn=model_fn, input_shape=input_shape, tower_devices=devices,
-                    param_device=params, precision=precision,
+                    model_fn=model_fn, input_shape=input_shape, plan=plan,
+                    precision=precision,
                     source=make_input(mode, dataset, sampler, batch_size, num_classes)))
     if not rows:
         raise TowersError('no tower count could run; try {towers} 1')

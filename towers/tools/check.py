@@ -19,7 +19,8 @@ import functools
 import numpy as np
 import tensorflow as tf
 
-from towers.devices import resolve_devices, session_config
+from towers.deviceplan import local_plan
+from towers.devices import resolve_devices
 from towers.errors import SettingError, TowersError
 from towers.gradients import average_gradients
 from towers.inputs import FeedInput
@@ -47,7 +48,7 @@ class _Run:
 
     def __init__(self, model_fn, input_shape, devices, learning_rate, average, sync_bn, batches,
                  precision=None):
-        self.graph, self.devices = tf.Graph(), devices
+        self.graph, self.plan = tf.Graph(), local_plan(devices)
         self.source = FeedInput(batches=lambda step: batches[step])
         precision = Precision.of(precision)
         with self.graph.as_default():
@@ -58,8 +59,8 @@ class _Run:
                 opt = loss_scale.optimizer(opt)
             towers = build_towers_from_slices(
                 functools.partial(tower_loss, model_fn),
-                self.source.build(input_shape, devices), devices, optimizer=opt, sync_bn=sync_bn,
-                precision=precision)
+                self.source.build(input_shape, devices), self.plan, optimizer=opt,
+                sync_bn=sync_bn, precision=precision)
             grads = average([t.grads_and_vars for t in towers], [t.weight for t in towers])
             self.grads = {v.op.name: g for g, v in grads if g is not None}
             self.train_op = tf.group(opt.apply_gradients(grads), *tower_update_ops(towers[0]))
@@ -72,7 +73,7 @@ class _Run:
     def open(self, initial=None):
         """A Session with the variables initialised, then set to `initial` if given."""
         load = (lambda sess: load_variables(sess, self.variables, initial)) if initial else None
-        return open_session(self, session_config(self.devices), load=load)
+        return open_session(self, self.plan.config, load=load)
 
 
 def check_towers(model_fn, input_shape, num_towers, batches, learning_rate=0.01,

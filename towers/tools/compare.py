@@ -32,7 +32,8 @@ import time
 import tensorflow as tf
 
 from towers.data.sampler import EpochSampler
-from towers.devices import resolve_devices, resolve_param_device, session_config
+from towers.deviceplan import local_plan
+from towers.devices import resolve_devices, session_config
 from towers.inputs import make_input
 from towers.tools import peers
 from towers.tools.bench import check_window, measure_interleaved, precisions_of
@@ -112,15 +113,14 @@ def run_compare(model_name, model_fn, input_shape, num_classes, tower_counts, ba
     rows, configs = [], []
     for count in tower_counts:
         devices = resolve_devices(num_towers=count)
-        params = resolve_param_device(param_device, devices)
         for update in variable_updates:
+            plan = local_plan(devices, param_device, update)
             for mode in modes:
                 for precision in chosen:
                     rows.append({'config': _label('towers %s/%s' % (update, mode), precision),
                                  'towers': count, 'precision': precision.name})
-                    configs.append(dict(model_fn=model_fn, input_shape=input_shape,
-                                        tower_devices=devices, param_device=params,
-                                        variable_update=update, precision=precision,
+                    configs.append(dict(model_fn=model_fn, input_shape=input_shape, plan=plan,
+                                        precision=precision,
                                         source=make_input(mode, dataset, sampler, batch_size,
                                                           num_classes)))
         if xla:

@@ -27,11 +27,10 @@ import tensorflow as tf
 
 from towers import data
 from towers.cluster.launch import local_cluster
-from towers.cluster.placement import in_graph_placement
+from towers.cluster.placement import in_graph_plan
 from towers.cluster.server import server_config, start_server
 from towers.cluster.spec import Cluster
 from towers.data.sampler import EpochSampler
-from towers.devices import session_config
 from towers.errors import SettingError
 from towers.graph import build_training_graph
 from towers.inputs import SyntheticInput, make_input
@@ -47,7 +46,7 @@ _TRANSFER = ('_Send', '_Recv', '_HostSend', '_HostRecv')
 
 
 def local_in_graph(workers, ps=0, towers_per_task=1):
-    """(placement, target) of in-graph replication over a cluster served by this process.
+    """(plan, target) of in-graph replication over a cluster served by this process.
 
     Every task's server runs here, on free ports of 127.0.0.1; they live as long
     as the process (TensorFlow has no way to stop one).
@@ -57,20 +56,20 @@ def local_in_graph(workers, ps=0, towers_per_task=1):
     servers = [start_server(task, server_config(task, towers_per_task)) for task in tasks]
     _SERVERS.extend(servers)  # kept alive: a collected Server stops serving
     chief = tasks[0]  # local_cluster lists the workers first
-    return in_graph_placement(chief, towers_per_task), servers[0].target
+    return in_graph_plan(chief, towers_per_task), servers[0].target
 
 
 _SERVERS = []
 
 
-def explain(model_fn, input_shape, num_classes, tower_devices, param_device='/cpu:0',
-            batch_size=100, variable_update='parameter_server', input_mode='feed',
-            optimizer='sgd', sync_bn=False, cluster=None, precision=None):
+def explain(model_fn, input_shape, num_classes, plan, batch_size=100, input_mode='feed',
+            optimizer='sgd', sync_bn=False, target='', precision=None):
     """Build the training graph, run one step, and say where everything ran.
 
     Args:
-      cluster: (placement, target) of a cluster (local_in_graph), whose tower
-        and variable devices replace tower_devices and param_device; or None.
+      plan: the towers.deviceplan.DevicePlan (local_plan, or local_in_graph's
+        for a cluster served here, with its target).
+      target: the Session target ('' in this process).
       precision: what the towers compute in (a towers.precision.Precision or
         its name; None: fp32).
     Returns:
@@ -82,9 +81,6 @@ def explain(model_fn, input_shape, num_classes, tower_devices, param_device='/cp
       that computed in it).
     """
     precision = Precision.of(precision)
-    placement, target = cluster or (None, '')
-    if placement is not None:
-        tower_devices, param_device = placement.tower_devices, placement.param_device
     if input_mode not in ('feed', 'synthetic'):
         raise SettingError('explain runs {input} feed or synthetic (where the input comes '
                            'from changes only the input transfers), not %s', input_mode)
@@ -93,13 +89,12 @@ def explain(model_fn, input_shape, num_classes, tower_devices, param_device='/cp
     source = make_input(input_mode, fake, EpochSampler(batch_size, batch_size), batch_size,
                         num_classes)
     model = ClassifierModel(model_fn, input_shape, num_classes, optimizer=optimizer)
-    default = placement and placement.default_device
-    graph = build_training_graph(model, tower_devices, param_device, seed=0, source=source,
-                                 learning_rate=0.01, variable_update=variable_update,
-                                 sync_bn=sync_bn, default_device=default, precision=precision)
+    graph = build_training_graph(model, plan, seed=0, source=source, learning_rate=0.01,
+                                 sync_bn=sync_bn, precision=precision)
     options = tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE,
                              output_partition_graphs=True)
-    config = placement.config if placement else session_config(tower_devices, param_device)
+    config = tf1.ConfigProto()
+    config.CopyFrom(plan.config)
     # Placement happens before grappler; without its rewrites (fused kernels,
     # pruning) the partitions name the graph's own ops, which FLOPs are keyed by.
     config.graph_options.rewrite_options.disable_meta_optimizer = True
@@ -117,8 +112,7 @@ def explain(model_fn, input_shape, num_classes, tower_devices, param_device='/cp
     transfers['bytes_between_tasks'] = sum(t['bytes'] for t in transfers['transfers']
                                            if _task(t['from']) != _task(t['to']))
     devices = _devices(graph, placed, variables,
-                       op_flops(model, tower_devices, param_device, batch_size, num_classes,
-                              variable_update, sync_bn, precision),
+                       op_flops(model, plan, batch_size, num_classes, sync_bn, precision),
                        [int(n) for n in examples])
     for device, entry in devices.items():
         entry['low_precision_ops'] = low.get(device, 0)
@@ -159,18 +153,16 @@ def _ops_in(metadata, dtype):
     return counts
 
 
-def op_flops(model, tower_devices, param_device, batch_size, num_classes, variable_update,
-           sync_bn, precision=None):
+def op_flops(model, plan, batch_size, num_classes, sync_bn=False, precision=None):
     """op name -> FLOPs, by TensorFlow's profiler.
 
     Its FLOP counts need static shapes, which a fed batch does not have; the
     same graph over a synthetic input has them (each tower's slice a fixed
     [n_i, H, W, C]), and names its ops alike.
     """
-    graph = build_training_graph(model, tower_devices, param_device, seed=0,
+    graph = build_training_graph(model, plan, seed=0,
                                  source=SyntheticInput(batch_size, num_classes),
-                                 learning_rate=0.01, variable_update=variable_update,
-                                 sync_bn=sync_bn, precision=precision)
+                                 learning_rate=0.01, sync_bn=sync_bn, precision=precision)
     options = tf1.profiler.ProfileOptionBuilder.float_operation()
     options['output'] = 'none'
     root = tf1.profiler.profile(graph.graph, options=options)

@@ -50,13 +50,13 @@ import re
 import numpy as np
 import tensorflow as tf
 
-from towers.cluster.collective import BUFFER_BYTES
+from towers.allreduce import BUFFER_BYTES
 from towers.cluster.emulate import SCALES
+from towers.deviceplan import LeastLoaded, local_plan
 from towers.errors import SettingError
 from towers.model import ClassifierModel
 from towers.tools.explain import bytes_text, op_flops
 from towers.tools.trace import pyplot_for, save_png
-from towers.variables import LeastLoaded
 
 tf1 = tf.compat.v1
 
@@ -172,8 +172,7 @@ def model_sizes(model_fn, input_shape):
 def tower_flops(model_fn, input_shape, num_classes, batch):
     """FLOPs of one tower's training step on `batch` images (as `towers explain` counts them)."""
     model = ClassifierModel(model_fn, input_shape, num_classes)
-    return sum(op_flops(model, ['/cpu:0'], '/cpu:0', batch, num_classes, 'parameter_server',
-                        False).values())
+    return sum(op_flops(model, local_plan(['/cpu:0']), batch, num_classes).values())
 
 
 def table_lines(rows):

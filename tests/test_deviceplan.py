@@ -1,0 +1,86 @@
+"""The device plan: every placement of a run decided once, from the devices and the strategy."""
+import pytest
+import tensorflow as tf
+
+from towers.cluster.placement import in_graph_plan
+from towers.cluster.spec import Cluster
+from towers.deviceplan import DevicePlan, Spread, device_kind, local_plan, make_plan
+from towers.errors import DeviceError
+from towers.tower import variables_on
+
+tf1 = tf.compat.v1
+
+THREE = ['/cpu:0', '/cpu:1', '/cpu:2']
+GPUS = ['/gpu:0', '/gpu:1']
+
+
+def test_the_classic_plan_keeps_the_variables_and_the_host_ops_on_cpu0():
+    plan = local_plan(THREE)
+    assert (plan.towers, plan.variables, plan.host, plan.copies, plan.all_reduce,
+            plan.default_device) == (tuple(THREE), '/cpu:0', '/cpu:0', False, None, None)
+    assert [plan.tower_variables(i) for i in range(3)] == [(None, '/cpu:0')] * 3
+    assert plan.config.device_count['CPU'] == 3
+    assert plan.describe() == '/cpu:0'
+    assert local_plan(THREE, '/cpu:2').host == '/cpu:2'  # the step counter goes with them
+
+
+def test_spread_places_by_bytes_and_alike_in_every_graph():
+    plan = local_plan(THREE, 'spread')
+    assert isinstance(plan.variables, Spread) and plan.host == '/cpu:0'
+    assert plan.describe() == 'spread by bytes over /cpu:0,/cpu:1,/cpu:2'
+
+    def placed():
+        # As a tower places them: the Spread decides for the variable ops only.
+        with tf.Graph().as_default(), tf1.device(variables_on(plan.variables, '/cpu:0')):
+            sizes = {'a': [100], 'b': [10], 'c': [10], 'd': [95], 'e': [5]}
+            return {n: tf1.get_variable(n, shape).device[-5:].upper()
+                    for n, shape in sizes.items()}
+    first = placed()
+    assert first == {'a': 'CPU:0', 'b': 'CPU:1', 'c': 'CPU:2', 'd': 'CPU:1', 'e': 'CPU:2'}
+    assert placed() == first  # a second graph (an evaluation's) starts its count afresh
+
+
+def test_replicated_gives_each_tower_its_copy_a_shared_sum_on_cpus_and_nccl_on_gpus():
+    plan = local_plan(THREE, variable_update='replicated')
+    assert (plan.copies, plan.variables, plan.all_reduce) == (True, None, 'host')
+    assert [plan.tower_variables(i) for i in range(3)] == [
+        (None, '/cpu:0'), ('replica_1', '/cpu:1'), ('replica_2', '/cpu:2')]
+    assert plan.describe() == ('a copy on each tower (replicated), all-reduced by one sum per '
+                               'variable that every tower reads (shared memory)')
+    ring = local_plan(THREE, variable_update='replicated', all_reduce='ring')
+    assert ring.describe().endswith("all-reduced by TensorFlow's collective ring")
+    evaluation = plan.for_evaluation()  # one copy: the masters, on tower 0
+    assert (evaluation.copies, evaluation.variables, evaluation.towers) == (
+        False, '/cpu:0', plan.towers)
+    # Planned on GPUs this machine need not have: NCCL.
+    gpus = make_plan(GPUS, '/cpu:0', 'replicated')
+    assert gpus.all_reduce == 'nccl' and gpus.tower_variables(1) == ('replica_1', '/gpu:1')
+    independent = local_plan(THREE, variable_update='independent')
+    assert (independent.copies, independent.all_reduce) == (True, None)
+    assert independent.describe() == 'a copy on each tower (independent), never combined'
+
+
+def test_in_graph_puts_the_towers_on_every_worker_and_the_variables_on_the_ps():
+    jobs = {'worker': ('h:1', 'h:2'), 'ps': ('h:3', 'h:4')}
+    plan = in_graph_plan(Cluster(jobs, 'worker', 0), towers_per_task=2)
+    assert plan.towers == tuple('/job:worker/task:%d/device:CPU:%d' % (t, i)
+                                for t in range(2) for i in range(2))
+    assert plan.variables.devices == ('/job:ps/task:0/device:CPU:0',
+                                      '/job:ps/task:1/device:CPU:0')
+    assert (plan.host, plan.default_device) == ('/cpu:0', '/job:worker/task:0')
+    one_ps = in_graph_plan(Cluster({'worker': ('h:1',), 'ps': ('h:3',)}, 'worker', 0))
+    assert one_ps.variables == one_ps.host == '/job:ps/task:0/device:CPU:0'
+    no_ps = in_graph_plan(Cluster({'worker': ('h:1',)}, 'worker', 0))
+    assert no_ps.variables == '/job:worker/task:0/device:CPU:0'
+
+
+def test_device_kinds():
+    assert device_kind(GPUS) == 'GPU' and device_kind(THREE) == 'CPU'
+    assert device_kind(['/job:worker/task:1/device:GPU:0']) == 'GPU'
+    assert device_kind(['/cpu:0', '/gpu:0']) == 'mixed'
+
+
+def test_a_plan_can_name_gpus_that_a_local_plan_would_refuse():
+    with pytest.raises(DeviceError, match='/gpu:1 does not exist'):
+        local_plan(GPUS, num_gpus=1)
+    assert DevicePlan(GPUS).towers == tuple(GPUS)  # built, never run, as explain --plan-only

@@ -1,0 +1,140 @@
+"""All-reducing the towers' gradients in one process: --variable-update replicated.
+
+Every tower holds a copy of the variables, so every tower needs the same
+update: the weighted sum of all towers' gradients, sum_i w_i * g_i (w_i the
+tower's share of the batch), which is the one-device gradient of the whole
+batch. Each tower weights its own gradients, then they are summed over the
+towers in one of three ways:
+
+  nccl   where the towers are GPUs: NVIDIA's NCCL (nccl_ops.all_sum), as
+         tf_cnn_benchmarks and tensorpack replicate on GPUs: no device gathers
+         N-1 copies of everything
+  host   where the towers are CPUs of one process, which share one memory: each
+         variable's sum is formed once, on a device chosen by bytes, and every
+         tower reads it (a "copy" between virtual CPUs moves no bytes); measured
+         faster here than a ring (mnist_convnet on 2 towers, 2-core AMD EPYC:
+         2113 images/sec against 1945 for a ring per gradient, 1852 packed)
+  ring   TensorFlow's collective ring all-reduce over the towers' devices (the
+         collective ops --sync-bn uses), what CPUs on separate hosts would run
+
+nccl and ring are packed as tf_cnn_benchmarks packs them: each tower's
+gradients flattened and concatenated, per dtype, into buffers of at most
+BUFFER_BYTES, one all-reduce per buffer, then split back. All three hand every
+tower bit-identical sums (each is reduced once and the result copied), so the
+copies stay equal step after step.
+"""
+import tensorflow as tf
+from tensorflow.python.ops import collective_ops, nccl_ops
+
+from towers.deviceplan import LeastLoaded
+
+tf1 = tf.compat.v1
+
+BUFFER_BYTES = 32 << 20  # gradients are packed into all-reduce buffers of at most this
+GROUP_KEY = 2  # the towers' gradient all-reduce (sync-bn's collectives use group 1)
+IMPLEMENTATIONS = ('nccl', 'host', 'ring')
+
+
+def packs(tensors, max_bytes=BUFFER_BYTES):
+    """[[index, ...]]: consecutive tensors of one dtype, at most max_bytes a pack.
+
+    A tensor larger than max_bytes is a pack of its own.
+    """
+    groups, current, size = [], [], 0
+    for i, tensor in enumerate(tensors):
+        if current and (tensor.dtype != tensors[current[0]].dtype or size >= max_bytes):
+            groups.append(current)
+            current, size = [], 0
+        current.append(i)
+        size += tensor.shape.num_elements() * tensor.dtype.size
+    if current:
+        groups.append(current)
+    return groups
+
+
+def sum_packed(tensors, reduce_pack):
+    """Each of `tensors` reduced, through reduce_pack(flat buffer) -> reduced buffer per pack."""
+    out = [None] * len(tensors)
+    for indices in packs(tensors):
+        flat = tf.concat([tf.reshape(tensors[i], [-1]) for i in indices], axis=0)
+        pieces = tf.split(reduce_pack(flat), [tensors[i].shape.num_elements() for i in indices])
+        for i, piece in zip(indices, pieces):
+            out[i] = tf.reshape(piece, tensors[i].shape)
+    return out
+
+
+class TowerAllReduce:
+    """The towers' weighted gradient sum, all-reduced, one list per tower.
+
+    Args:
+      devices: the towers' devices, one per tower.
+      implementation: 'nccl', 'host' or 'ring'.
+    """
+
+    def __init__(self, devices, implementation):
+        if implementation not in IMPLEMENTATIONS:
+            raise ValueError('all-reduce %r: use one of %s' % (implementation, IMPLEMENTATIONS))
+        self.devices, self.implementation = list(devices), implementation
+        self._next_key = 1
+
+    def __call__(self, per_tower, weights):
+        """per tower [(grad, var)] -> per tower [(sum over the towers of w_k * grad_k, var)].
+
+        Every tower lists the same variables (its own copies) in the same order;
+        a gradient None on tower 0 is None everywhere (the model does not use
+        that variable). IndexedSlices are summed dense.
+        """
+        present = [j for j, (g, _) in enumerate(per_tower[0]) if g is not None]
+        weighted = []
+        for grads, weight, device in zip(per_tower, weights, self.devices):
+            with tf.device(device):
+                dense = [tf.convert_to_tensor(grads[j][0]) for j in present]
+                weighted.append([g * tf.cast(weight, g.dtype) for g in dense])
+        summed = self._sum(weighted) if len(self.devices) > 1 else weighted
+        out = []
+        for grads, sums in zip(per_tower, summed):
+            reduced = dict(zip(present, sums))
+            out.append([(reduced.get(j), var) for j, (_, var) in enumerate(grads)])
+        return out
+
+    def _sum(self, weighted):
+        """Per tower, the sums over the towers of its weighted gradients."""
+        if self.implementation == 'host':
+            return self._host_sum(weighted)
+        flat = [[None] * len(weighted[0]) for _ in weighted]
+        for indices in packs(weighted[0]):
+            buffers = []
+            for tower, device in zip(weighted, self.devices):
+                with tf.device(device):
+                    buffers.append(tf.concat([tf.reshape(tower[i], [-1]) for i in indices], 0))
+            reduced = self._reduce(buffers)
+            sizes = [weighted[0][i].shape.num_elements() for i in indices]
+            for k, (buffer, device) in enumerate(zip(reduced, self.devices)):
+                with tf.device(device):
+                    for i, piece in zip(indices, tf.split(buffer, sizes)):
+                        flat[k][i] = tf.reshape(piece, weighted[0][i].shape)
+        return flat
+
+    def _host_sum(self, weighted):
+        """Each variable's sum on one tower's device (spread by bytes), read by every tower."""
+        chooser = LeastLoaded(self.devices)
+        out = [[None] * len(weighted[0]) for _ in weighted]
+        for j, first in enumerate(weighted[0]):
+            with tf.device(chooser.place(first.shape.num_elements() * first.dtype.size)):
+                total = tf.add_n([tower[j] for tower in weighted])
+            for k, device in enumerate(self.devices):
+                with tf.device(device):
+                    out[k][j] = tf.identity(total)
+        return out
+
+    def _reduce(self, buffers):
+        """One buffer per tower, each on its tower's device -> their sum, on each."""
+        if self.implementation == 'nccl':
+            return nccl_ops.all_sum(buffers)
+        key, self._next_key = self._next_key, self._next_key + 1
+        out = []
+        for buffer, device in zip(buffers, self.devices):
+            with tf.device(device):
+                out.append(collective_ops.all_reduce(buffer, len(buffers), GROUP_KEY, key, 'Add',
+                                                     'Id', communication_hint='ring'))
+        return out

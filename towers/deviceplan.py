@@ -1,0 +1,215 @@
+"""The device plan: where every part of a run goes, decided once.
+
+tf_cnn_benchmarks decides placement inside each VariableMgr class, tensorpack
+inside each trainer; towers decides it in one object, made from the devices,
+the --variable-update and, in a cluster, the task's role, and every part of the
+graph reads it (towers, strategies, the graph builder, the cluster modes):
+
+  towers      each tower's compute device: /gpu:i, a virtual /cpu:i, or a
+              task's /job:worker/task:k/device:CPU:i
+  variables   where the one copy of the variables lives: a device (the
+              classic /cpu:0), or a Spread over several by bytes (the towers'
+              devices for --param-device spread, a cluster's ps tasks); or
+              None where a copy sits on each tower's device (replicated,
+              independent) or the graph's device function places them (a
+              parameter-server worker's replica_device_setter)
+  copies      whether each tower has a copy of its own (tower 0's is the
+              master, with the plain names; tower i's is replica_<i>/...)
+  host        the single ops: the step counter, the learning rate, the data
+              order, the batch split
+  default     what completes every device without a job: the task's
+              /job:worker/task:k in a cluster, or a device function; None in
+              one process
+  all_reduce  how the towers' copies meet (towers/allreduce.py): 'nccl' where
+              the towers are GPUs, 'host' (one sum per variable, read by every
+              tower) on the CPUs of one process, or 'ring' (TensorFlow's
+              collective ring) when asked; None without copies, or where they
+              never meet (independent)
+  config      the Session's ConfigProto
+
+A --param-device (cpu, gpu, spread, a device name) is an input to the plan,
+never something a module re-interprets.
+"""
+import dataclasses
+import weakref
+
+import tensorflow as tf
+
+from towers.devices import resolve_devices, resolve_param_device, session_config
+from towers.names import SPREAD
+
+# --variable-update names whose towers hold copies of their own.
+COPIES = ('replicated', 'independent')
+
+
+def variable_bytes(op):
+    """Bytes of the variable a VarHandleOp / VariableV2 op creates."""
+    shape = tf.TensorShape(op.get_attr('shape'))
+    return (shape.num_elements() or 0) * tf.as_dtype(op.get_attr('dtype')).size
+
+
+class LeastLoaded:
+    """A device chooser: each variable to the device holding the fewest bytes so far.
+
+    Deterministic (ties go to the earliest device), so every run of the same
+    model places its variables alike.
+    """
+
+    def __init__(self, devices):
+        self.devices, self.load = list(devices), [0] * len(devices)
+
+    def place(self, size):
+        index = min(range(len(self.devices)), key=lambda i: (self.load[i], i))
+        self.load[index] += size
+        return self.devices[index]
+
+    def __call__(self, op):
+        """A device function (or replica_device_setter's ps_strategy) for variable ops."""
+        return self.place(variable_bytes(op))
+
+
+class Spread:
+    """A device function for variables, each to the device with the fewest bytes so far.
+
+    The bytes are counted per graph (a LeastLoaded each), so one plan places a
+    training graph's variables and, later, an evaluation graph's alike.
+    """
+
+    def __init__(self, devices):
+        self.devices = tuple(devices)
+        self._choosers = weakref.WeakKeyDictionary()  # graph -> its LeastLoaded
+
+    def __call__(self, op):
+        return self._choosers.setdefault(op.graph, LeastLoaded(self.devices))(op)
+
+    def __repr__(self):
+        return 'Spread(%s)' % ', '.join(self.devices)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class DevicePlan:
+    """Where a run's towers, variables and host ops go; see the module's docstring.
+
+    Attributes:
+      towers: one device string per tower.
+      variables: the shared copy's device or Spread, or None (see copies, and a
+        default device function that places them).
+      copies: each tower has copies of its own, on its own device.
+      host: the device of the single ops.
+      default_device: completes every device of the graph, or None.
+      all_reduce: how the copies' gradients meet ('nccl', 'host', 'ring'), or None.
+      variable_update: the --variable-update the plan was made for.
+      config: the Session's ConfigProto.
+    """
+    towers: tuple
+    variables: object = '/cpu:0'
+    copies: bool = False
+    host: str = '/cpu:0'
+    default_device: object = None
+    all_reduce: str = None
+    variable_update: str = 'parameter_server'
+    config: object = None
+
+    def __post_init__(self):
+        object.__setattr__(self, 'towers', tuple(self.towers))
+
+    @property
+    def num_towers(self):
+        return len(self.towers)
+
+    def tower_variables(self, index):
+        """(variable scope, device or device function) where tower `index` gets its variables.
+
+        The scope is None where the towers share one copy (tower 0 creates it,
+        the others reuse it), 'replica_<i>' for a copy of tower i's own; the
+        device None leaves them to the graph's device function.
+        """
+        if self.copies:
+            return replica_scope(index), self.towers[index]
+        return None, self.variables
+
+    def for_evaluation(self):
+        """The plan of an evaluation graph: one copy, where this plan keeps the master's."""
+        if not self.copies:
+            return self
+        return dataclasses.replace(self, copies=False, variables=self.towers[0],
+                                   all_reduce=None)
+
+    def describe(self):
+        """One line: where the variables are, and how copies meet."""
+        if self.copies:
+            where = 'a copy on each tower (%s)' % self.variable_update
+            return where + (', all-reduced by %s' % ALL_REDUCE_NAMES[self.all_reduce]
+                            if self.all_reduce else ', never combined')
+        if isinstance(self.variables, Spread):
+            return 'spread by bytes over %s' % ','.join(self.variables.devices)
+        return self.variables or 'placed by the cluster (replica_device_setter)'
+
+
+ALL_REDUCE_NAMES = {'nccl': 'NCCL', 'ring': "TensorFlow's collective ring",
+                    'host': 'one sum per variable that every tower reads (shared memory)'}
+
+
+def device_kind(devices):
+    """'GPU' when every device is a GPU, 'CPU' when every one is a CPU, else 'mixed'."""
+    kinds = {tf.DeviceSpec.from_string(d).device_type.upper() for d in devices}
+    return kinds.pop() if len(kinds) == 1 else 'mixed'
+
+
+def replica_scope(index):
+    """Tower 0 holds the masters under the plain names; tower i its copies in replica_<i>."""
+    return 'replica_%d' % index if index else None
+
+
+def local_plan(towers=None, param_device=None, variable_update='parameter_server',
+               devices=None, num_gpus=None, all_reduce=None):
+    """The plan of one process.
+
+    Args:
+      towers: a tower count (None: every visible GPU, else one CPU), or a list
+        of device names.
+      param_device: --param-device: 'cpu' (None), 'gpu', 'spread' or a device.
+      variable_update: 'parameter_server', 'replicated' or 'independent'.
+      devices: --devices, e.g. '/gpu:0,/gpu:2' (agreeing with a tower count).
+      num_gpus: GPUs to assume; None asks TensorFlow.
+      all_reduce: replicated's all-reduce; None: the devices' best (make_plan).
+    Raises:
+      DeviceError: a device that does not exist, or a tower count that cannot be met.
+    """
+    tower_devices = (list(towers) if isinstance(towers, (list, tuple))
+                     else resolve_devices(towers, devices, num_gpus))
+    param = resolve_param_device(param_device, tower_devices, num_gpus)
+    return make_plan(tower_devices, param, variable_update,
+                     config=session_config(tower_devices, param, num_gpus),
+                     all_reduce=all_reduce)
+
+
+def make_plan(tower_devices, param, variable_update='parameter_server', default_device=None,
+              config=None, all_reduce=None):
+    """The plan of resolved devices: the one place a parameter device's forms are read.
+
+    Args:
+      tower_devices: one device per tower.
+      param: where the shared variables go: a device; 'spread' over the tower
+        devices; or a list of devices to spread them over (a cluster's ps tasks).
+      variable_update: 'parameter_server', or 'replicated' / 'independent' (a
+        copy per tower; param then holds only the host ops).
+      default_device, config: as DevicePlan has them.
+      all_reduce: replicated's all-reduce (towers/allreduce.py); None: 'nccl' on
+        GPUs, 'host' on CPUs (measured the faster there).
+    """
+    spread = param == SPREAD or isinstance(param, (list, tuple))
+    copies = variable_update in COPIES
+    if copies:
+        variables = None
+    elif spread:
+        variables = Spread(tower_devices if param == SPREAD else param)
+    else:
+        variables = param
+    return DevicePlan(tower_devices, variables=variables, copies=copies,
+                      host='/cpu:0' if spread else param,
+                      default_device=default_device,
+                      all_reduce=((all_reduce or ('nccl' if device_kind(tower_devices) == 'GPU'
+                                                  else 'host'))
+                                  if variable_update == 'replicated' else None),
+                      variable_update=variable_update, config=config)
