@@ -17,7 +17,7 @@ GPUS = ['/gpu:0', '/gpu:1']
 def test_the_classic_plan_keeps_the_variables_and_the_host_ops_on_cpu0():
     plan = local_plan(THREE)
     assert (plan.towers, plan.variables, plan.host, plan.copies, plan.all_reduce,
-            plan.default_device) == (tuple(THREE), '/cpu:0', '/cpu:0', False, None, None)
+            plan.default_device) == (tuple(THREE), '/cpu:0', '/cpu:0', False, None, '/cpu:0')
     assert [plan.tower_variables(i) for i in range(3)] == [(None, '/cpu:0')] * 3
     assert plan.config.device_count['CPU'] == 3
     assert plan.describe() == '/cpu:0'
@@ -67,7 +67,7 @@ def test_in_graph_puts_the_towers_on_every_worker_and_the_variables_on_the_ps():
                                 for t in range(2) for i in range(2))
     assert plan.variables.devices == ('/job:ps/task:0/device:CPU:0',
                                       '/job:ps/task:1/device:CPU:0')
-    assert (plan.host, plan.default_device) == ('/cpu:0', '/job:worker/task:0')
+    assert (plan.host, plan.default_device) == ('/cpu:0', '/job:worker/task:0/device:CPU:0')
     one_ps = in_graph_plan(Cluster({'worker': ('h:1',), 'ps': ('h:3',)}, 'worker', 0))
     assert one_ps.variables == one_ps.host == '/job:ps/task:0/device:CPU:0'
     no_ps = in_graph_plan(Cluster({'worker': ('h:1',)}, 'worker', 0))

@@ -152,7 +152,8 @@ ALL_REDUCE_NAMES = {'nccl': 'NCCL', 'ring': "TensorFlow's collective ring",
 
 def device_kind(devices):
     """'GPU' when every device is a GPU, 'CPU' when every one is a CPU, else 'mixed'."""
-    kinds = {tf.DeviceSpec.from_string(d).device_type.upper() for d in devices}
+    # A device that names no type (a task's) is placed on its CPU, as the host ops are.
+    kinds = {(tf.DeviceSpec.from_string(d).device_type or 'CPU').upper() for d in devices}
     return kinds.pop() if len(kinds) == 1 else 'mixed'
 
 
@@ -179,7 +180,9 @@ def local_plan(towers=None, param_device=None, variable_update='parameter_server
     tower_devices = (list(towers) if isinstance(towers, (list, tuple))
                      else resolve_devices(towers, devices, num_gpus))
     param = resolve_param_device(param_device, tower_devices, num_gpus)
-    return make_plan(tower_devices, param, variable_update,
+    # What no device scope places (the fed placeholders, the Saver's ops) stays on the
+    # host: on a GPU machine TensorFlow would otherwise take GPU 0 for it.
+    return make_plan(tower_devices, param, variable_update, default_device='/cpu:0',
                      config=session_config(tower_devices, param, num_gpus),
                      all_reduce=all_reduce)
 

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from towers.cluster.launch import free_ports
-from towers.cluster.server import check_port_free
+from towers.cluster.server import check_port_free, server_config, task_towers
 from towers.cluster.spec import Cluster, ClusterError
 
 SERVE = '''
@@ -52,3 +52,19 @@ def test_a_server_serves_until_sigterm_and_exits_cleanly(tmp_path):
             process.wait()
     assert process.returncode == 0, err
     assert out == 'SIGTERM: the server of worker 0 stops\n'
+
+
+def test_a_task_on_a_gpu_host_has_its_gpus_beside_one_cpu_and_grows_their_memory():
+    cluster = Cluster({'worker': ('h:1', 'h:2')}, 'worker', 1)
+    gpus = server_config(cluster, 4, num_gpus=4)
+    assert (gpus.device_count['CPU'], gpus.gpu_options.allow_growth) == (1, True)
+    cpus = server_config(cluster, 3, num_gpus=0)
+    assert (cpus.device_count['CPU'], cpus.gpu_options.allow_growth) == (3, False)
+    # Towers: every GPU a task sees by default, or some of them; else virtual CPUs.
+    assert task_towers(None, num_gpus=4) == (4, 'GPU')
+    assert task_towers(2, num_gpus=4) == (2, 'GPU')
+    assert task_towers(None, num_gpus=0) == (1, 'CPU')
+    assert task_towers(3, num_gpus=0) == (3, 'CPU')
+    with pytest.raises(ClusterError, match=r'^towers 5 on a task that sees 4 GPU\(s\): ask for 4 '
+                                           r'or fewer'):
+        task_towers(5, num_gpus=4)

@@ -28,7 +28,7 @@ def run_server(args, log):
 def cluster_run(args, cluster, log):
     """This task's ClusterRun of a train command, or None once a task that only serves is done."""
     mode = args.cluster_mode or 'in-graph'
-    towers = args.towers or 1
+    towers = args.towers  # None: every GPU the task sees, or one CPU
     if mode == 'collective':
         if cluster.num_ps:
             raise ClusterError('{cluster_mode} collective has no ps tasks: give the cluster '
@@ -59,6 +59,6 @@ def cluster_run(args, cluster, log):
     if not cluster.is_chief:
         log('in-graph mode: %s %d serves; worker 0 trains' % (cluster.task_type,
                                                               cluster.task_index))
-        serve(cluster, server_config(cluster, towers, args.threads), log=log)
+        serve(cluster, server_config(cluster, towers or 1, args.threads), log=log)
         return None
     return modes.in_graph(cluster, towers, args.cluster_timeout, args.threads)

@@ -14,8 +14,9 @@ the whole cluster) that is:
 A between-graph worker (collective, parameter-server) plans only its own
 towers: towers/cluster/modes.py.
 """
-from towers.cluster.server import server_config
+from towers.cluster.server import server_config, task_towers
 from towers.deviceplan import make_plan
+from towers.devices import visible_gpus
 
 
 def cluster_tower_devices(cluster, towers_per_task, kind='CPU'):
@@ -24,19 +25,27 @@ def cluster_tower_devices(cluster, towers_per_task, kind='CPU'):
             for task in range(cluster.num_workers) for i in range(towers_per_task)]
 
 
-def in_graph_plan(cluster, towers_per_task=1, timeout=None, threads=None):
+def in_graph_plan(cluster, towers_per_task=None, timeout=None, threads=None, num_gpus=None):
     """The chief's plan for in-graph replication over the whole cluster.
 
     Args:
       cluster: the towers.cluster.spec.Cluster (this task must be the chief).
-      towers_per_task: towers on each worker task (its virtual CPUs without GPUs).
+      towers_per_task: towers on each worker task: its GPUs where the chief sees
+        any (None: all of them), else its virtual CPUs (None: one).
       timeout: seconds after which an op waiting on another task fails.
+      num_gpus: the GPUs of each task; None: as many as this task sees (the
+        workers are alike; a session on a task without them says so).
     """
-    tower_devices = cluster_tower_devices(cluster, towers_per_task)
+    num_gpus = visible_gpus() if num_gpus is None else num_gpus
+    towers_per_task, kind = task_towers(towers_per_task, num_gpus)
+    tower_devices = cluster_tower_devices(cluster, towers_per_task, kind)
     ps = ['/job:ps/task:%d/device:CPU:0' % i for i in range(cluster.num_ps)]
     param = (ps if len(ps) > 1 else ps[0]) if ps else '/job:worker/task:0/device:CPU:0'
     config = server_config(cluster, towers_per_task, threads,
-                           timeout_ms=timeout and 1000 * timeout)
+                           timeout_ms=timeout and 1000 * timeout, num_gpus=num_gpus)
     # Only the cluster's own jobs: a session never waits on a task it does not use.
     config.device_filters.extend('/job:%s' % job for job in cluster.jobs)
-    return make_plan(tower_devices, param, default_device='/job:worker/task:0', config=config)
+    # The chief's CPU completes every device without a job, and takes the ops no scope
+    # places (the placer would take a GPU on a GPU host).
+    return make_plan(tower_devices, param, default_device='/job:worker/task:0/device:CPU:0',
+                     config=config)

@@ -4,8 +4,9 @@ Every task of a cluster runs one tf.compat.v1.train.Server. A task that only
 serves (a parameter server, or a worker whose towers the chief places in
 in-graph mode) runs nothing else: `towers server` starts it and waits, and
 SIGTERM or SIGINT ends it cleanly (status 0). The server's ConfigProto says
-which devices the task has (virtual CPUs stand in for GPUs, as in one process)
-and where collective ops meet (worker 0 leads their groups).
+which devices the task has (its GPUs where it sees any, else virtual CPUs
+standing in for them, as in one process) and where collective ops meet (worker
+0 leads their groups).
 """
 import errno
 import signal
@@ -15,6 +16,7 @@ import time
 import tensorflow as tf
 
 from towers.cluster.spec import ClusterError
+from towers.devices import visible_gpus
 from towers.errors import op_error_summary
 
 tf1 = tf.compat.v1
@@ -22,7 +24,24 @@ tf1 = tf.compat.v1
 GROUP_LEADER = '/job:worker/replica:0/task:0'
 
 
-def server_config(cluster, devices_per_task=1, threads=None, timeout_ms=None):
+def task_towers(towers=None, num_gpus=None):
+    """(towers, 'GPU' or 'CPU'): a task's towers on its GPUs where it sees any, else on
+    virtual CPUs. towers None: every GPU it sees, or one CPU.
+
+    Raises:
+      ClusterError: more towers asked for than the task has GPUs.
+    """
+    num_gpus = visible_gpus() if num_gpus is None else num_gpus
+    if not num_gpus:
+        return towers or 1, 'CPU'
+    if towers is not None and towers > num_gpus:
+        raise ClusterError('{towers} %d on a task that sees %d GPU(s): ask for %d or fewer, '
+                           'or give the task more GPUs (CUDA_VISIBLE_DEVICES)'
+                           % (towers, num_gpus, num_gpus))
+    return towers or num_gpus, 'GPU'
+
+
+def server_config(cluster, devices_per_task=1, threads=None, timeout_ms=None, num_gpus=None):
     """The ConfigProto of a task's server and sessions.
 
     Args:
@@ -31,9 +50,14 @@ def server_config(cluster, devices_per_task=1, threads=None, timeout_ms=None):
       threads: intra- and inter-op threads, or None for TensorFlow's choice.
       timeout_ms: operation_timeout_in_ms: an op waiting on a lost task fails
         after this long instead of forever; None for no limit.
+      num_gpus: the GPUs the task sees (None asks TensorFlow): with any, they
+        are its devices, beside one CPU, and their memory grows as it is used,
+        so that several tasks of one host (a ps among them) share its GPUs.
     """
+    num_gpus = visible_gpus() if num_gpus is None else num_gpus
     config = tf1.ConfigProto(allow_soft_placement=True)
-    config.device_count['CPU'] = max(1, devices_per_task)
+    config.device_count['CPU'] = 1 if num_gpus else max(1, devices_per_task)
+    config.gpu_options.allow_growth = bool(num_gpus)
     if threads:
         config.intra_op_parallelism_threads = config.inter_op_parallelism_threads = threads
     if timeout_ms:
@@ -109,9 +133,10 @@ def serve(cluster, config, log=print, poll=0.2):
                 for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         start_server(cluster, config)
-        log('serving %s %d on %s (%d device(s)); SIGTERM stops it'
+        gpus = visible_gpus()
+        log('serving %s %d on %s (%s); SIGTERM stops it'
             % (cluster.task_type, cluster.task_index, cluster.address,
-               config.device_count['CPU']))
+               '%d GPU(s)' % gpus if gpus else '%d device(s)' % config.device_count['CPU']))
         # server.join() would block in C++, where no Python signal handler runs.
         while not stop:
             time.sleep(poll)

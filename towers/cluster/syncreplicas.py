@@ -43,11 +43,12 @@ POLL_S = 0.2  # how often a worker asks whether the chief has made the model rea
 
 
 def ps_device_setter(cluster, task_index):
-    """replica_device_setter for worker task_index: variables by bytes over the ps tasks."""
+    """replica_device_setter for worker task_index: variables by bytes over the ps tasks,
+    the ops no tower places on the worker's CPU (on a GPU host the placer would take a GPU)."""
     greedy = LeastLoaded(range(cluster.num_ps))  # op -> a ps task's index
     return tf1.train.replica_device_setter(
-        cluster=tf1.train.ClusterSpec(cluster.jobs), worker_device='/job:worker/task:%d'
-        % task_index, ps_strategy=greedy)
+        cluster=tf1.train.ClusterSpec(cluster.jobs),
+        worker_device='/job:worker/task:%d/device:CPU:0' % task_index, ps_strategy=greedy)
 
 
 class SyncReplicas(VariableStrategy):
