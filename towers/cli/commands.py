@@ -13,11 +13,10 @@ import numpy as np
 from towers import data, models
 from towers.cli.cluster import run_server
 from towers.cli.config import flag, int_list, loss_scale, name_list
+from towers.cli.explain_command import run_explain
 from towers.cli.launcher import run_launch
 from towers.cli.saved import run_eval, run_export
 from towers.cli.train import run_train
-from towers.config import check
-from towers.deviceplan import local_plan
 from towers.devices import describe_devices, resolve_devices, resolve_param_device
 from towers.errors import SettingError
 from towers.names import VARIABLE_UPDATES
@@ -233,43 +232,6 @@ def run_check(args, log):
                        args.batch_size, args.steps, args.lr, args.tolerance,
                        sync_bn=args.sync_bn, dropout_off=has_dropout, log=log,
                        precision=args.precision, loss_scale=loss_scale(args.loss_scale))
-
-
-def run_explain(args, log):
-    """towers explain: where each part of a training step runs, from the real graph."""
-    from towers.precision import Precision
-    from towers.tools import explain
-    check('batch_size', args.batch_size)
-    info = data.dataset_info(args.dataset)
-    model_fn = models.build_model(args.model, info.input_shape, info.num_classes)
-    target = ''
-    if args.workers is not None or args.ps:
-        if args.workers is None or args.workers < 1 or args.ps < 0:
-            raise SettingError('explain on a cluster needs {workers} of at least 1 (and {ps} '
-                               'of 0 or more)')
-        if args.variable_update != 'parameter_server':
-            raise SettingError('explain on a cluster is in-graph, one copy of the variables: '
-                               'leave {variable_update} at parameter_server')
-        plan, target = explain.local_in_graph(args.workers, args.ps, args.towers or 1)
-    else:
-        plan = local_plan(args.towers, args.param_device, args.variable_update, args.devices)
-    precision = Precision(args.precision, loss_scale(args.loss_scale))
-    report = explain.explain(model_fn, info.input_shape, info.num_classes, plan,
-                             args.batch_size, args.input or 'feed', args.optimizer,
-                             args.sync_bn, target, precision=precision)
-    if args.json:
-        log(json.dumps(report, indent=1))
-        return
-    where = 'variables: %s' % plan.describe()
-    if target:
-        where += '; in-graph over %d worker task(s) and %d ps task(s)' % (args.workers,
-                                                                         args.ps)
-    title = ('explain: %s on %d tower(s), global batch %d, %s input, %s, %s%s'
-             % (args.model, plan.num_towers, args.batch_size, args.input or 'feed',
-                args.variable_update, where,
-                '; ' + precision.describe() if precision.mixed else ''))
-    for line in explain.report_lines(report, title):
-        log(line)
 
 
 COMMANDS = {'train': run_train, 'devices': run_devices, 'bench': run_bench,

@@ -108,8 +108,8 @@ def explain_parser(commands):
     explain.add_argument('--variable-update', default='parameter_server',
                          choices=VARIABLE_UPDATES,
                          help='as for train (default: parameter_server)')
-    explain.add_argument('--input', default=None, choices=['feed', 'synthetic'],
-                         help='as for train (default: feed)')
+    explain.add_argument('--input', default=None, choices=['feed', 'synthetic', 'staging'],
+                         help='as for train (default: feed; staging with --plan-only)')
     explain.add_argument('--optimizer', default='sgd', choices=OPTIMIZERS,
                          help='its slots are variables too (default: sgd)')
     explain.add_argument('--sync-bn', action='store_true', help='as for train')
@@ -120,6 +120,17 @@ def explain_parser(commands):
     explain.add_argument('--ps', type=int, default=0,
                          help='with --workers: ps tasks holding the variables (default: 0, '
                               'the chief holds them)')
+    planning = explain.add_argument_group('plan only: build the graph, run nothing')
+    planning.add_argument('--plan-only', action='store_true',
+                          help='where every op of a step would run, from the graph alone: '
+                               'GPUs, clusters and NCCL planned on any machine, a CPU-only '
+                               'TensorFlow included')
+    planning.add_argument('--gpus-per-worker', type=int, default=0, metavar='G',
+                          help='with --plan-only --workers: plan each task with G GPUs '
+                               '(default: 0, virtual CPUs)')
+    planning.add_argument('--cluster-mode', default='in-graph', choices=CLUSTER_MODES,
+                          help='with --plan-only --workers: the mode to plan (default: '
+                               'in-graph; without --plan-only explain runs in-graph only)')
     explain.add_argument('--json', action='store_true', help='the report as JSON')
     return explain
 

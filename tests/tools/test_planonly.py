@@ -1,0 +1,95 @@
+"""towers explain --plan-only: GPU and cluster plans, built on this CPU-only machine, never run."""
+import json
+
+import pytest
+
+from towers.cli import main
+
+GPU = '/device:GPU:%d'
+
+
+def _plan(capsys, *flags):
+    assert main(['explain', '--plan-only', '--model', 'small_convnet', '--batch-size', '8',
+                 '--json'] + list(flags)) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def _tower_ops(report):
+    """{device: {tower: ops}} of the devices that hold any tower's ops."""
+    return {d: e['towers'] for d, e in report['devices'].items() if e['towers']}
+
+
+def test_four_gpu_towers_replicated_meet_in_nccl(capsys):
+    report = _plan(capsys, '--devices', '/gpu:0,/gpu:1,/gpu:2,/gpu:3', '--variable-update',
+                   'replicated')
+    assert report['towers'] == [['/gpu:0', '/gpu:1', '/gpu:2', '/gpu:3']]
+    assert report['off_device'] == []  # every tower op on its own GPU (reads with their copy)
+    for i in range(4):
+        assert report['devices'][GPU % i]['towers'].get('tower_%d' % i, 0) > 50
+        assert report['devices'][GPU % i]['variables'] == 4  # its copy of small_convnet's 4
+    assert report['all_reduce'] == {'NcclAllReduce': {
+        'count': 4, 'devices': [GPU % i for i in range(4)], 'hints': ['nccl']}}
+
+
+def test_replicated_on_cpus_sums_in_shared_memory_without_collectives(capsys):
+    report = _plan(capsys, '--towers', '3', '--variable-update', 'replicated')
+    assert report['all_reduce'] == {} and report['off_device'] == []
+    assert sorted(_tower_ops(report)) == ['/device:CPU:%d' % i for i in range(3)]
+
+
+@pytest.mark.parametrize('mode,ps', [('in-graph', 1), ('collective', 0),
+                                     ('parameter-server', 1)])
+def test_every_cluster_mode_puts_each_task_towers_on_its_gpus(capsys, mode, ps):
+    report = _plan(capsys, '--workers', '2', '--ps', str(ps), '--gpus-per-worker', '2',
+                   '--cluster-mode', mode)
+    towers = ['/job:worker/task:%d/device:GPU:%d' % (k, i) for k in range(2) for i in range(2)]
+    if mode == 'in-graph':  # the chief's one graph holds every task's towers
+        assert report['towers'] == [towers]
+    else:  # each worker's own graph, its own towers
+        assert report['towers'] == [towers[:2], towers[2:]]
+    assert report['off_device'] == []
+    on_gpus = {d for d in _tower_ops(report) if 'GPU' in d}
+    assert on_gpus == set(towers)
+
+
+def test_collective_workers_all_reduce_gpu_gradients_with_the_nccl_hint(capsys):
+    report = _plan(capsys, '--workers', '2', '--gpus-per-worker', '2', '--cluster-mode',
+                   'collective')
+    collectives = report['all_reduce']['CollectiveReduce']
+    assert set(collectives['hints']) == {'nccl', 'auto'}  # gradients on GPU, results on CPU
+    assert {'/job:worker/task:%d/device:GPU:0' % k for k in range(2)} <= set(
+        collectives['devices'])
+    # Each worker's copy of the variables sits on its first GPU.
+    assert report['devices']['/job:worker/task:1/device:GPU:0']['variables'] == 4
+
+
+def test_staging_puts_a_staging_area_on_each_gpu(capsys):
+    report = _plan(capsys, '--devices', '/gpu:0,/gpu:1', '--input', 'staging')
+    assert report['staging'] == {GPU % i: {'put': 1, 'get': 1} for i in range(2)}
+
+
+def test_the_plan_reads_as_lines(capsys):
+    assert main(['explain', '--plan-only', '--model', 'small_convnet', '--devices',
+                 '/gpu:0,/gpu:1', '--variable-update', 'replicated']) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == ('explain: small_convnet on 2 tower(s), global batch 100, feed input, '
+                        'replicated, variables: a copy on each tower (replicated), all-reduced '
+                        'by NCCL')
+    assert lines[1].startswith('plan only: nothing ran')
+    assert ('all-reduce: NcclAllReduce x2 on /device:GPU:0, /device:GPU:1 (communication '
+            'hint nccl)') in lines
+    assert lines[-1] == "every tower's ops are planned on its tower's device"
+
+
+@pytest.mark.parametrize('flags,message', [
+    (['--gpus-per-worker', '2'], '--gpus-per-worker, --cluster-mode and --input staging go '
+                                 'with --plan-only'),
+    (['--plan-only', '--gpus-per-worker', '2'], '--gpus-per-worker goes with --workers'),
+    (['--plan-only', '--workers', '2', '--variable-update', 'replicated'],
+     'a cluster mode decides where the variables live'),
+    (['--plan-only', '--devices', '/gpu:0,/cpu:1'], 'mixes CPUs and GPUs'),
+])
+def test_bad_plan_flags_are_one_line(capsys, flags, message):
+    assert main(['explain', '--model', 'small_convnet'] + flags) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith('towers: error: ') and message in err[0], err

@@ -1,0 +1,105 @@
+"""`towers explain`: where each part of a training step runs.
+
+Without --plan-only, one real step on this machine's devices (or an in-graph
+cluster served here), read from its partition graphs (towers/tools/explain.py).
+With it, the step's graph alone, built on the devices the plan asks for, GPUs
+and clusters included, and never run (towers/tools/planonly.py).
+"""
+import json
+
+from towers import data, models
+from towers.cli.config import loss_scale
+from towers.config import check
+from towers.deviceplan import local_plan
+from towers.devices import parse_device
+from towers.errors import SettingError
+from towers.precision import Precision
+from towers.tools import explain, planonly
+
+
+def run_explain(args, log):
+    """towers explain [--plan-only]."""
+    check('batch_size', args.batch_size)
+    info = data.dataset_info(args.dataset)
+    model_fn = models.build_model(args.model, info.input_shape, info.num_classes)
+    precision = Precision(args.precision, loss_scale(args.loss_scale))
+    if args.plan_only:
+        return _plan_only(args, log, model_fn, info, precision)
+    if args.gpus_per_worker or args.cluster_mode != 'in-graph' or args.input == 'staging':
+        raise SettingError('{gpus_per_worker}, {cluster_mode} and {input} staging go with '
+                           '{plan_only}: explain runs one real step in-graph on this machine')
+    target = ''
+    if _on_cluster(args):
+        if args.variable_update != 'parameter_server':
+            raise SettingError('explain on a cluster is in-graph, one copy of the variables: '
+                               'leave {variable_update} at parameter_server')
+        plan, target = explain.local_in_graph(args.workers, args.ps, args.towers or 1)
+    else:
+        plan = local_plan(args.towers, args.param_device, args.variable_update, args.devices)
+    report = explain.explain(model_fn, info.input_shape, info.num_classes, plan,
+                             args.batch_size, args.input or 'feed', args.optimizer,
+                             args.sync_bn, target, precision=precision)
+    if args.json:
+        log(json.dumps(report, indent=1))
+        return
+    where = 'variables: %s' % plan.describe()
+    if target:
+        where += '; in-graph over %d worker task(s) and %d ps task(s)' % (args.workers,
+                                                                         args.ps)
+    for line in explain.report_lines(report, _title(args, '%d tower(s)' % plan.num_towers,
+                                                    where, precision)):
+        log(line)
+
+
+def _on_cluster(args):
+    if args.workers is None and not args.ps:
+        return False
+    if args.workers is None or args.workers < 1 or args.ps < 0:
+        raise SettingError('explain on a cluster needs {workers} of at least 1 (and {ps} '
+                           'of 0 or more)')
+    return True
+
+
+def _plan_only(args, log, model_fn, info, precision):
+    """The step's graph on the planned devices, never run."""
+    if args.gpus_per_worker < 0:
+        raise SettingError('{gpus_per_worker} is 0 (virtual CPUs) or more, got %d',
+                           args.gpus_per_worker)
+    if _on_cluster(args):
+        if args.variable_update != 'parameter_server':
+            raise SettingError('a cluster mode decides where the variables live: leave '
+                               '{variable_update} at parameter_server')
+        runs = [(run.plan, run.strategy) for run in planonly.cluster_runs(
+            args.cluster_mode, args.workers, args.ps, args.towers, args.gpus_per_worker)]
+        where = '%s over %d worker task(s) and %d ps task(s), %s' % (
+            args.cluster_mode, args.workers, args.ps,
+            '%d GPU(s) each' % args.gpus_per_worker if args.gpus_per_worker
+            else 'virtual CPUs')
+    else:
+        if args.gpus_per_worker:
+            raise SettingError('{gpus_per_worker} goes with {workers}; in one process name '
+                               'the GPUs with {devices} /gpu:0,/gpu:1,...')
+        # The GPUs named are planned whether or not this machine has them.
+        named = [parse_device(d) for d in (args.devices or '').split(',') if d.strip()]
+        gpus = max((index + 1 for kind, index in named if kind == 'gpu'), default=None)
+        plan = local_plan(args.towers, args.param_device, args.variable_update, args.devices,
+                          num_gpus=gpus)
+        runs, where = [(plan, None)], 'variables: %s' % plan.describe()
+    report = planonly.planned_step(model_fn, info.input_shape, info.num_classes, runs,
+                                   args.batch_size, args.input or 'feed', args.optimizer,
+                                   args.sync_bn, precision)
+    if args.json:
+        log(json.dumps(report, indent=1))
+        return
+    towers = '%d tower(s)%s' % (len(report['towers'][0]),
+                                ' per worker' if len(report['towers']) > 1 else '')
+    for line in planonly.report_lines(report, _title(args, towers, where, precision)):
+        log(line)
+
+
+def _title(args, towers, where, precision):
+    # A between-graph cluster mode decides how the gradients meet: it is `where`.
+    update = '' if args.plan_only and _on_cluster(args) else args.variable_update + ', '
+    return ('explain: %s on %s, global batch %d, %s input, %s%s%s'
+            % (args.model, towers, args.batch_size, args.input or 'feed', update, where,
+               '; ' + precision.describe() if precision.mixed else ''))

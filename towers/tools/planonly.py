@@ -1,0 +1,153 @@
+"""`towers explain --plan-only`: where every op of a training step would run, from the graph.
+
+No Session runs, so the devices need not exist: TensorFlow builds a graph on
+/gpu:3 or /job:worker/task:1/device:GPU:0 as readily on a CPU-only build as on
+a GPU machine. What is read is what the device plan asked of each op (its own
+device, or that of the op it is colocated with, as a variable's reads are),
+before TensorFlow's placer; what the placer makes of it on a real machine is
+`towers explain` without --plan-only (one real step, its partition graphs).
+
+One graph per training process: one for a single process or in-graph
+replication (the chief's graph holds every task's towers), one per worker for
+the between-graph modes (collective, parameter-server), which build alike.
+"""
+import re
+
+import numpy as np
+import tensorflow as tf
+
+from towers import data
+from towers.cluster import modes
+from towers.cluster.spec import Cluster
+from towers.data.sampler import EpochSampler
+from towers.graph import build_training_graph
+from towers.inputs import make_input
+from towers.model import ClassifierModel
+
+tf1 = tf.compat.v1
+
+_TOWER = re.compile(r'^tower_(\d+)/')
+# The op types that combine the towers' or the workers' gradients.
+ALL_REDUCE_TYPES = ('NcclAllReduce', 'CollectiveReduce', 'CollectiveReduceV2')
+_STAGING_TYPES = {'Stage': 'put', 'Unstage': 'get'}
+_VARIABLE_TYPES = ('VarHandleOp', 'VariableV2')
+
+
+def cluster_runs(mode, workers, ps=0, towers_per_task=None, gpus_per_worker=0):
+    """The ClusterRun of each task that builds a training graph, on made-up addresses.
+
+    Nothing serves: a ClusterRun only plans until its session starts.
+    """
+    jobs = {'worker': ['planned-worker-%d:2222' % i for i in range(workers)]}
+    if ps:
+        jobs['ps'] = ['planned-ps-%d:2222' % i for i in range(ps)]
+    if mode == 'in-graph':
+        return [modes.in_graph(Cluster(jobs, 'worker', 0), towers_per_task,
+                               num_gpus=gpus_per_worker)]
+    make = modes.collective if mode == 'collective' else modes.parameter_server
+    return [make(Cluster(jobs, 'worker', k), towers_per_task, num_gpus=gpus_per_worker)
+            for k in range(workers)]
+
+
+def planned_step(model_fn, input_shape, num_classes, runs, batch_size=100, input_mode='feed',
+                 optimizer='sgd', sync_bn=False, precision=None):
+    """Build each (plan, strategy) training graph and say where its ops would run.
+
+    Args:
+      runs: [(DevicePlan, VariableStrategy or None)], one per training process.
+    Returns:
+      dict: devices {device: {ops, towers {tower_i: ops}, variables}},
+      off_device [ops of a tower planned elsewhere than its tower's device],
+      all_reduce {op type: {count, devices, hints}}, staging {device: {put, get}},
+      towers [each graph's tower devices].
+    """
+    report = {'devices': {}, 'off_device': [], 'all_reduce': {}, 'staging': {}, 'towers': []}
+    model = ClassifierModel(model_fn, input_shape, num_classes, optimizer=optimizer)
+    images = np.zeros([batch_size] + list(input_shape), np.float32)
+    fake = data.DataSet(images, np.zeros([batch_size], np.int64), num_classes=num_classes)
+    for plan, strategy in runs:
+        source = make_input(input_mode, fake, EpochSampler(batch_size, batch_size), batch_size,
+                            num_classes)
+        built = build_training_graph(model, plan, seed=0, source=source, learning_rate=0.01,
+                                     strategy=strategy, sync_bn=sync_bn, precision=precision)
+        report['towers'].append(list(plan.towers))
+        _read(built.graph, plan, report)
+    return report
+
+
+def _read(graph, plan, report):
+    """Add one graph's ops to the report, each where it is planned."""
+    tower_devices = [_canonical(d) for d in plan.towers]
+    for op in graph.get_operations():
+        device = planned_device(op)
+        entry = report['devices'].setdefault(device, {'ops': 0, 'towers': {}, 'variables': 0})
+        entry['ops'] += 1
+        entry['variables'] += op.type in _VARIABLE_TYPES
+        tower = _TOWER.match(op.name)
+        if tower:
+            name = 'tower_%s' % tower.group(1)
+            entry['towers'][name] = entry['towers'].get(name, 0) + 1
+            # A variable's reads stay where the variable is (TensorFlow's rule); the
+            # value then crosses to the tower.
+            if device != tower_devices[int(tower.group(1))] and not _uses_variable(op):
+                report['off_device'].append('%s on %s' % (op.name, device or 'no device'))
+        if op.type in ALL_REDUCE_TYPES:
+            found = report['all_reduce'].setdefault(op.type, {'count': 0, 'devices': [],
+                                                              'hints': []})
+            found['count'] += 1
+            found['devices'] = sorted(set(found['devices']) | {device})
+            hint = op.get_attr('communication_hint').decode() if op.type != 'NcclAllReduce' \
+                else 'nccl'
+            found['hints'] = sorted(set(found['hints']) | {hint})
+        if op.type in _STAGING_TYPES:
+            staged = report['staging'].setdefault(device, {'put': 0, 'get': 0})
+            staged[_STAGING_TYPES[op.type]] += 1
+
+
+def _uses_variable(op):
+    return any(tensor.dtype == tf.resource for tensor in op.inputs)
+
+
+def planned_device(op):
+    """Where the plan puts op: its device, that of the op it is colocated with, or, for an
+    op that reads a variable (a read clears the device scope), the variable's, as
+    TensorFlow's placer puts every op that uses a resource with it."""
+    if op.device:
+        return _canonical(op.device)
+    for group in op.colocation_groups():
+        name = group.decode()[len('loc:@'):]
+        if name != op.name:
+            return planned_device(op.graph.get_operation_by_name(name))
+    for tensor in op.inputs:
+        if tensor.dtype == tf.resource:
+            return planned_device(tensor.op)
+    return ''
+
+
+def _canonical(device):
+    """'/gpu:1' -> '/device:GPU:1'; a task's devices keep their job and task."""
+    return tf.DeviceSpec.from_string(device).to_string()
+
+
+def report_lines(report, title):
+    """The human-readable plan."""
+    lines = [title, 'plan only: nothing ran; each op where the plan asks for it, before '
+                    "TensorFlow's placer (the devices need not exist here)"]
+    for device in sorted(report['devices']):
+        entry = report['devices'][device]
+        towers = ', '.join('%s %d' % item for item in sorted(entry['towers'].items()))
+        lines.append('%-34s %5d ops%s%s' % (device or '(no device: the placer chooses)',
+                                            entry['ops'], '; ' + towers if towers else '',
+                                            '; %d variables' % entry['variables']
+                                            if entry['variables'] else ''))
+    for kind, found in sorted(report['all_reduce'].items()):
+        lines.append('all-reduce: %s x%d on %s (communication hint %s)' % (
+            kind, found['count'], ', '.join(found['devices']), ', '.join(found['hints'])))
+    for device, staged in sorted(report['staging'].items()):
+        lines.append('staging on %s: %d put, %d get' % (device, staged['put'], staged['get']))
+    if report['off_device']:
+        lines.append('tower ops planned off their tower: %d, e.g. %s' % (
+            len(report['off_device']), report['off_device'][0]))
+    else:
+        lines.append("every tower's ops are planned on its tower's device")
+    return lines
