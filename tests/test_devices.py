@@ -130,3 +130,23 @@ def test_param_device_on_a_missing_gpu_is_an_error():
         resolve_param_device('/gpu:0', ['/cpu:0'], num_gpus=0)
     with pytest.raises(DeviceError, match=r'/gpu:2 does not exist.*2 visible GPU'):
         resolve_param_device('/gpu:2', ['/gpu:0'], num_gpus=2)
+
+
+@pytest.mark.parametrize('cuda_build,visible,reason', [
+    (False, None, "this TensorFlow is a CPU-only build (tensorflow-cpu): on a GPU machine, "
+                  "pip install -e '.[gpu]'"),
+    (True, '', 'CUDA_VISIBLE_DEVICES is empty, which hides every GPU'),
+    (True, '0,1', 'TensorFlow found no CUDA GPU: check the NVIDIA driver (nvidia-smi) and that '
+                  'CUDA_VISIBLE_DEVICES names the GPUs'),
+])
+def test_asking_for_gpus_where_there_are_none_says_why_in_one_line(monkeypatch, cuda_build,
+                                                                   visible, reason):
+    monkeypatch.setattr(tf.sysconfig, 'get_build_info', lambda: {'is_cuda_build': cuda_build})
+    if visible is None:
+        monkeypatch.delenv('CUDA_VISIBLE_DEVICES', raising=False)
+    else:
+        monkeypatch.setenv('CUDA_VISIBLE_DEVICES', visible)
+    with pytest.raises(DeviceError) as info:
+        resolve_devices(devices='/gpu:0,/gpu:1', num_gpus=0)
+    assert str(info.value) == ('/gpu:1 does not exist: this machine has 0 visible GPU(s); %s '
+                               '(or use /cpu:N, virtual devices)' % reason)

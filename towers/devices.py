@@ -6,6 +6,7 @@ as in the classic multi-GPU tutorial. Without GPUs, `num_towers=N` gives N
 multi-tower graph runs on N devices anywhere. A device that does not exist is an
 error here, before any graph is built, never a silent collapse onto one device.
 """
+import os
 import re
 
 import tensorflow as tf
@@ -21,6 +22,18 @@ _DEVICE_RE = re.compile(r'^/?(?:device:)?(cpu|gpu):(\d+)$', re.IGNORECASE)
 def visible_gpus():
     """Number of GPUs TensorFlow can see (0 on a CPU-only machine or build)."""
     return len(tf.config.list_physical_devices('GPU'))
+
+
+def no_gpu_reason():
+    """Why TensorFlow sees no GPU, as far as this process can tell."""
+    if not tf.sysconfig.get_build_info().get('is_cuda_build'):
+        return ("this TensorFlow is a CPU-only build (tensorflow-cpu): on a GPU machine, "
+                "pip install -e '.[gpu]'")
+    visible = os.environ.get('CUDA_VISIBLE_DEVICES')
+    if visible is not None and not visible.strip(' ,'):
+        return 'CUDA_VISIBLE_DEVICES is empty, which hides every GPU'
+    return ('TensorFlow found no CUDA GPU: check the NVIDIA driver (nvidia-smi) and that '
+            "CUDA_VISIBLE_DEVICES names the GPUs")
 
 
 def parse_device(name):
@@ -45,8 +58,8 @@ def require_gpus(parsed, num_gpus=None):
     num_gpus = visible_gpus() if num_gpus is None else num_gpus
     if max(gpus) >= num_gpus:
         raise DeviceError('/gpu:%d does not exist: this machine has %d visible GPU(s)%s'
-                          % (max(gpus), num_gpus,
-                             '; use /cpu:N (virtual) devices' if not num_gpus else ''))
+                          % (max(gpus), num_gpus, '; %s (or use /cpu:N, virtual devices)'
+                             % no_gpu_reason() if not num_gpus else ''))
 
 
 def resolve_devices(num_towers=None, devices=None, num_gpus=None):
