@@ -7,7 +7,10 @@ import subprocess
 import sys
 import time
 
-from towers.cluster.launch import exit_status, free_ports, launch, local_cluster
+import pytest
+
+from towers.cluster.launch import exit_status, free_ports, gpu_shares, launch, local_cluster
+from towers.cluster.spec import ClusterError
 
 PY = sys.executable
 
@@ -137,3 +140,46 @@ def test_the_launcher_itself_never_loads_tensorflow(tmp_path):
     lines = run.stdout.splitlines()
     assert lines[-1] == 'launcher: 0 False', run.stdout + run.stderr
     assert '[worker 0] datasets: cifar10, fashion_mnist, mnist, mnist_sample' in lines
+
+
+def test_the_host_gpus_come_from_cuda_visible_devices_or_nvidia_smi(monkeypatch):
+    from towers.cluster import launch as launching
+    assert launching.host_gpus({'CUDA_VISIBLE_DEVICES': '2, 3,5'}) == ['2', '3', '5']
+    assert launching.host_gpus({'CUDA_VISIBLE_DEVICES': ''}) == []  # a scheduler hid them all
+
+    class Listed:
+        returncode = 0
+        stdout = ('GPU 0: NVIDIA A100-SXM4-40GB (UUID: GPU-1)\n'
+                  '  MIG 1g.5gb Device 0: (UUID: MIG-1)\n'
+                  'GPU 1: NVIDIA A100-SXM4-40GB (UUID: GPU-2)\n')
+    monkeypatch.setattr(launching.subprocess, 'run', lambda *a, **k: Listed)
+    assert launching.host_gpus({}) == ['0', '1']
+
+    def missing(*args, **kwargs):
+        raise FileNotFoundError('nvidia-smi')
+    monkeypatch.setattr(launching.subprocess, 'run', missing)
+    assert launching.host_gpus({}) == []
+
+
+def test_each_worker_gets_its_share_of_the_gpus_and_a_ps_none():
+    gpus = ['0', '1', '2', '3']
+    assert gpu_shares(gpus, 2, 1) == {('worker', 0): '0,1', ('worker', 1): '2,3', ('ps', 0): ''}
+    assert gpu_shares(gpus, 3, 0) == {('worker', k): str(k) for k in range(3)}
+    assert gpu_shares(gpus, 2, 0, gpus_per_worker=1) == {('worker', 0): '0', ('worker', 1): '1'}
+    assert gpu_shares([], 2, 1) == {}  # a CPU host: the environment is left alone
+    for workers, per in ((5, None), (2, 3)):
+        with pytest.raises(ClusterError, match=r'do not fit in the 4 GPU\(s\) of this host'):
+            gpu_shares(gpus, workers, 0, per)
+
+
+def test_launch_hands_each_task_its_cuda_environment(tmp_path):
+    show = _script('import os; print(repr(os.environ.get("CUDA_VISIBLE_DEVICES")), '
+                   'os.environ.get("TF_FORCE_GPU_ALLOW_GROWTH"))')
+    lines = []
+    status = launch([('worker', 0, show, False), ('worker', 1, show, False),
+                     ('ps', 0, show, False)], local_cluster(2, 1), logs=str(tmp_path),
+                    log=lines.append, gpus=['4', '5', '6', '7'])
+    assert status == 0, lines
+    assert "[worker 0] '4,5' true" in lines and "[worker 1] '6,7' true" in lines
+    assert "[ps 0] '' true" in lines
+    assert 'towers launch: GPUs worker 0: 4,5; worker 1: 6,7; ps 0: none' in lines

@@ -56,6 +56,10 @@ def launch_parser(commands):
     launch.add_argument('--ps', type=int, default=0, help='parameter-server tasks (default: 0)')
     launch.add_argument('--logs', default=None, metavar='DIR',
                         help='one log per task here (default: a new temporary folder)')
+    launch.add_argument('--gpus-per-worker', type=int, default=None, metavar='G',
+                        help="on a GPU host, each worker's share of its GPUs "
+                             '(CUDA_VISIBLE_DEVICES; default: an even split; ps tasks get '
+                             'none)')
     launch.add_argument('--grace', type=float, default=10.0,
                         help='seconds between SIGTERM and SIGKILL when the job is torn down '
                              '(default: 10)')

@@ -27,7 +27,8 @@ def run_launch(args, log):
               for i in range(args.ps)]
     if args.emulate_link is None:
         jobs = launch.local_cluster(args.workers, args.ps)
-        return launch.launch(tasks, jobs, logs=args.logs, grace=args.grace, log=log)
+        return launch.launch(tasks, jobs, logs=args.logs, grace=args.grace, log=log,
+                             gpus_per_worker=args.gpus_per_worker)
     rate, delay = emulate.parse_link(args.emulate_link)
     with emulate.EmulatedHosts(len(tasks), rate, delay) as hosts:
         log('towers launch: %d hosts on bridge %s, each link %s each way after %s'
@@ -39,7 +40,8 @@ def run_launch(args, log):
             jobs['ps'] = addresses[args.workers:]
         tasks = [(kind, index, hosts.command(i, argv), serves)
                  for i, (kind, index, argv, serves) in enumerate(tasks)]
-        return launch.launch(tasks, jobs, logs=args.logs, grace=args.grace, log=log)
+        return launch.launch(tasks, jobs, logs=args.logs, grace=args.grace, log=log,
+                             gpus_per_worker=args.gpus_per_worker)
 
 
 def _train_flags(command):

@@ -8,6 +8,13 @@ torn down (the others get a grace period to notice and say what they lost,
 then SIGTERM, then SIGKILL) and the launcher exits with that task's status;
 when every worker has finished, the tasks that only serve are stopped and the
 launcher exits 0.
+
+On a host with GPUs each worker gets its own share of them (CUDA_VISIBLE_DEVICES)
+and a ps task none, and every task lets GPU memory grow as it is used
+(TF_FORCE_GPU_ALLOW_GROWTH): left alone, each process would map every GPU's
+memory and the second would fail. The launcher itself never loads TensorFlow:
+it reads the GPUs from CUDA_VISIBLE_DEVICES where it is set, else from
+`nvidia-smi -L`.
 """
 import ctypes
 import os
@@ -19,7 +26,7 @@ import tempfile
 import threading
 import time
 
-from towers.cluster.spec import Cluster
+from towers.cluster.spec import Cluster, ClusterError
 
 
 def _die_with_parent():
@@ -51,6 +58,42 @@ def local_cluster(workers, ps=0, host='127.0.0.1'):
     if ps:
         jobs['ps'] = ['%s:%d' % (host, p) for p in ports[workers:]]
     return jobs
+
+
+def host_gpus(env=None):
+    """The GPU ids this host's tasks may share: CUDA_VISIBLE_DEVICES's where it is set (so a
+    scheduler's binding is kept), else those `nvidia-smi -L` lists, else none."""
+    env = os.environ if env is None else env
+    if 'CUDA_VISIBLE_DEVICES' in env:
+        return [d.strip() for d in env['CUDA_VISIBLE_DEVICES'].split(',') if d.strip()]
+    try:
+        listed = subprocess.run(['nvidia-smi', '-L'], capture_output=True, text=True,
+                                timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    if listed.returncode:
+        return []
+    return [str(i) for i, line in enumerate(line for line in listed.stdout.splitlines()
+                                            if line.startswith('GPU '))]
+
+
+def gpu_shares(gpus, workers, ps, gpus_per_worker=None):
+    """{(task_type, index): the CUDA_VISIBLE_DEVICES of that task}: consecutive shares of
+    the host's GPUs to the workers, none to the ps tasks; {} on a host without GPUs.
+
+    Raises:
+      ClusterError: the workers' shares do not fit in the GPUs there are.
+    """
+    if not gpus:
+        return {}
+    per = len(gpus) // workers if gpus_per_worker is None else gpus_per_worker
+    if per < 1 or per * workers > len(gpus):
+        raise ClusterError('%d worker(s) x %s GPU(s) each do not fit in the %d GPU(s) of this '
+                           'host (%s): ask for fewer {workers} or {gpus_per_worker}' % (
+                               workers, per, len(gpus), ','.join(gpus)))
+    shares = {('worker', k): ','.join(gpus[k * per:(k + 1) * per]) for k in range(workers)}
+    shares.update({('ps', k): '' for k in range(ps)})  # a ps task computes on its CPU
+    return shares
 
 
 def exit_status(returncode):
@@ -107,7 +150,8 @@ class Task:
         self._thread.join(timeout=5)
 
 
-def launch(tasks, jobs, logs=None, grace=10.0, log=print, poll=0.1):
+def launch(tasks, jobs, logs=None, grace=10.0, log=print, poll=0.1, gpus=None,
+           gpus_per_worker=None):
     """Run the tasks until the workers finish or one task fails; returns the exit status.
 
     Args:
@@ -119,7 +163,11 @@ def launch(tasks, jobs, logs=None, grace=10.0, log=print, poll=0.1):
       logs: the folder for one log per task (made if needed; None: a new
         temporary folder, named in the output).
       grace: seconds between SIGTERM and SIGKILL in a teardown.
+      gpus: the host's GPU ids to share out (None: host_gpus()).
+      gpus_per_worker: each worker's share (None: an even split).
     """
+    shares = gpu_shares(host_gpus() if gpus is None else gpus, len(jobs['worker']),
+                        len(jobs.get('ps', ())), gpus_per_worker)
     logs = logs or tempfile.mkdtemp(prefix='towers-launch-')
     os.makedirs(logs, exist_ok=True)
     lock = threading.Lock()
@@ -131,10 +179,17 @@ def launch(tasks, jobs, logs=None, grace=10.0, log=print, poll=0.1):
     running = []
     for task_type, index, argv, serves in tasks:
         env = dict(os.environ, TF_CONFIG=Cluster(jobs, task_type, index).tf_config())
+        if shares:
+            env.update(CUDA_VISIBLE_DEVICES=shares[task_type, index],
+                       TF_FORCE_GPU_ALLOW_GROWTH='true')
         running.append(Task(task_type, index, argv, serves, env,
                             os.path.join(logs, '%s-%d.log' % (task_type, index)), emit))
     emit('towers launch: %d task(s) on %s; logs in %s'
          % (len(running), ', '.join(a for addresses in jobs.values() for a in addresses), logs))
+    if shares:
+        emit('towers launch: GPUs %s' % '; '.join(
+            '%s %d: %s' % (kind, index, share or 'none') for (kind, index), share in
+            sorted(shares.items(), key=lambda item: (item[0][0] != 'worker', item[0]))))
     interrupted = []
     previous = {s: signal.signal(s, lambda signum, frame: interrupted.append(signum))
                 for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
