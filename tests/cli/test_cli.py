@@ -49,6 +49,8 @@ def test_devices_lists_virtual_cpus(capsys):
     assert main(['devices', '--towers', '3']) == 0
     out, err = capsys.readouterr()
     lines = out.splitlines()
+    assert lines[0] == 'TensorFlow %s, CPU-only build' % tf.__version__
+    lines = lines[1:]
     assert lines[:5] == ['visible GPUs: 0',
                          'tower_0: /cpu:0 (virtual CPU device)',
                          'tower_1: /cpu:1 (virtual CPU device)',

@@ -115,7 +115,8 @@ def test_the_bench_title_names_the_precisions(monkeypatch, capsys):
     seen = {}
     monkeypatch.setattr(bench, 'run_bench', lambda *args, **kwargs: seen.update(kwargs))
     assert main(['bench', '--precision', 'fp32,bf16,fp32', '--towers', '1']) == 0
+    from towers.tools.hardware import machine
     assert capsys.readouterr().out.splitlines()[0].endswith(
-        'timed steps per row; in fp32, bf16, each against fp32')
+        'timed steps per row; in fp32, bf16, each against fp32; on %s' % machine())
     assert (seen['precisions'], seen['loss_scale']) == (['fp32', 'bf16'], None)
 

@@ -1,9 +1,11 @@
 """What towers says of a precision's speed: the probe's measurement, then what the hardware has."""
 import pytest
+import tensorflow as tf
 
 from towers.cli import main
+from towers.errors import SettingError
 from towers.tools import hardware, probe
-from towers.tools.hardware import precision_support, slow_warning
+from towers.tools.hardware import check_compute_capability, precision_support, slow_warning
 
 
 def _measured(**ratios):
@@ -163,3 +165,36 @@ def test_devices_says_what_each_precision_measured(monkeypatch, capsys):
     assert out[-2:] == [precision_support('bf16', ['/cpu:0', '/cpu:1'], measure=measure),
                         precision_support('fp16', ['/cpu:0', '/cpu:1'], measure=measure)]
     assert out[-2].startswith('bf16 on CPU: fast, 1.30x float32 measured')
+
+
+def test_bf16_on_gpus_before_ampere_is_refused_in_one_line():
+    v100 = _gpus((7, 0), count=2)
+    with pytest.raises(SettingError, match=r'^precision bf16 needs GPUs of compute capability '
+                                           r'8\.0 \(Ampere\) or newer; /gpu:0 is a Tesla '
+                                           r'V100-SXM2-16GB, 7\.0: use precision fp16 or fp32 '
+                                           r'there$'):
+        check_compute_capability('bf16', ['/gpu:0', '/gpu:1'], gpu_details=v100)
+    # fp16 runs there (the probe says how fast); Ampere runs bf16; CPUs are the probe's.
+    check_compute_capability('fp16', ['/gpu:0', '/gpu:1'], gpu_details=v100)
+    check_compute_capability('bf16', ['/gpu:0'], gpu_details=_gpus((8, 0), 'NVIDIA A100'))
+    check_compute_capability('bf16', ['/cpu:0', '/cpu:1'])
+
+
+def test_what_a_timing_ran_on_names_the_gpus_where_the_towers_are_gpus(monkeypatch):
+    cpu = hardware.machine()
+    assert cpu.endswith(' cores') and hardware.machine(['/cpu:0', '/cpu:1']) == cpu
+    monkeypatch.setattr(hardware, '_gpu_details', lambda gpus: _gpus((8, 0), 'NVIDIA A100',
+                                                                     count=2))
+    assert hardware.machine(['/gpu:0', '/gpu:1']) == (
+        cpu + '; /gpu:0,/gpu:1 (NVIDIA A100, compute capability 8.0)')
+
+
+def test_the_build_and_each_gpu_are_named(monkeypatch):
+    monkeypatch.setattr(tf.sysconfig, 'get_build_info', lambda: {
+        'is_cuda_build': True, 'cuda_version': '12.5.1', 'cudnn_version': '9'})
+    assert hardware.build_line() == 'TensorFlow %s, CUDA 12.5.1, cuDNN 9' % tf.__version__
+    monkeypatch.setattr(tf.config, 'list_physical_devices', lambda kind: ['g0', 'g1'])
+    details = {'/gpu:0': {'compute_capability': (8, 0), 'device_name': 'NVIDIA A100'},
+               '/gpu:1': {'device_name': 'NVIDIA A100'}}
+    assert hardware.gpu_lines(details) == ['/gpu:0: NVIDIA A100, compute capability 8.0',
+                                           '/gpu:1: NVIDIA A100, compute capability unknown']

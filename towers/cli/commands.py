@@ -20,7 +20,7 @@ from towers.cli.train import run_train
 from towers.devices import describe_devices, resolve_devices, resolve_param_device
 from towers.errors import SettingError
 from towers.names import VARIABLE_UPDATES
-from towers.tools.hardware import precision_support
+from towers.tools.hardware import build_line, gpu_lines, machine, precision_support
 
 
 def run_models(args, log):
@@ -31,6 +31,9 @@ def run_models(args, log):
 def run_devices(args, log):
     tower_devices = resolve_devices(args.towers, args.devices)
     param_device = resolve_param_device(args.param_device, tower_devices)
+    log(build_line())
+    for line in gpu_lines():
+        log(line)
     for line in describe_devices(tower_devices, param_device):
         log(line)
     for name in ('bf16', 'fp16'):  # measured here, on the towers' devices
@@ -64,9 +67,10 @@ def run_bench(args, log):
     in_precisions = '' if precisions == ['fp32'] else '; in %s%s' % (
         ', '.join(precisions), ', each against %s' % precisions[0] if len(precisions) > 1
         else '')
-    log('bench: model %s on %s images, global batch %d, %d warm-up + %d timed steps per row%s'
-        % (args.model, 'x'.join(map(str, info.input_shape)), args.batch_size, args.warmup,
-           args.window, in_precisions))
+    log('bench: model %s on %s images, global batch %d, %d warm-up + %d timed steps per row%s; '
+        'on %s' % (args.model, 'x'.join(map(str, info.input_shape)), args.batch_size,
+                   args.warmup, args.window, in_precisions,
+                   machine(resolve_devices())))
     if not args.compare:
         bench.run_bench(model_fn, info.input_shape, info.num_classes, counts, args.batch_size,
                         modes, train_set, args.warmup, args.window, args.param_device, log=log,
@@ -107,7 +111,7 @@ def run_cluster_bench(args, log):
     log('bench: %s, global batch %d, %s input, %s, %d warm-up + %d timed steps per run, '
         '%d rounds; %s mode, %d tower(s) per task; on %s'
         % (args.model, args.batch_size, args.input, precisions[0], args.warmup, args.window,
-           args.rounds, args.cluster_mode, towers, bench.machine()))
+           args.rounds, args.cluster_mode, towers, machine()))
     rows = clusterbench.run_cluster_bench(args.cluster_mode, workers, flags, towers, ps,
                                           args.rounds, log=log)
     explained = (clusterbench.explained_bytes(workers, ps, towers, common + [
@@ -174,7 +178,7 @@ def run_plan(args, log):
         source = ('one worker timed here: %d tower(s), batch %d, %s: %.1f ± %.1f images/sec '
                   'over %d steps after %d; on %s' % (towers, args.batch_size, precision.name,
                                                      mean, stderr, args.window, args.warmup,
-                                                     bench.machine()))
+                                                     machine()))
     log('plan: %s, batch %d per worker of %d device(s); links %s each way (B = %s/s), '
         'latency a = %s' % (model, args.batch_size, towers, args.bandwidth,
                             plan.bytes_text(bandwidth), args.latency))

@@ -13,7 +13,7 @@ from towers.cli.config import config_from_args
 from towers.devices import resolve_devices, resolve_param_device
 from towers.errors import SettingError
 from towers.model import ClassifierModel
-from towers.tools.hardware import slow_warning
+from towers.tools.hardware import check_compute_capability, slow_warning
 from towers.tools.trace import Trace, check_trace_step
 from towers.trainer import train
 
@@ -29,7 +29,9 @@ def run_train(args, log):
             return  # this task served the chief's towers until it was stopped
         if worker:
             config, callbacks = dataclasses.replace(config, logdir=None, eval_every=0), []
-    warning = slow_warning(config.precision, resolve_devices(args.towers, args.devices))
+    devices = resolve_devices(args.towers, args.devices)
+    check_compute_capability(config.precision, devices)
+    warning = slow_warning(config.precision, devices)
     if warning:  # a teacher may want loss scaling at work all the same: not an error
         log(warning)
     input_shape, num_classes, datasets = load_data(args, from_records, log)

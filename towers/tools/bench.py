@@ -15,8 +15,6 @@ a line per mixed precision says how fast it measured here against float32
 so that a slow row reads as what it is.
 """
 import math
-import os
-import platform
 import time
 
 import numpy as np
@@ -36,18 +34,6 @@ from towers.tools import trace as tracing
 from towers.tools.hardware import precision_support
 
 tf1 = tf.compat.v1
-
-
-def machine():
-    """Which CPU this ran on, and its cores: 'Intel(R) Xeon(R) ..., 16 cores'."""
-    name = platform.processor() or platform.machine()
-    try:
-        with open('/proc/cpuinfo') as info:
-            name = next((line.split(':', 1)[1].strip() for line in info
-                         if line.startswith('model name')), name)
-    except OSError:
-        pass
-    return '%s, %d cores' % (name, os.cpu_count() or 1)
 
 
 def mean_stderr(values):

@@ -8,8 +8,12 @@ measurement, as information: a flag means an instruction exists, not that
 TensorFlow's kernels use it (an Intel Xeon with avx512_fp16 ran float16 at
 0.003x float32).
 """
+import os
+import platform
+
 import tensorflow as tf
 
+from towers.errors import SettingError
 from towers.tools import probe
 
 FAST = 1.2  # at least this times float32's speed: 'fast'
@@ -129,6 +133,59 @@ def _cpu_why(name, judged, flags):
     emulated = "TensorFlow's CPU kernels emulate %s here" % _TYPE_NAMES[name]
     return ('%s, although the CPU has %s' % (emulated, has) if has else
             '%s (the CPU has %s)' % (emulated, missing))
+
+
+def machine(devices=()):
+    """What a timing ran on: 'AMD EPYC, 2 cores', and the towers' GPUs where they are GPUs:
+    'AMD EPYC, 2 cores; /gpu:0,/gpu:1 (NVIDIA A100-SXM4-40GB, compute capability 8.0)'."""
+    name = platform.processor() or platform.machine()
+    try:
+        with open('/proc/cpuinfo') as info:
+            name = next((line.split(':', 1)[1].strip() for line in info
+                         if line.startswith('model name')), name)
+    except OSError:
+        pass
+    cpu = '%s, %d cores' % (name, os.cpu_count() or 1)
+    kinds = device_kinds(devices) if devices else [('CPU', [])]
+    return cpu if kinds[0][0] == 'CPU' else '%s; %s' % (cpu, '; '.join(k for k, _ in kinds))
+
+
+def build_line():
+    """'TensorFlow 2.21.0, CPU-only build' or 'TensorFlow 2.21.0, CUDA 12.5, cuDNN 9'."""
+    info = tf.sysconfig.get_build_info()
+    if not info.get('is_cuda_build'):
+        return 'TensorFlow %s, CPU-only build' % tf.__version__
+    return 'TensorFlow %s, CUDA %s, cuDNN %s' % (tf.__version__, info.get('cuda_version', '?'),
+                                                 info.get('cudnn_version', '?'))
+
+
+def gpu_lines(gpu_details=None):
+    """One line per visible GPU: its model and compute capability."""
+    gpus = ['/gpu:%d' % i for i in range(len(tf.config.list_physical_devices('GPU')))]
+    details = _gpu_details(gpus) if gpu_details is None else gpu_details
+    return ['%s: %s, compute capability %s' % (
+        device, info.get('device_name', 'GPU'),
+        '%d.%d' % tuple(info['compute_capability']) if info.get('compute_capability')
+        else 'unknown') for device, info in ((d, details.get(d) or {}) for d in gpus)]
+
+
+def check_compute_capability(name, devices, gpu_details=None):
+    """SettingError where GPU towers cannot run bf16 at all: cuDNN's bfloat16 kernels need
+    compute capability 8.0 (Ampere). (fp16 runs from Pascal on, without tensor cores before
+    Volta: the probe says how fast.)"""
+    gpus = [d for d in devices if d.lower().startswith(('/gpu', '/device:gpu'))]
+    if name != 'bf16' or not gpus:
+        return
+    details = _gpu_details(gpus) if gpu_details is None else gpu_details
+    need = _GPU_KERNELS['bf16'][0]
+    old = [(d, details[d]) for d in gpus if details.get(d, {}).get('compute_capability')
+           and tuple(details[d]['compute_capability']) < need]
+    if old:
+        device, info = old[0]
+        raise SettingError('{precision} bf16 needs GPUs of compute capability 8.0 (Ampere) or '
+                           'newer; %s is a %s, %d.%d: use {precision} fp16 or fp32 there',
+                           device, info.get('device_name', 'GPU'),
+                           *tuple(info['compute_capability']))
 
 
 def _gpu_details(gpus):
