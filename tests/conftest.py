@@ -24,6 +24,7 @@ def pytest_configure(config):
                                        'something that another test would slow down)')
 
 
+
 @contextlib.contextmanager
 def _turn(alone):
     """A test's turn among the xdist workers of this run: shared, or the only one.

@@ -2,8 +2,11 @@
 import pytest
 import tensorflow as tf
 
+from towers.cli import main
 from towers.devices import resolve_devices, resolve_param_device, session_config
 from towers.errors import DeviceError
+from towers.exactness import describe
+from towers.tools import check
 
 tf1 = tf.compat.v1
 
@@ -150,3 +153,18 @@ def test_asking_for_gpus_where_there_are_none_says_why_in_one_line(monkeypatch, 
         resolve_devices(devices='/gpu:0,/gpu:1', num_gpus=0)
     assert str(info.value) == ('/gpu:1 does not exist: this machine has 0 visible GPU(s); %s '
                                '(or use /cpu:N, virtual devices)' % reason)
+
+
+def test_check_and_train_deterministic_run_exact_and_leave_the_process_as_it_was(
+        monkeypatch, capsys):
+    before, seen = describe(), []
+    assert before == 'TF32 on, op determinism off'
+    monkeypatch.setattr(check, 'run_check', lambda *args, **kwargs: seen.append(describe()))
+    assert main(['check', '--towers', '2', '--model', 'small_convnet']) == 0
+    assert seen == ['TF32 off, op determinism on'] and describe() == before
+    assert main(['train', '--deterministic', '--steps', '1', '--model', 'small_convnet',
+                 '--quiet', '--eval-every', '0']) == 0
+    assert capsys.readouterr().out.splitlines()[0] == (
+        'deterministic: TF32 off, op determinism on')
+    assert describe() == before
+

@@ -2,6 +2,7 @@
 import pytest
 import tensorflow as tf
 
+from towers import exactness
 from towers.cli import main
 from towers.errors import SettingError
 from towers.tools import hardware, probe
@@ -186,7 +187,9 @@ def test_what_a_timing_ran_on_names_the_gpus_where_the_towers_are_gpus(monkeypat
     monkeypatch.setattr(hardware, '_gpu_details', lambda gpus: _gpus((8, 0), 'NVIDIA A100',
                                                                      count=2))
     assert hardware.machine(['/gpu:0', '/gpu:1']) == (
-        cpu + '; /gpu:0,/gpu:1 (NVIDIA A100, compute capability 8.0)')
+        cpu + '; /gpu:0,/gpu:1 (NVIDIA A100, compute capability 8.0); '
+        + exactness.describe())
+    assert exactness.describe().startswith('TF32 ')
 
 
 def test_the_build_and_each_gpu_are_named(monkeypatch):

@@ -19,6 +19,7 @@ from towers.cli.saved import run_eval, run_export
 from towers.cli.train import run_train
 from towers.devices import describe_devices, resolve_devices, resolve_param_device
 from towers.errors import SettingError
+from towers.exactness import exact
 from towers.names import VARIABLE_UPDATES
 from towers.tools.hardware import build_line, gpu_lines, machine, precision_support
 
@@ -232,10 +233,12 @@ def run_check(args, log):
     options = {'dropout_rate': 0.0} if has_dropout else {}
     model_fn = models.build_model(args.model, info.input_shape, info.num_classes, **options)
     train_set = data.load_dataset(args.dataset).train
-    checking.run_check(args.model, model_fn, args.dataset, train_set, args.towers,
-                       args.batch_size, args.steps, args.lr, args.tolerance,
-                       sync_bn=args.sync_bn, dropout_off=has_dropout, log=log,
-                       precision=args.precision, loss_scale=loss_scale(args.loss_scale))
+    # A GPU's TF32 or a non-deterministic cuDNN algorithm would be measured too.
+    with exact():
+        checking.run_check(args.model, model_fn, args.dataset, train_set, args.towers,
+                           args.batch_size, args.steps, args.lr, args.tolerance,
+                           sync_bn=args.sync_bn, dropout_off=has_dropout, log=log,
+                           precision=args.precision, loss_scale=loss_scale(args.loss_scale))
 
 
 COMMANDS = {'train': run_train, 'devices': run_devices, 'bench': run_bench,

@@ -7,7 +7,7 @@ stop after the current step, saved.
 import dataclasses
 import signal
 
-from towers import data, models
+from towers import data, exactness, models
 from towers.cli.cluster import cluster_of, cluster_run
 from towers.cli.config import config_from_args
 from towers.devices import resolve_devices, resolve_param_device
@@ -19,6 +19,14 @@ from towers.trainer import train
 
 
 def run_train(args, log):
+    if not args.deterministic:
+        return _run_train(args, log)
+    with exactness.exact():
+        log('deterministic: %s' % exactness.describe())
+        return _run_train(args, log)
+
+
+def _run_train(args, log):
     from_records = args.dataset.startswith('records:')
     cluster = cluster_of(args)
     config, callbacks = settings(args, from_records, cluster)  # checked before any data is read

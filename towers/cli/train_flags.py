@@ -117,3 +117,7 @@ def _train_run_flags(train):
     train.add_argument('--quiet', action='store_true',
                        help='no progress bar: plain log lines, as when not on a terminal')
     train.add_argument('--seed', type=int, default=0, help='random seed (default: 0)')
+    train.add_argument('--deterministic', action='store_true',
+                       help='op determinism on and TF32 off (on GPUs from Ampere float32 '
+                            'convs and matmuls run in TF32 by default): the same run gives the '
+                            'same numbers, N towers equal one device to float32 precision')

@@ -13,6 +13,7 @@ import platform
 
 import tensorflow as tf
 
+from towers import exactness
 from towers.errors import SettingError
 from towers.tools import probe
 
@@ -136,8 +137,9 @@ def _cpu_why(name, judged, flags):
 
 
 def machine(devices=()):
-    """What a timing ran on: 'AMD EPYC, 2 cores', and the towers' GPUs where they are GPUs:
-    'AMD EPYC, 2 cores; /gpu:0,/gpu:1 (NVIDIA A100-SXM4-40GB, compute capability 8.0)'."""
+    """What a timing ran on: 'AMD EPYC, 2 cores', and the towers' GPUs where they are GPUs,
+    and whether they computed float32 in TF32: 'AMD EPYC, 2 cores; /gpu:0,/gpu:1 (NVIDIA
+    A100-SXM4-40GB, compute capability 8.0); TF32 on, op determinism off'."""
     name = platform.processor() or platform.machine()
     try:
         with open('/proc/cpuinfo') as info:
@@ -147,7 +149,9 @@ def machine(devices=()):
         pass
     cpu = '%s, %d cores' % (name, os.cpu_count() or 1)
     kinds = device_kinds(devices) if devices else [('CPU', [])]
-    return cpu if kinds[0][0] == 'CPU' else '%s; %s' % (cpu, '; '.join(k for k, _ in kinds))
+    if kinds[0][0] == 'CPU':
+        return cpu
+    return '%s; %s; %s' % (cpu, '; '.join(k for k, _ in kinds), exactness.describe())
 
 
 def build_line():
