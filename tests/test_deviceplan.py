@@ -2,6 +2,7 @@
 import pytest
 import tensorflow as tf
 
+from towers.cli import main
 from towers.cluster.placement import in_graph_plan
 from towers.cluster.spec import Cluster
 from towers.deviceplan import DevicePlan, Spread, device_kind, local_plan, make_plan
@@ -84,3 +85,12 @@ def test_a_plan_can_name_gpus_that_a_local_plan_would_refuse():
     with pytest.raises(DeviceError, match='/gpu:1 does not exist'):
         local_plan(GPUS, num_gpus=1)
     assert DevicePlan(GPUS).towers == tuple(GPUS)  # built, never run, as explain --plan-only
+
+
+def test_a_run_says_in_its_first_lines_where_the_variables_are_and_how_copies_meet(capsys):
+    assert main(['train', '--towers', '2', '--variable-update', 'replicated', '--steps', '1',
+                 '--model', 'small_convnet', '--quiet', '--eval-every', '0']) == 0
+    lines = capsys.readouterr().out.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith('training 1 steps'))
+    assert lines[at + 1] == ('variables: a copy on each tower (replicated), all-reduced by one '
+                             'sum per variable that every tower reads (shared memory)')

@@ -181,6 +181,7 @@ class Trainer:
                             ','.join(self.tower_devices), self.batch_size, self.source.name,
                             ', ' + self.graph.precision.name if self.graph.precision.mixed
                             else ''))
+                self.log('variables: %s' % self.plan.describe())
                 for callback in self.callbacks:
                     callback.before_train(self)
                 self._loop(fetches, overall)
