@@ -127,6 +127,7 @@ class TrainConfig:
     param_device: str = None  # 'cpu' (/cpu:0, as None), 'gpu', 'spread' or a device name
     variable_update: str = 'parameter_server'
     sync_bn: bool = False
+    allow_soft_placement: bool = False  # a tower op TensorFlow moved off its device: go on
     # What the towers compute in (towers/precision.py): 'fp32', 'bf16' or 'fp16' over float32
     # variables; fp16's loss scale: None or 'dynamic' (the default), or a fixed number.
     precision: str = 'fp32'

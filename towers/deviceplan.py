@@ -216,3 +216,38 @@ def make_plan(tower_devices, param, variable_update='parameter_server', default_
                                                   else 'host'))
                                   if variable_update == 'replicated' else None),
                       variable_update=variable_update, config=config)
+
+
+def uses_variable(op):
+    """Whether op reads or writes a variable (a resource input)."""
+    return any(tensor.dtype == tf.resource for tensor in op.inputs)
+
+
+def planned_device(op):
+    """Where the plan puts op: its device, that of the op it is colocated with, or, for an
+    op that reads a variable (a read clears the device scope), the variable's, as
+    TensorFlow's placer puts every op that uses a resource with it."""
+    if op.device:
+        return canonical_device(op.device)
+    for group in op.colocation_groups():
+        name = group.decode()[len('loc:@'):]
+        if name != op.name:
+            return planned_device(op.graph.get_operation_by_name(name))
+    for tensor in op.inputs:
+        if tensor.dtype == tf.resource:
+            return planned_device(tensor.op)
+    return ''
+
+
+def canonical_device(device):
+    """'/gpu:1' -> '/device:GPU:1'; a task's devices keep their job and task."""
+    return tf.DeviceSpec.from_string(device).to_string()
+
+
+def ran_as_planned(planned, ran):
+    """Whether a device an op ran on is the one planned: every field the plan names agrees
+    (a local plan names no job or task; the runtime's names carry replica:0)."""
+    want, got = tf.DeviceSpec.from_string(planned), tf.DeviceSpec.from_string(ran)
+    return all(getattr(want, field) is None or str(getattr(want, field)).upper()
+               == str(getattr(got, field)).upper()
+               for field in ('job', 'task', 'device_type', 'device_index'))

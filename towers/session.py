@@ -61,8 +61,8 @@ def load_variables(sess, variables, values):
 
 
 def trace_options():
-    """RunOptions for one fully traced sess.run."""
-    return tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE)
+    """RunOptions for one fully traced sess.run, with the partition graphs TensorFlow placed."""
+    return tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE, output_partition_graphs=True)
 
 
 def run_step(sess, source, step, fetches, options=None, run_metadata=None, feed=None):

@@ -12,19 +12,21 @@ from towers.callbacks.checkpoint import Checkpoint
 from towers.callbacks.evaluate import Evaluate
 from towers.callbacks.guard import NaNGuard, SkippedSteps
 from towers.callbacks.monitors import Progress, StatsFile, TensorBoard
+from towers.callbacks.placement import PlacementAudit
 from towers.config import TrainConfig
 from towers.evaluation import split_size
 
-__all__ = ['Callback', 'Checkpoint', 'Evaluate', 'NaNGuard', 'Progress', 'SkippedSteps',
-           'StatsFile', 'TensorBoard', 'Throughput', 'default_callbacks']
+__all__ = ['Callback', 'Checkpoint', 'Evaluate', 'NaNGuard', 'PlacementAudit', 'Progress',
+           'SkippedSteps', 'StatsFile', 'TensorBoard', 'Throughput', 'default_callbacks']
 
 
 def default_callbacks(config=None, data=None):
     """The callbacks a run gets unless it lists its own.
 
     Always: the NaN guard (and with a dynamic fp16 loss scale, the line of each
-    step it skips), progress (a tqdm bar on a terminal, else log lines
-    every config.log_every steps), and evaluation every config.eval_every
+    step it skips), the placement audit of the first step, progress (a tqdm
+    bar on a terminal, else log lines every config.log_every steps), and
+    evaluation every config.eval_every
     epochs (0: none; also none when data, if given, holds out nothing). With a
     logdir: checkpoints (every checkpoint_every steps and each epoch, the
     newest keep_checkpoints), the best one on validation by best_metric kept
@@ -38,7 +40,8 @@ def default_callbacks(config=None, data=None):
     if not isinstance(config, TrainConfig):
         raise TypeError('default_callbacks takes a TrainConfig, e.g. default_callbacks('
                         'TrainConfig(logdir=...)), not %r' % (config,))
-    callbacks = [NaNGuard(), Progress(config.log_every, quiet=config.quiet)]
+    callbacks = [NaNGuard(), PlacementAudit(config.allow_soft_placement),
+                 Progress(config.log_every, quiet=config.quiet)]
     if config.precision == 'fp16' and config.loss_scale in (None, 'dynamic'):
         callbacks.append(SkippedSteps())
     held_out = data is None or split_size(data, 'validation') or split_size(data, 'test')

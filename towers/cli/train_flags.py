@@ -34,6 +34,10 @@ def _train_strategy_flags(train):
                             'replicated: a copy per tower, gradients all-reduced, the same '
                             'update on every copy; independent: no synchronisation, for '
                             'benchmarks only (default: parameter_server)')
+    train.add_argument('--allow-soft-placement', action='store_true',
+                       help='train on when TensorFlow ran a tower op off its device (no '
+                            'kernel for it there); default: the first step checks, and such a '
+                            'move stops the run in one line')
     train.add_argument('--sync-bn', action='store_true',
                        help='batch norm over the whole global batch (moments all-reduced over '
                             'the towers) instead of each tower its own slice')

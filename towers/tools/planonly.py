@@ -20,6 +20,7 @@ from towers import data
 from towers.cluster import modes
 from towers.cluster.spec import Cluster
 from towers.data.sampler import EpochSampler
+from towers.deviceplan import canonical_device, planned_device, uses_variable
 from towers.graph import build_training_graph
 from towers.inputs import make_input
 from towers.model import ClassifierModel
@@ -77,7 +78,7 @@ def planned_step(model_fn, input_shape, num_classes, runs, batch_size=100, input
 
 def _read(graph, plan, report):
     """Add one graph's ops to the report, each where it is planned."""
-    tower_devices = [_canonical(d) for d in plan.towers]
+    tower_devices = [canonical_device(d) for d in plan.towers]
     for op in graph.get_operations():
         device = planned_device(op)
         entry = report['devices'].setdefault(device, {'ops': 0, 'towers': {}, 'variables': 0})
@@ -89,7 +90,7 @@ def _read(graph, plan, report):
             entry['towers'][name] = entry['towers'].get(name, 0) + 1
             # A variable's reads stay where the variable is (TensorFlow's rule); the
             # value then crosses to the tower.
-            if device != tower_devices[int(tower.group(1))] and not _uses_variable(op):
+            if device != tower_devices[int(tower.group(1))] and not uses_variable(op):
                 report['off_device'].append('%s on %s' % (op.name, device or 'no device'))
         if op.type in ALL_REDUCE_TYPES:
             found = report['all_reduce'].setdefault(op.type, {'count': 0, 'devices': [],
@@ -102,31 +103,6 @@ def _read(graph, plan, report):
         if op.type in _STAGING_TYPES:
             staged = report['staging'].setdefault(device, {'put': 0, 'get': 0})
             staged[_STAGING_TYPES[op.type]] += 1
-
-
-def _uses_variable(op):
-    return any(tensor.dtype == tf.resource for tensor in op.inputs)
-
-
-def planned_device(op):
-    """Where the plan puts op: its device, that of the op it is colocated with, or, for an
-    op that reads a variable (a read clears the device scope), the variable's, as
-    TensorFlow's placer puts every op that uses a resource with it."""
-    if op.device:
-        return _canonical(op.device)
-    for group in op.colocation_groups():
-        name = group.decode()[len('loc:@'):]
-        if name != op.name:
-            return planned_device(op.graph.get_operation_by_name(name))
-    for tensor in op.inputs:
-        if tensor.dtype == tf.resource:
-            return planned_device(tensor.op)
-    return ''
-
-
-def _canonical(device):
-    """'/gpu:1' -> '/device:GPU:1'; a task's devices keep their job and task."""
-    return tf.DeviceSpec.from_string(device).to_string()
 
 
 def report_lines(report, title):
