@@ -7,7 +7,7 @@ from towers import models
 from towers.devices import session_config
 from towers.gradients import build_train_op
 from towers.model import make_optimizer
-from towers.tower import build_towers, split_sizes
+from towers.tower import build_towers, share_of, split_sizes
 
 tf1 = tf.compat.v1
 
@@ -190,3 +190,10 @@ def test_variables_and_their_updates_live_on_the_parameter_device(param_device):
             x, y = _batch(4)
             sess.run(train_op, {images: x, labels: y})
             assert sess.run(global_step) == 1
+
+
+@pytest.mark.parametrize('batch,parts', [(100, 3), (2, 3), (7, 7), (5, 1)])
+def test_a_share_is_where_split_sizes_cuts(batch, parts):
+    sizes = split_sizes(batch, parts).numpy().tolist()
+    starts = [sum(sizes[:i]) for i in range(parts)]
+    assert [share_of(batch, parts, i) for i in range(parts)] == list(zip(starts, sizes))

@@ -67,6 +67,13 @@ def variables_on(param_device, compute_device):
     return device_fn
 
 
+def share_of(batch, num_parts, index):
+    """(start, size) of part `index` of a batch of Python int size, cut as split_sizes cuts
+    it: as equal as possible, the first parts larger (100 over 3: (0, 34), (34, 33), (67, 33))."""
+    base, extra = divmod(batch, num_parts)
+    return index * base + min(index, extra), base + (index < extra)
+
+
 def split_sizes(batch, num_towers):
     """Per-tower slice sizes of a batch: as equal as possible, the first towers larger.
 

@@ -33,6 +33,7 @@ from towers.inputs.python import PythonInput
 from towers.inputs.staging import StagingInput
 from towers.inputs.synthetic import SyntheticInput
 from towers.names import INPUT_MODES
+from towers.tower import share_of
 
 __all__ = ['INPUT_MODES', 'DatasetInput', 'FeedInput', 'InputSource', 'PythonInput',
            'StagingInput', 'SyntheticInput', 'make_input', 'source_for']
@@ -118,16 +119,14 @@ def _shared_input(mode, train_set, sampler, share, num_classes):
     split_batch does)."""
     index, count = share
     if mode == 'synthetic':  # a benchmark's: this worker's share of a random batch
-        base, extra = divmod(sampler.batch_size, count)
-        return SyntheticInput(base + (index < extra), num_classes)
+        return SyntheticInput(share_of(sampler.batch_size, count, index)[1], num_classes)
     if mode not in ('feed', 'staging'):
         raise SettingError('a worker of a cluster reads its share of each batch through {input} '
                            'feed, staging, dataset or synthetic, not %s', mode)
 
     def batches(step):
         indices = sampler.indices(step)
-        base, extra = divmod(len(indices), count)
-        start = index * base + min(index, extra)
-        mine = indices[start:start + base + (index < extra)]
+        start, size = share_of(len(indices), count, index)
+        mine = indices[start:start + size]
         return train_set.images[mine], train_set.labels[mine]
     return FeedInput(batches=batches) if mode == 'feed' else StagingInput(batches=batches)

@@ -5,7 +5,7 @@ No input cost at all: the upper bound for benchmarks, never a way to train.
 import tensorflow as tf
 
 from towers.inputs.base import InputSource
-from towers.tower import TowerSlice
+from towers.tower import TowerSlice, share_of
 
 tf1 = tf.compat.v1
 
@@ -27,7 +27,7 @@ class SyntheticInput(InputSource):
         num_towers = len(tower_devices)
         slices = []
         for i, device in enumerate(tower_devices):
-            count = self.batch_size // num_towers + (i < self.batch_size % num_towers)
+            _, count = share_of(self.batch_size, num_towers, i)
             with tf.device(device), tf1.variable_scope('synthetic_%d' % i):
                 # Local variables: filled once by init_op, never saved.
                 images = tf1.get_local_variable(
