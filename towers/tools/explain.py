@@ -36,7 +36,7 @@ from towers.graph import build_training_graph
 from towers.inputs import SyntheticInput, make_input
 from towers.model import ClassifierModel
 from towers.precision import Precision
-from towers.session import open_session, run_steps
+from towers.session import open_session, run_steps, trace_options
 from towers.tools.trace import AVERAGE_SCOPES, short_device
 
 tf1 = tf.compat.v1
@@ -84,15 +84,11 @@ def explain(model_fn, input_shape, num_classes, plan, batch_size=100, input_mode
     if input_mode not in ('feed', 'synthetic'):
         raise SettingError('explain runs {input} feed or synthetic (where the input comes '
                            'from changes only the input transfers), not %s', input_mode)
-    images = np.zeros([batch_size] + list(input_shape), np.float32)
-    fake = data.DataSet(images, np.zeros([batch_size], np.int64), num_classes=num_classes)
-    source = make_input(input_mode, fake, EpochSampler(batch_size, batch_size), batch_size,
-                        num_classes)
+    source = zeros_input(input_mode, input_shape, num_classes, batch_size)
     model = ClassifierModel(model_fn, input_shape, num_classes, optimizer=optimizer)
     graph = build_training_graph(model, plan, seed=0, source=source, learning_rate=0.01,
                                  sync_bn=sync_bn, precision=precision)
-    options = tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE,
-                             output_partition_graphs=True)
+    options = trace_options()  # with the partition graphs TensorFlow placed
     config = tf1.ConfigProto()
     config.CopyFrom(plan.config)
     # Placement happens before grappler; without its rewrites (fused kernels,
@@ -125,6 +121,15 @@ def explain(model_fn, input_shape, num_classes, plan, batch_size=100, input_mode
                              for partition in metadata.partition_graphs
                              for node in partition.node if _APPLY_TYPE.match(node.op)}),
             **transfers}
+
+
+def zeros_input(input_mode, input_shape, num_classes, batch_size):
+    """An InputSource of the mode over one batch of zeros: where the input comes from
+    matters to a graph's placement, not what it holds."""
+    images = np.zeros([batch_size] + list(input_shape), np.float32)
+    zeros = data.DataSet(images, np.zeros([batch_size], np.int64), num_classes=num_classes)
+    return make_input(input_mode, zeros, EpochSampler(batch_size, batch_size), batch_size,
+                      num_classes)
 
 
 def _task(device):

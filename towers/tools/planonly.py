@@ -13,17 +13,14 @@ the between-graph modes (collective, parameter-server), which build alike.
 """
 import re
 
-import numpy as np
 import tensorflow as tf
 
-from towers import data
 from towers.cluster import modes
 from towers.cluster.spec import Cluster
-from towers.data.sampler import EpochSampler
 from towers.deviceplan import canonical_device, planned_device, uses_variable
 from towers.graph import build_training_graph
-from towers.inputs import make_input
 from towers.model import ClassifierModel
+from towers.tools.explain import zeros_input
 
 tf1 = tf.compat.v1
 
@@ -64,11 +61,8 @@ def planned_step(model_fn, input_shape, num_classes, runs, batch_size=100, input
     """
     report = {'devices': {}, 'off_device': [], 'all_reduce': {}, 'staging': {}, 'towers': []}
     model = ClassifierModel(model_fn, input_shape, num_classes, optimizer=optimizer)
-    images = np.zeros([batch_size] + list(input_shape), np.float32)
-    fake = data.DataSet(images, np.zeros([batch_size], np.int64), num_classes=num_classes)
     for plan, strategy in runs:
-        source = make_input(input_mode, fake, EpochSampler(batch_size, batch_size), batch_size,
-                            num_classes)
+        source = zeros_input(input_mode, input_shape, num_classes, batch_size)
         built = build_training_graph(model, plan, seed=0, source=source, learning_rate=0.01,
                                      strategy=strategy, sync_bn=sync_bn, precision=precision)
         report['towers'].append(list(plan.towers))
