@@ -56,11 +56,20 @@ def sum_packed(tensors, reduce_pack):
     """Each of `tensors` reduced, through reduce_pack(flat buffer) -> reduced buffer per pack."""
     out = [None] * len(tensors)
     for indices in packs(tensors):
-        flat = tf.concat([tf.reshape(tensors[i], [-1]) for i in indices], axis=0)
-        pieces = tf.split(reduce_pack(flat), [tensors[i].shape.num_elements() for i in indices])
-        for i, piece in zip(indices, pieces):
-            out[i] = tf.reshape(piece, tensors[i].shape)
+        for i, piece in _unpacked(reduce_pack(_packed(tensors, indices)), tensors, indices):
+            out[i] = piece
     return out
+
+
+def _packed(tensors, indices):
+    """One flat buffer of tensors[i] for i in indices."""
+    return tf.concat([tf.reshape(tensors[i], [-1]) for i in indices], axis=0)
+
+
+def _unpacked(buffer, tensors, indices):
+    """[(i, buffer's piece shaped as tensors[i])], the inverse of _packed."""
+    pieces = tf.split(buffer, [tensors[i].shape.num_elements() for i in indices])
+    return [(i, tf.reshape(piece, tensors[i].shape)) for i, piece in zip(indices, pieces)]
 
 
 class TowerAllReduce:
@@ -101,19 +110,18 @@ class TowerAllReduce:
         """Per tower, the sums over the towers of its weighted gradients."""
         if self.implementation == 'host':
             return self._host_sum(weighted)
-        flat = [[None] * len(weighted[0]) for _ in weighted]
+        out = [[None] * len(weighted[0]) for _ in weighted]
         for indices in packs(weighted[0]):
             buffers = []
             for tower, device in zip(weighted, self.devices):
                 with tf.device(device):
-                    buffers.append(tf.concat([tf.reshape(tower[i], [-1]) for i in indices], 0))
-            reduced = self._reduce(buffers)
-            sizes = [weighted[0][i].shape.num_elements() for i in indices]
-            for k, (buffer, device) in enumerate(zip(reduced, self.devices)):
+                    buffers.append(_packed(tower, indices))
+            for tower, buffer, device, sums in zip(weighted, self._reduce(buffers),
+                                                   self.devices, out):
                 with tf.device(device):
-                    for i, piece in zip(indices, tf.split(buffer, sizes)):
-                        flat[k][i] = tf.reshape(piece, weighted[0][i].shape)
-        return flat
+                    for i, piece in _unpacked(buffer, tower, indices):
+                        sums[i] = piece
+        return out
 
     def _host_sum(self, weighted):
         """Each variable's sum on one tower's device (spread by bytes), read by every tower."""
