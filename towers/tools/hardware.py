@@ -97,10 +97,10 @@ def device_kinds(devices, gpu_details=None):
     compute capability: [('/gpu:0,/gpu:1 (Tesla V100-SXM2-16GB, compute
     capability 7.0)', ['/gpu:0', '/gpu:1'])].
     """
-    gpus = [d for d in devices if d.lower().startswith(('/gpu', '/device:gpu'))]
+    gpus = _gpus(devices)
     if not gpus:
         return [('CPU', list(devices))]
-    details = _gpu_details(gpus) if gpu_details is None else gpu_details
+    details = _details(gpus, gpu_details)
     groups = {}  # (device name, compute capability) -> the towers' GPUs of that kind
     for device in gpus:
         info = details.get(device) or {}
@@ -166,7 +166,7 @@ def build_line():
 def gpu_lines(gpu_details=None):
     """One line per visible GPU: its model and compute capability."""
     gpus = ['/gpu:%d' % i for i in range(len(tf.config.list_physical_devices('GPU')))]
-    details = _gpu_details(gpus) if gpu_details is None else gpu_details
+    details = _details(gpus, gpu_details)
     return ['%s: %s, compute capability %s' % (
         device, info.get('device_name', 'GPU'),
         '%d.%d' % tuple(info['compute_capability']) if info.get('compute_capability')
@@ -177,10 +177,10 @@ def check_compute_capability(name, devices, gpu_details=None):
     """SettingError where GPU towers cannot run bf16 at all: cuDNN's bfloat16 kernels need
     compute capability 8.0 (Ampere). (fp16 runs from Pascal on, without tensor cores before
     Volta: the probe says how fast.)"""
-    gpus = [d for d in devices if d.lower().startswith(('/gpu', '/device:gpu'))]
+    gpus = _gpus(devices)
     if name != 'bf16' or not gpus:
         return
-    details = _gpu_details(gpus) if gpu_details is None else gpu_details
+    details = _details(gpus, gpu_details)
     need = _GPU_KERNELS['bf16'][0]
     old = [(d, details[d]) for d in gpus if details.get(d, {}).get('compute_capability')
            and tuple(details[d]['compute_capability']) < need]
@@ -190,6 +190,16 @@ def check_compute_capability(name, devices, gpu_details=None):
                            'newer; %s is a %s, %d.%d: use {precision} fp16 or fp32 there',
                            device, info.get('device_name', 'GPU'),
                            *tuple(info['compute_capability']))
+
+
+def _gpus(devices):
+    """The GPUs among the tower devices ('/gpu:1', '/device:GPU:1')."""
+    return [d for d in devices if d.lower().startswith(('/gpu', '/device:gpu'))]
+
+
+def _details(gpus, given=None):
+    """The GPUs' details as given (tests, callers that know them), else TensorFlow's."""
+    return _gpu_details(gpus) if given is None else given
 
 
 def _gpu_details(gpus):
