@@ -81,11 +81,11 @@ def run_step(sess, source, step, fetches, options=None, run_metadata=None, feed=
       TowersError: the source failed (e.g. its loader raised), ended early,
         read corrupt records, or found a file of its data gone.
     """
-    extra, source_feed = source.step(step)
-    feed = {**(source_feed or {}), **feed} if feed else source_feed
     try:
-        return sess.run({'fetches': fetches, 'extra': extra}, feed, options=options,
-                        run_metadata=run_metadata)['fetches']
+        extra, source_feed = source.step(step)
+        feed = {**(source_feed or {}), **feed} if feed else source_feed
+        values = sess.run({'fetches': fetches, 'extra': extra}, feed, options=options,
+                          run_metadata=run_metadata)
     except tf.errors.OutOfRangeError:
         source.end_of_data()
         return None
@@ -98,6 +98,8 @@ def run_step(sess, source, step, fetches, options=None, run_metadata=None, feed=
         # moved or made unreadable after the run checked it.
         raise TowersError('cannot read the input data at step %d: %s; put it back and run '
                           'again to resume' % (step, op_error_summary(e))) from None
+    source.fetched(values['extra'])
+    return values['fetches']
 
 
 def run_steps(sess, source, fetches, start_step, num_steps, run_options=None,

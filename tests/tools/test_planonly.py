@@ -65,7 +65,17 @@ def test_collective_workers_all_reduce_gpu_gradients_with_the_nccl_hint(capsys):
 
 def test_staging_puts_a_staging_area_on_each_gpu(capsys):
     report = _plan(capsys, '--devices', '/gpu:0,/gpu:1', '--input', 'staging')
-    assert report['staging'] == {GPU % i: {'put': 1, 'get': 1} for i in range(2)}
+    assert report['staging'] == {GPU % i: {'put': 1, 'get': 1, 'images': 'float32'}
+                                 for i in range(2)}
+
+
+def test_the_dataset_input_is_staged_on_gpus_and_its_bytes_cross_as_bytes(capsys):
+    report = _plan(capsys, '--devices', '/gpu:0,/gpu:1', '--input', 'dataset')
+    assert report['staging'] == {GPU % i: {'put': 1, 'get': 1, 'images': 'uint8'}
+                                 for i in range(2)}
+    assert report['off_device'] == []
+    # On CPU towers the host's memory is the towers': nothing is staged.
+    assert _plan(capsys, '--towers', '2', '--input', 'dataset')['staging'] == {}
 
 
 def test_the_plan_reads_as_lines(capsys):
@@ -82,8 +92,8 @@ def test_the_plan_reads_as_lines(capsys):
 
 
 @pytest.mark.parametrize('flags,message', [
-    (['--gpus-per-worker', '2'], '--gpus-per-worker, --cluster-mode and --input staging go '
-                                 'with --plan-only'),
+    (['--gpus-per-worker', '2'], '--gpus-per-worker, --cluster-mode and --input staging or '
+                                 'dataset go with --plan-only'),
     (['--plan-only', '--gpus-per-worker', '2'], '--gpus-per-worker goes with --workers'),
     (['--plan-only', '--workers', '2', '--variable-update', 'replicated'],
      'a cluster mode decides where the variables live'),

@@ -25,9 +25,11 @@ def run_explain(args, log):
     precision = Precision(args.precision, loss_scale(args.loss_scale))
     if args.plan_only:
         return _plan_only(args, log, model_fn, info, precision)
-    if args.gpus_per_worker or args.cluster_mode != 'in-graph' or args.input == 'staging':
-        raise SettingError('{gpus_per_worker}, {cluster_mode} and {input} staging go with '
-                           '{plan_only}: explain runs one real step in-graph on this machine')
+    if args.gpus_per_worker or args.cluster_mode != 'in-graph' or args.input in (
+            'staging', 'dataset'):
+        raise SettingError('{gpus_per_worker}, {cluster_mode} and {input} staging or dataset '
+                           'go with {plan_only}: explain runs one real step in-graph on this '
+                           'machine')
     target = ''
     if _on_cluster(args):
         if args.variable_update != 'parameter_server':

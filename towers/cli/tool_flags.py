@@ -108,8 +108,10 @@ def explain_parser(commands):
     explain.add_argument('--variable-update', default='parameter_server',
                          choices=VARIABLE_UPDATES,
                          help='as for train (default: parameter_server)')
-    explain.add_argument('--input', default=None, choices=['feed', 'synthetic', 'staging'],
-                         help='as for train (default: feed; staging with --plan-only)')
+    explain.add_argument('--input', default=None,
+                         choices=['feed', 'synthetic', 'staging', 'dataset'],
+                         help='as for train (default: feed; staging and dataset with '
+                              '--plan-only)')
     explain.add_argument('--optimizer', default='sgd', choices=OPTIMIZERS,
                          help='its slots are variables too (default: sgd)')
     explain.add_argument('--sync-bn', action='store_true', help='as for train')

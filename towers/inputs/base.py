@@ -7,9 +7,11 @@ Session loop (towers/session.py run_steps) drives a source through:
   build(input_shape, tower_devices) -> [TowerSlice]   while the graph is built
   start(sess, start_step, num_steps)                  once variables exist
   step(step) -> (extra fetches, feed_dict)            for each train step
+  fetched(values)                                     with the extra fetches' values
   stop(sess)                                          always, even on errors
 
-and asks it `end_of_data()` when a step raises OutOfRangeError.
+and asks it `end_of_data()` when a step raises OutOfRangeError (step may raise
+it too, for a source that knows its data ended before the step runs).
 """
 from towers.errors import TowersError
 
@@ -39,6 +41,9 @@ class InputSource:
 
     def step(self, step):
         return [], None
+
+    def fetched(self, values):
+        """The values of the extra fetches step() asked for, after the step ran."""
 
     def stop(self, sess):
         pass

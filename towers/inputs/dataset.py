@@ -11,12 +11,21 @@ keeps the rows of its own towers; a worker of a between-graph run (share) does
 the same for its share. The rows are those split_batch gives the towers of one
 process with every task's towers, so the cluster trains on what one process
 would.
+
+On GPU towers the batch is staged (as the staging input stages): each tower's
+slice waits in a StagingArea on its GPU, put there while the step before it
+computes, and bytes cross the bus as bytes, cast and normalised on the GPU
+(unless augmentation, which works on floats, ran first). Staged, the source
+knows one step ahead when its data ends (the put of the batch after the last
+finds none), so the last step is never cut short and no step runs half.
 """
 import tensorflow as tf
 
 from towers.data import pipeline
+from towers.deviceplan import device_kind
 from towers.errors import SettingError
 from towers.inputs.base import InputSource
+from towers.inputs.staging import stage
 from towers.tower import split_batch
 
 tf1 = tf.compat.v1
@@ -41,20 +50,23 @@ class DatasetInput(InputSource):
       share: (index, count): this worker of a between-graph run keeps share
         `index` of every global batch, cut among `count` workers with as many
         towers each as it has; None for the whole batch.
+      staged: put each tower's slice into a StagingArea on its device one step
+        ahead; None stages on GPU towers only (on CPU towers the host's
+        memory is the towers' memory: nothing to copy ahead).
     """
 
     name = 'dataset'
 
     def __init__(self, images=None, labels=None, num_classes=10, batch_size=100,
                  pixel_scale=None, epochs=None, shuffle_buffer=10000, seed=0, augment=None,
-                 mean=None, std=None, source_fn=None, share=None):
+                 mean=None, std=None, source_fn=None, share=None, staged=None):
         if source_fn is None:
             def source_fn(input_shape):
                 return pipeline.array_source(images, labels, input_shape)
             if pixel_scale is None:
                 pixel_scale = 255.0 if images.dtype == 'uint8' else 1.0
         self._source_fn, self.pixel_scale = source_fn, pixel_scale or 1.0
-        self.share = share
+        self.share, self.staged = share, staged
         self.options = dict(num_classes=num_classes, batch_size=batch_size, epochs=epochs,
                             shuffle_buffer=shuffle_buffer, seed=seed, augment=augment,
                             mean=mean, std=std)
@@ -67,11 +79,25 @@ class DatasetInput(InputSource):
                                    input_shape[-1], list(options[name]))
         if options['augment'] is None:
             options['augment'] = pipeline.should_augment(input_shape)
-        self._pipelines, self._init_feed = [], {}
+        staged = self.staged
+        if staged is None:
+            staged = device_kind(tower_devices) != 'CPU'
+        self._pipelines, self._init_feed, self._more, self._puts = [], {}, [], []
+        self._ended = False
+        slices = self._host_slices(input_shape, tower_devices, options, staged)
+        if not staged:
+            return slices
+        finish = pipeline.finisher(input_shape, self.pixel_scale, options['mean'],
+                                   options['std'], scaled=options['augment'])
+        self._puts, slices = stage(slices, tower_devices, finish)
+        return slices
+
+    def _host_slices(self, input_shape, tower_devices, options, staged):
+        """One TowerSlice per tower, read and split on the host (on each task's own)."""
         tasks = _by_task(tower_devices)
         if self.share is None and len(tasks) == 1:  # one process: the host reads
             with tf.device('/cpu:0'):
-                return split_batch(*self._pipeline('/cpu:0', input_shape, options),
+                return split_batch(*self._pipeline('/cpu:0', input_shape, options, staged),
                                    len(tower_devices))
         slices = []
         for k, (task, devices) in enumerate(tasks):  # in-graph: each task its copy
@@ -79,7 +105,7 @@ class DatasetInput(InputSource):
             host = task + '/device:CPU:0' if task else '/cpu:0'
             # A scope per copy: each its own counts, on its own task.
             with tf.device(host), tf1.variable_scope('task_%d' % index):
-                images, labels = self._pipeline(host, input_shape, options)
+                images, labels = self._pipeline(host, input_shape, options, staged)
                 everyone = split_batch(images, labels, len(devices) * count)
                 mine = everyone[index * len(devices):(index + 1) * len(devices)]
                 if self.share is not None:  # weights within this worker's share
@@ -88,24 +114,54 @@ class DatasetInput(InputSource):
             slices.extend(mine)
         return slices
 
-    def _pipeline(self, host, input_shape, options):
-        """(images, labels) of one copy of the pipeline, read on host."""
+    def _pipeline(self, host, input_shape, options, staged):
+        """(images, labels) of one copy of the pipeline, read on host.
+
+        Staged, the images are the batch's flat pixels as the source has them,
+        and an exhausted pipeline gives a one-row stand-in that no step trains
+        on: self._more says whether the batch was real.
+        """
         with tf.device(host), tf1.name_scope('pipeline'):
             source, feed = self._source_fn(input_shape)
             dataset, counts = pipeline.make_pipeline(
-                source, input_shape, pixel_scale=self.pixel_scale, **options)
+                source, input_shape, pixel_scale=self.pixel_scale, finish=not staged, **options)
             # A resumed run skips the batches it already trained on; with a
             # seeded shuffle that continues the uninterrupted run's order.
             skip = tf1.placeholder_with_default(tf.constant(0, tf.int64), [], 'skip')
             iterator = tf1.data.make_initializable_iterator(dataset.skip(skip))
+            if staged:
+                batch = iterator.get_next_as_optional()
+                more = batch.has_value()
+                pixels, labels = dataset.element_spec
+                stand_in = (tf.zeros([1] + pixels.shape[1:].as_list(), pixels.dtype),
+                            tf.zeros([1], labels.dtype))
+                images, labels = tf.cond(more, batch.get_value, lambda: stand_in)
+                self._more.append(more)
+            else:
+                images, labels = iterator.get_next()
         self._pipelines.append((iterator, skip, counts))
         self._init_feed.update(feed)
         self.counts = self._pipelines[0][2]  # every copy reads and cleans alike
-        return iterator.get_next()
+        return images, labels
 
     def start(self, sess, start_step, num_steps):
+        self._num_steps, self._ended = num_steps, False
         for iterator, skip, _ in self._pipelines:
             sess.run(iterator.initializer, {**self._init_feed, skip: start_step})
+        if self._puts and start_step < num_steps:
+            self.fetched(sess.run(self._puts + self._more))  # prime: the first batch waits
+
+    def step(self, step):
+        if not self._puts:
+            return [], None
+        if self._ended:  # the put after the last batch found no more
+            raise tf.errors.OutOfRangeError(None, None, 'the dataset input has ended')
+        # The put of the next batch rides along with this step's compute.
+        return (self._puts + self._more if step + 1 < self._num_steps else []), None
+
+    def fetched(self, values):
+        if values:
+            self._ended = not all(values[len(self._puts):])
 
     def end_of_data(self):
         """The pipeline's last epoch ended: training stops there."""

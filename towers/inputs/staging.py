@@ -19,6 +19,31 @@ from towers.tower import TowerSlice, split_batch
 tf1 = tf.compat.v1
 
 
+def stage(slices, devices, finish=None):
+    """Put each tower's slice into a StagingArea on the tower's device.
+
+    The put (the host-to-device copy) of one step's batch runs beside the step
+    before it; the tower computes on what get() returns.
+
+    Args:
+      slices: one TowerSlice per tower, on the host.
+      devices: the towers' devices.
+      finish: callable(images) -> images run on the device after the get (e.g.
+        the cast and normalisation of uint8 pixels that crossed as bytes), or None.
+    Returns:
+      (the put ops, one per tower; the TowerSlices the towers read).
+    """
+    puts, staged = [], []
+    for i, (device, piece) in enumerate(zip(devices, slices)):
+        with tf.device(device), tf1.name_scope('staging_%d' % i):
+            area = data_flow_ops.StagingArea([t.dtype for t in piece],
+                                             shapes=[t.shape for t in piece], capacity=2)
+            puts.append(area.put(list(piece)))
+            images, labels, count, batch = area.get()
+            staged.append(TowerSlice(finish(images) if finish else images, labels, count, batch))
+    return puts, staged
+
+
 class StagingInput(InputSource):
     """A loader thread fills a host queue; per-tower StagingAreas hide the copies.
 
@@ -63,14 +88,7 @@ class StagingInput(InputSource):
             images.set_shape(shape)
             labels.set_shape([None])
             pieces = split_batch(images, labels, len(tower_devices))
-        slices = []
-        for i, (device, piece) in enumerate(zip(tower_devices, pieces)):
-            with tf.device(device), tf1.name_scope('staging_%d' % i):
-                area = data_flow_ops.StagingArea(
-                    [tf.float32, tf.int64, tf.int32, tf.int32],
-                    shapes=[shape, [None], [], []], capacity=2)
-                self._puts.append(area.put(list(piece)))
-                slices.append(TowerSlice(*area.get()))
+        self._puts, slices = stage(pieces, tower_devices)
         return slices
 
     def start(self, sess, start_step, num_steps):

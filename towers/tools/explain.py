@@ -33,7 +33,7 @@ from towers.cluster.spec import Cluster
 from towers.data.sampler import EpochSampler
 from towers.errors import SettingError
 from towers.graph import build_training_graph
-from towers.inputs import SyntheticInput, make_input
+from towers.inputs import DatasetInput, SyntheticInput, make_input
 from towers.model import ClassifierModel
 from towers.precision import Precision
 from towers.session import open_session, run_steps, trace_options
@@ -125,7 +125,11 @@ def explain(model_fn, input_shape, num_classes, plan, batch_size=100, input_mode
 
 def zeros_input(input_mode, input_shape, num_classes, batch_size):
     """An InputSource of the mode over one batch of zeros: where the input comes from
-    matters to a graph's placement, not what it holds."""
+    matters to a graph's placement, not what it holds (the dataset input's are bytes,
+    as records and image files give)."""
+    if input_mode == 'dataset':
+        return DatasetInput(np.zeros([batch_size] + list(input_shape), np.uint8),
+                            np.zeros([batch_size], np.int64), num_classes, batch_size)
     images = np.zeros([batch_size] + list(input_shape), np.float32)
     zeros = data.DataSet(images, np.zeros([batch_size], np.int64), num_classes=num_classes)
     return make_input(input_mode, zeros, EpochSampler(batch_size, batch_size), batch_size,

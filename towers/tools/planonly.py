@@ -56,7 +56,7 @@ def planned_step(model_fn, input_shape, num_classes, runs, batch_size=100, input
     Returns:
       dict: devices {device: {ops, towers {tower_i: ops}, variables}},
       off_device [ops of a tower planned elsewhere than its tower's device],
-      all_reduce {op type: {count, devices, hints}}, staging {device: {put, get}},
+      all_reduce {op type: {count, devices, hints}}, staging {device: {put, get, images (their dtype)}},
       towers [each graph's tower devices].
     """
     report = {'devices': {}, 'off_device': [], 'all_reduce': {}, 'staging': {}, 'towers': []}
@@ -97,6 +97,8 @@ def _read(graph, plan, report):
         if op.type in _STAGING_TYPES:
             staged = report['staging'].setdefault(device, {'put': 0, 'get': 0})
             staged[_STAGING_TYPES[op.type]] += 1
+            if op.type == 'Stage':  # what crosses to the device: its images' dtype
+                staged['images'] = op.inputs[0].dtype.name
 
 
 def report_lines(report, title):
@@ -114,7 +116,8 @@ def report_lines(report, title):
         lines.append('all-reduce: %s x%d on %s (communication hint %s)' % (
             kind, found['count'], ', '.join(found['devices']), ', '.join(found['hints'])))
     for device, staged in sorted(report['staging'].items()):
-        lines.append('staging on %s: %d put, %d get' % (device, staged['put'], staged['get']))
+        lines.append('staging on %s: %d put, %d get, images cross as %s'
+                     % (device, staged['put'], staged['get'], staged['images']))
     if report['off_device']:
         lines.append('tower ops planned off their tower: %d, e.g. %s' % (
             len(report['off_device']), report['off_device'][0]))
