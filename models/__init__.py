@@ -13,10 +13,11 @@ Public API:
 
 Importing this package changes no global TensorFlow state.
 """
+import functools
 import inspect
 import numbers
 
-from towers.models import cifar_convnet, layers, mnist_convnet, resnet, small_convnet
+from towers.models import cifar_convnet, layers, layout, mnist_convnet, resnet, small_convnet
 from towers.models.errors import ModelError
 
 __all__ = ['MODELS', 'ModelError', 'build_model', 'layers', 'model_names']
@@ -81,4 +82,11 @@ def build_model(name, input_shape, num_classes, **options):
         raise ModelError(f'{name}: num_classes must be an int >= 1, got {num_classes!r}')
     builder = MODELS[name]
     _check_options(name, builder, options)
-    return builder(input_shape, int(num_classes), **options)
+    model_fn = builder(input_shape, int(num_classes), **options)
+
+    @functools.wraps(model_fn)
+    def in_preferred_layout(images, training):
+        # Every model here is written for both layouts (layout.py).
+        with layout.data_format(layout.preferred()):
+            return model_fn(images, training)
+    return in_preferred_layout

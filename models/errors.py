@@ -2,6 +2,7 @@
 import tensorflow as tf
 
 from towers.context import is_training_flag
+from towers.models import layout
 
 
 class ModelError(ValueError):
@@ -27,7 +28,7 @@ def check_inputs(images, training, input_shape, model):
         model: model name, for the message.
 
     Returns:
-        `images` as a float32 tensor.
+        `images` as a tensor, transposed to NCHW inside a data_format('NCHW') scope.
 
     Raises:
         ModelError: wrong dtype, rank or image shape.
@@ -43,14 +44,16 @@ def check_inputs(images, training, input_shape, model):
     if not expected.is_compatible_with(images.shape):
         raise ModelError(f'{model} was built for images [batch, {", ".join(map(str, input_shape))}]'
                          f' but got shape {images.shape}; build it with the matching input_shape')
+    if layout.current() == 'NCHW':  # the layers build channels first (towers/models/layout.py)
+        images = tf.transpose(images, [0, 3, 1, 2])
     return images
 
 
 def static_channels(x, layer):
-    """The static size of x's last axis, which a layer sizes its variables by."""
-    channels = x.shape[-1]
+    """The static size of x's channel axis, which a layer sizes its variables by."""
+    channels = x.shape[layout.channel_axis(x)]
     if channels is None:
-        raise ValueError(f'{layer}: the last dimension of {x.name} must be known '
+        raise ValueError(f'{layer}: the channel dimension of {x.name} must be known '
                          f'statically to size the variables, got shape {x.shape}')
     return int(channels)
 

@@ -4,6 +4,8 @@ Every variable is created through `tf1.get_variable`, so the caller's
 `tf1.variable_scope(..., reuse=...)` shares it across towers and the caller's
 device function decides where it lives; nothing here sets a device.
 Images are NHWC: [batch, height, width, channels]; batch may be dynamic.
+Inside layout.data_format('NCHW') the maps are channels first (see layout.py);
+the shapes below are given NHWC.
 `training` is a Python bool, or the tower's towers.context.TowerContext
 (truthy when training), whose sync_bn makes batch_norm pool its moments over
 the towers. batch_norm itself is in normalization.py, with its float32 statistics.
@@ -13,23 +15,26 @@ import zlib
 
 import tensorflow as tf
 
+from towers.models import layout
 from towers.models.errors import check_training, static_channels
 from towers.models.normalization import MIN_EPSILON, batch_norm
 
 tf1 = tf.compat.v1
 
 __all__ = ['MIN_EPSILON', 'batch_norm', 'conv2d', 'dense', 'dropout', 'flatten',
-           'local_response_norm', 'max_pool']
+           'global_average_pool', 'local_response_norm', 'max_pool']
 
 
 def _conv_output_shape(x, kernel_hw, strides, padding, filters):
     size = tf.shape(x)
-    dims = [size[0]]
-    for axis, k in zip((1, 2), kernel_hw):
+    dims = []
+    for axis, k in zip(layout.spatial_axes(x), kernel_hw):
         n = x.shape[axis] if x.shape[axis] is not None else size[axis]
         dims.append((n + strides - 1) // strides if padding.upper() == 'SAME'
                     else (n - k + strides) // strides)
-    return tf.stack(dims + [filters])
+    if layout.channels_first(x):
+        return tf.stack([size[0], filters] + dims)
+    return tf.stack([size[0]] + dims + [filters])
 
 
 def _weights_and_biases(kernel_shape, dtype, kernel_initializer, bias_initializer):
@@ -71,7 +76,8 @@ def conv2d(x, filters, kernel_size, strides=1, padding='SAME', activation=tf.nn.
             weights = tf1.get_variable('weights', kernel_shape, dtype=x.dtype,
                                        initializer=kernel_initializer
                                        or tf1.glorot_uniform_initializer())
-        y = tf.nn.conv2d(x, weights, strides=strides, padding=padding)
+        y = tf.nn.conv2d(x, weights, strides=strides, padding=padding,
+                         data_format=layout.current())
         # oneDNN's CPU Conv2D returns its *input* unchanged for an empty batch;
         # reshaping to the true shape keeps batch-0 inference working and is free
         # otherwise. (Gradients on an empty batch still fail in oneDNN kernels.)
@@ -89,18 +95,19 @@ def _add_bias(y, biases):
     conv1's bias gradient (towers check --precision bf16 showed it). Summed in
     float32 and rounded once, it is off by one rounding.
     """
+    data_format = 'NCHW' if layout.channels_first(y) else None
     if y.dtype == tf.float32:
-        return tf.nn.bias_add(y, biases)
-    return _bias_add_wide_gradient(y, biases)
+        return tf.nn.bias_add(y, biases, data_format=data_format)
+    # Read now: the gradient is built later, outside the layout scope.
+    axes = [a for a in range(y.shape.rank) if a != layout.channel_axis(y)]
 
-
-@tf.custom_gradient
-def _bias_add_wide_gradient(y, biases):
-    def grad(upstream):
-        axes = list(range(upstream.shape.rank - 1))
-        summed = tf.reduce_sum(tf.cast(upstream, tf.float32), axes)
-        return upstream, tf.cast(summed, biases.dtype)
-    return tf.nn.bias_add(y, biases), grad
+    @tf.custom_gradient
+    def bias_add_wide_gradient(y, biases):
+        def grad(upstream):
+            summed = tf.reduce_sum(tf.cast(upstream, tf.float32), axes)
+            return upstream, tf.cast(summed, biases.dtype)
+        return tf.nn.bias_add(y, biases, data_format=data_format), grad
+    return bias_add_wide_gradient(y, biases)
 
 
 def flatten(x):
@@ -112,6 +119,8 @@ def flatten(x):
     Returns:
         [batch, d1 * ... * dn], same dtype.
     """
+    if layout.channels_first(x):  # the dense layers' weights are NHWC-ordered in any layout
+        x = tf.transpose(x, [0, 2, 3, 1])
     inner = x.shape[1:]
     if not inner.is_fully_defined():
         raise ValueError(f'flatten: inner dimensions must be static, got shape {x.shape}')
@@ -149,7 +158,13 @@ def max_pool(x, pool_size=2, strides=2, padding='SAME', name=None):
     `x` is [batch, height, width, channels]; the result is
     [batch, out_height, out_width, channels] of the same dtype.
     """
-    return tf.nn.max_pool2d(x, ksize=pool_size, strides=strides, padding=padding, name=name)
+    return tf.nn.max_pool2d(x, ksize=pool_size, strides=strides, padding=padding, name=name,
+                            data_format=layout.current())
+
+
+def global_average_pool(x):
+    """[batch, H, W, C] -> [batch, C]: the mean over each map."""
+    return tf.reduce_mean(x, axis=layout.spatial_axes(x))
 
 
 def local_response_norm(x, depth_radius=5, bias=1.0, alpha=1.0, beta=0.5, name=None):
@@ -160,8 +175,14 @@ def local_response_norm(x, depth_radius=5, bias=1.0, alpha=1.0, beta=0.5, name=N
     of `tf.nn.local_response_normalization`.
     """
     # A normalisation: in float32 whatever x is (TensorFlow's CPU LRN has no bfloat16).
-    y = tf.nn.local_response_normalization(tf.cast(x, tf.float32), depth_radius=depth_radius,
-                                           bias=bias, alpha=alpha, beta=beta, name=name)
+    wide = tf.cast(x, tf.float32)
+    first = layout.channels_first(x)
+    if first:  # TensorFlow's LRN is channels last only
+        wide = tf.transpose(wide, [0, 2, 3, 1])
+    y = tf.nn.local_response_normalization(wide, depth_radius=depth_radius, bias=bias,
+                                           alpha=alpha, beta=beta, name=name)
+    if first:
+        y = tf.transpose(y, [0, 3, 1, 2])
     return tf.cast(y, x.dtype)
 
 

@@ -8,6 +8,7 @@ which the models import it from.
 """
 import tensorflow as tf
 
+from towers.models import layout
 from towers.models.errors import check_training, static_channels
 
 tf1 = tf.compat.v1
@@ -17,14 +18,14 @@ MIN_EPSILON = 1.001e-5  # the fused kernel's floor (cuDNN's)
 
 
 def batch_norm(x, training, decay=0.997, epsilon=MIN_EPSILON, name='batch_norm'):
-    """Batch normalisation over the last (channel) axis.
+    """Batch normalisation over the channel axis (the last; NCHW's second, see layout.py).
 
     Creates `beta` [C] (zeros) and `gamma` [C] (ones), trainable, and
     `moving_mean` [C] (zeros) and `moving_variance` [C] (ones), non-trainable and
     in GLOBAL_VARIABLES and MOVING_AVERAGE_VARIABLES (so savers and EMA tools see
     them but optimizers do not).
 
-    In training the batch moments (over every axis but the last) normalise `x`,
+    In training the batch moments (over every axis but the channels') normalise `x`,
     and ops setting `moving = moving * decay + batch * (1 - decay)` are added to
     `tf1.GraphKeys.UPDATE_OPS`; they are created in the current name scope, so
     a multi-tower caller can run only one tower's updates with
@@ -64,16 +65,18 @@ def batch_norm(x, training, decay=0.997, epsilon=MIN_EPSILON, name='batch_norm')
         moving_mean = var('moving_mean', tf1.zeros_initializer(), trainable=False)
         moving_variance = var('moving_variance', tf1.ones_initializer(), trainable=False)
         fused = _fusable(x) and epsilon >= MIN_EPSILON
+        data_format = 'NCHW' if layout.channels_first(x) else 'NHWC'
         if not training:
             if fused:
                 return tf1.nn.fused_batch_norm(x, gamma, beta, moving_mean, moving_variance,
-                                               epsilon, is_training=False)[0]
+                                               epsilon, data_format=data_format,
+                                               is_training=False)[0]
             return _normalize(x, moving_mean, moving_variance, beta, gamma, epsilon,
                               tf.cast(x, tf.float32))
-        axes = list(range(x.shape.rank - 1))
+        axes = [a for a in range(x.shape.rank) if a != layout.channel_axis(x)]
         pooled = getattr(training, 'sync_bn', False)
         if fused and not pooled:
-            y, mean, variance = _fused_training(x, gamma, beta, epsilon, channels)
+            y, mean, variance = _fused_training(x, gamma, beta, epsilon, channels, data_format)
         else:
             wide = tf.cast(x, tf.float32)  # x itself in float32
             mean, variance = (_pooled_moments(wide, axes, training) if pooled
@@ -98,10 +101,10 @@ def _fusable(x):
     return x.dtype in (tf.float32, tf.bfloat16, tf.float16) and x.shape.rank == 4
 
 
-def _fused_training(x, gamma, beta, epsilon, channels):
+def _fused_training(x, gamma, beta, epsilon, channels, data_format):
     """(y, batch mean, biased batch variance) from the fused kernel in training."""
     y, mean, unbiased = tf1.nn.fused_batch_norm(x, gamma, beta, epsilon=epsilon,
-                                                is_training=True)
+                                                data_format=data_format, is_training=True)
     # The kernel hands back the variance with Bessel's correction, n / (n - 1); the
     # moving average keeps the biased one, as tf.nn.moments gives it.
     n = tf.cast(tf.size(x) // channels, tf.float32)
@@ -115,6 +118,9 @@ def _normalize(x, mean, variance, beta, gamma, epsilon, wide):
     back: the gradients of beta, gamma and the moments are sums over the whole
     batch, which the low type's digits cannot hold.
     """
+    if layout.channels_first(x):  # [C] statistics broadcast over [N, C, H, W]
+        mean, variance, beta, gamma = (tf.reshape(t, [-1, 1, 1])
+                                       for t in (mean, variance, beta, gamma))
     if x.dtype == tf.float32:
         return tf.nn.batch_normalization(x, mean, variance, beta, gamma, epsilon)
     return tf.cast(tf.nn.batch_normalization(wide, mean, variance, beta, gamma, epsilon),
@@ -129,13 +135,15 @@ def _pooled_moments(x, axes, tower):
     """
     real = tf.cast(tf.range(tf.shape(x)[0]) < tower.count, x.dtype)
     real = tf.reshape(real, [-1] + [1] * (x.shape.rank - 1))
-    per_example = tf.cast(tf.reduce_prod(tf.shape(x)[1:-1]), x.dtype)
-    channels = x.shape[-1]
+    per_example = tf.cast(tf.reduce_prod(tf.gather(tf.shape(x), layout.spatial_axes(x))),
+                          x.dtype)
+    channels = x.shape[layout.channel_axis(x)]
     sums = _all_reduce(tf.concat([tf.reduce_sum(x * real, axes),
                                   [tf.reduce_sum(real) * per_example]], axis=0), tower)
     count = tf.maximum(sums[-1], 1.0)
     mean = sums[:channels] / count
-    squares = _all_reduce(tf.reduce_sum(tf.square(x - mean) * real, axes), tower)
+    centred = x - (tf.reshape(mean, [-1, 1, 1]) if layout.channels_first(x) else mean)
+    squares = _all_reduce(tf.reduce_sum(tf.square(centred) * real, axes), tower)
     return mean, squares / count
 
 

@@ -14,8 +14,8 @@ UPDATE_OPS, which the trainer runs from tower 0 once per step.
 """
 import tensorflow as tf
 
-from towers.models import layers
-from towers.models.errors import ModelError, check_inputs
+from towers.models import layers, layout
+from towers.models.errors import ModelError, check_inputs, static_channels
 
 tf1 = tf.compat.v1
 
@@ -30,12 +30,14 @@ def _conv(x, filters, strides, name):
 
 def _shortcut(x, filters, strides):
     """Option A: identity, or subsample + zero channels when the shape changes."""
-    in_filters = x.shape[-1]
+    in_filters = static_channels(x, 'shortcut')
     if strides == 1 and in_filters == filters:
         return x
-    x = x[:, ::strides, ::strides, :]
     extra = filters - in_filters
-    return tf.pad(x, [[0, 0], [0, 0], [0, 0], [extra // 2, extra - extra // 2]])
+    new_channels = [extra // 2, extra - extra // 2]
+    if layout.channels_first(x):
+        return tf.pad(x[:, :, ::strides, ::strides], [[0, 0], new_channels, [0, 0], [0, 0]])
+    return tf.pad(x[:, ::strides, ::strides, :], [[0, 0], [0, 0], [0, 0], new_channels])
 
 
 def _block(x, filters, strides, training, name):
@@ -66,7 +68,7 @@ def inference(images, training, num_classes, blocks_per_stage):
             strides = 2 if stage > 0 and block == 0 else 1
             net = _block(net, filters, strides, training,
                          'stage%d/block%d' % (stage + 1, block + 1))
-    net = tf.reduce_mean(net, axis=[1, 2])  # global average pooling
+    net = layers.global_average_pool(net)
     return layers.dense(net, num_classes, name='logits',
                         kernel_initializer=tf1.variance_scaling_initializer(1.0))
 

@@ -93,4 +93,4 @@ def test_a_run_says_in_its_first_lines_where_the_variables_are_and_how_copies_me
     lines = capsys.readouterr().out.splitlines()
     at = next(i for i, line in enumerate(lines) if line.startswith('training 1 steps'))
     assert lines[at + 1] == ('variables: a copy on each tower (replicated), all-reduced by one '
-                             'sum per variable that every tower reads (shared memory)')
+                             'sum per variable that every tower reads (shared memory); maps NHWC')

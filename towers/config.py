@@ -13,7 +13,8 @@ import numbers
 import re
 
 from towers.errors import SettingError
-from towers.names import CLUSTER_MODES, INPUT_MODES, OPTIMIZERS, PRECISIONS, VARIABLE_UPDATES
+from towers.names import (CLUSTER_MODES, DATA_FORMATS, INPUT_MODES, OPTIMIZERS, PRECISIONS,
+                          VARIABLE_UPDATES)
 
 
 def _text(value):
@@ -66,6 +67,7 @@ RULES = {
     'input': _one_of(INPUT_MODES),
     'optimizer': _one_of(OPTIMIZERS),
     'precision': _one_of(PRECISIONS),
+    'data_format': _one_of(DATA_FORMATS, optional=True),
     'cluster_mode': _one_of(CLUSTER_MODES, optional=True),
     'cluster_timeout': _optional(_POSITIVE),
 }
@@ -128,6 +130,7 @@ class TrainConfig:
     variable_update: str = 'parameter_server'
     sync_bn: bool = False
     allow_soft_placement: bool = False  # a tower op TensorFlow moved off its device: go on
+    data_format: str = None  # the maps' layout, 'NHWC' or 'NCHW'; None: NCHW on GPU towers
     # What the towers compute in (towers/precision.py): 'fp32', 'bf16' or 'fp16' over float32
     # variables; fp16's loss scale: None or 'dynamic' (the default), or a fixed number.
     precision: str = 'fp32'

@@ -25,6 +25,9 @@ graph reads it (towers, strategies, the graph builder, the cluster modes):
               tower) on the CPUs of one process, or 'ring' (TensorFlow's
               collective ring) when asked; None without copies, or where they
               never meet (independent)
+  data_format the layout the towers' maps are built in (towers/models/layout.py):
+              NCHW on GPU towers (cuDNN's float32 kernels prefer it, as
+              tf_cnn_benchmarks' default), NHWC elsewhere, unless asked
   config      the Session's ConfigProto
 
 A --param-device (cpu, gpu, spread, a device name) is an input to the plan,
@@ -99,6 +102,7 @@ class DevicePlan:
       default_device: completes every device of the graph, or None.
       all_reduce: how the copies' gradients meet ('nccl', 'host', 'ring'), or None.
       variable_update: the --variable-update the plan was made for.
+      data_format: 'NHWC' or 'NCHW'; None: NCHW where the towers are GPUs.
       config: the Session's ConfigProto.
     """
     towers: tuple
@@ -108,10 +112,18 @@ class DevicePlan:
     default_device: object = None
     all_reduce: str = None
     variable_update: str = 'parameter_server'
+    data_format: str = None
     config: object = None
 
     def __post_init__(self):
         object.__setattr__(self, 'towers', tuple(self.towers))
+        if self.data_format is None:
+            object.__setattr__(self, 'data_format',
+                               'NCHW' if device_kind(self.towers) == 'GPU' else 'NHWC')
+
+    def with_data_format(self, data_format):
+        """This plan with its maps in data_format; None keeps its own."""
+        return dataclasses.replace(self, data_format=data_format) if data_format else self
 
     @property
     def num_towers(self):
@@ -163,7 +175,7 @@ def replica_scope(index):
 
 
 def local_plan(towers=None, param_device=None, variable_update='parameter_server',
-               devices=None, num_gpus=None, all_reduce=None):
+               devices=None, num_gpus=None, all_reduce=None, data_format=None):
     """The plan of one process.
 
     Args:
@@ -174,6 +186,7 @@ def local_plan(towers=None, param_device=None, variable_update='parameter_server
       devices: --devices, e.g. '/gpu:0,/gpu:2' (agreeing with a tower count).
       num_gpus: GPUs to assume; None asks TensorFlow.
       all_reduce: replicated's all-reduce; None: the devices' best (make_plan).
+      data_format: the towers' layout; None: by their kind (DevicePlan).
     Raises:
       DeviceError: a device that does not exist, or a tower count that cannot be met.
     """
@@ -184,7 +197,7 @@ def local_plan(towers=None, param_device=None, variable_update='parameter_server
     # host: on a GPU machine TensorFlow would otherwise take GPU 0 for it.
     return make_plan(tower_devices, param, variable_update, default_device='/cpu:0',
                      config=session_config(tower_devices, param, num_gpus),
-                     all_reduce=all_reduce)
+                     all_reduce=all_reduce).with_data_format(data_format)
 
 
 def make_plan(tower_devices, param, variable_update='parameter_server', default_device=None,

@@ -28,6 +28,9 @@ CLUSTER_MODES = ('in-graph', 'collective', 'parameter-server')
 # --precision: what the towers compute in (towers/precision.py); the variables stay float32.
 PRECISIONS = ('fp32', 'bf16', 'fp16')
 
+# --data-format: the layout of the towers' maps (towers/models/layout.py).
+DATA_FORMATS = ('NHWC', 'NCHW')
+
 DEFAULT_MODEL = 'mnist_convnet'
 
 # What a training logdir holds (towers/checkpoints.py).

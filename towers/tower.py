@@ -14,6 +14,7 @@ import tensorflow as tf
 
 from towers.context import EVAL, TRAIN, TowerContext
 from towers.deviceplan import DevicePlan
+from towers.models import layout
 from towers.precision import Precision
 
 tf1 = tf.compat.v1
@@ -190,8 +191,10 @@ def build_towers_from_slices(loss_fn, slices, plan, optimizer=None, training=Tru
         run once per tower with its TowerContext (truthy when training):
         tower_loss over a model_fn, or a ModelDesc's tower_loss (towers/model.py).
       slices: one TowerSlice per tower of the plan.
-      plan: the towers.deviceplan.DevicePlan: each tower's device, and where its
-        variables go (one shared copy, or copies of its own).
+      plan: the towers.deviceplan.DevicePlan: each tower's device, where its
+        variables go (one shared copy, or copies of its own), and the layout
+        its maps are built in by a model written for both (plan.data_format,
+        towers/models/layout.py).
       sync_bn: in training, the towers' contexts ask their batch norms to
         use the whole global batch's moments (pooled over the towers) instead
         of each slice's own.
@@ -215,6 +218,7 @@ def build_towers_from_slices(loss_fn, slices, plan, optimizer=None, training=Tru
                                 custom_getter=precision.getter(),
                                 auxiliary_name_scope=False), \
                 tf1.device(variables_on(variable_device, device)), \
+                layout.prefer(plan.data_format), \
                 tf1.name_scope('tower_%d' % i) as scope:
             weight = tf.math.divide(tf.cast(piece.count, tf.float32),
                                     tf.cast(tf.maximum(piece.batch, 1), tf.float32),

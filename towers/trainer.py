@@ -69,8 +69,9 @@ class Trainer:
             raise TypeError('give a TrainConfig or its settings, not both: %s' % sorted(settings))
         model.check_settings(config)
         self.model, self.data, self.config, self.cluster = model, data, config, cluster
-        self.plan = (cluster.plan if cluster is not None
-                     else local_plan(config.towers, config.param_device, config.variable_update))
+        self.plan = (cluster.plan if cluster is not None else local_plan(
+            config.towers, config.param_device, config.variable_update)).with_data_format(
+                config.data_format)
         self.tower_devices = list(self.plan.towers)
         self.logdir, self.batch_size = config.logdir, config.batch_size
         self.warmup_steps = config.warmup_steps
@@ -181,7 +182,8 @@ class Trainer:
                             ','.join(self.tower_devices), self.batch_size, self.source.name,
                             ', ' + self.graph.precision.name if self.graph.precision.mixed
                             else ''))
-                self.log('variables: %s' % self.plan.describe())
+                self.log('variables: %s; maps %s' % (self.plan.describe(),
+                                                     self.plan.data_format))
                 for callback in self.callbacks:
                     callback.before_train(self)
                 self._loop(fetches, overall)

@@ -103,3 +103,14 @@ def test_bad_plan_flags_are_one_line(capsys, flags, message):
     assert main(['explain', '--model', 'small_convnet'] + flags) == 1
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and err[0].startswith('towers: error: ') and message in err[0], err
+
+
+def test_gpu_towers_build_their_maps_channels_first_unless_asked(capsys):
+    """NCHW on GPUs (cuDNN's float32 preference), NHWC on CPUs, --data-format over both."""
+    devices = ['--devices', '/gpu:0,/gpu:1']
+    assert set(_plan(capsys, *devices)['convolutions']) == {'NCHW'}
+    assert set(_plan(capsys, *devices, '--data-format', 'NHWC')['convolutions']) == {'NHWC'}
+    assert set(_plan(capsys, '--towers', '2')['convolutions']) == {'NHWC'}
+    report = _plan(capsys, '--workers', '2', '--gpus-per-worker', '2', '--cluster-mode',
+                   'collective')
+    assert set(report['convolutions']) == {'NCHW'} and report['off_device'] == []

@@ -59,7 +59,7 @@ def config_from_args(args, tower_devices, param_device, input_mode):
         param_device=param_device, cluster_mode=args.cluster_mode,
         cluster_timeout=args.cluster_timeout,
         variable_update=args.variable_update, sync_bn=args.sync_bn, input=input_mode,
-        allow_soft_placement=args.allow_soft_placement,
+        allow_soft_placement=args.allow_soft_placement, data_format=args.data_format,
         batch_size=args.batch_size, seed=args.seed, mean=float_list(args.mean, 'mean'),
         std=float_list(args.std, 'std'), epochs=args.epochs, steps=args.steps,
         optimizer=args.optimizer, learning_rate=args.lr, lr_schedule=args.lr_schedule,

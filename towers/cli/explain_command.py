@@ -38,6 +38,7 @@ def run_explain(args, log):
         plan, target = explain.local_in_graph(args.workers, args.ps, args.towers or 1)
     else:
         plan = local_plan(args.towers, args.param_device, args.variable_update, args.devices)
+    plan = plan.with_data_format(args.data_format)
     report = explain.explain(model_fn, info.input_shape, info.num_classes, plan,
                              args.batch_size, args.input or 'feed', args.optimizer,
                              args.sync_bn, target, precision=precision)
@@ -71,7 +72,8 @@ def _plan_only(args, log, model_fn, info, precision):
         if args.variable_update != 'parameter_server':
             raise SettingError('a cluster mode decides where the variables live: leave '
                                '{variable_update} at parameter_server')
-        runs = [(run.plan, run.strategy) for run in planonly.cluster_runs(
+        runs = [(run.plan.with_data_format(args.data_format), run.strategy)
+                for run in planonly.cluster_runs(
             args.cluster_mode, args.workers, args.ps, args.towers, args.gpus_per_worker)]
         where = '%s over %d worker task(s) and %d ps task(s), %s' % (
             args.cluster_mode, args.workers, args.ps,
@@ -85,7 +87,7 @@ def _plan_only(args, log, model_fn, info, precision):
         named = [parse_device(d) for d in (args.devices or '').split(',') if d.strip()]
         gpus = max((index + 1 for kind, index in named if kind == 'gpu'), default=None)
         plan = local_plan(args.towers, args.param_device, args.variable_update, args.devices,
-                          num_gpus=gpus)
+                          num_gpus=gpus, data_format=args.data_format)
         runs, where = [(plan, None)], 'variables: %s' % plan.describe()
     report = planonly.planned_step(model_fn, info.input_shape, info.num_classes, runs,
                                    args.batch_size, args.input or 'feed', args.optimizer,

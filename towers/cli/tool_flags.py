@@ -3,7 +3,7 @@
 TensorFlow-free, as parsers.py, which adds them to its parser.
 """
 from towers.cli.flags import device_flags, model_flags, precision_flags
-from towers.names import CLUSTER_MODES, OPTIMIZERS, VARIABLE_UPDATES
+from towers.names import CLUSTER_MODES, DATA_FORMATS, OPTIMIZERS, VARIABLE_UPDATES
 
 
 def bench_parser(commands):
@@ -115,6 +115,8 @@ def explain_parser(commands):
     explain.add_argument('--optimizer', default='sgd', choices=OPTIMIZERS,
                          help='its slots are variables too (default: sgd)')
     explain.add_argument('--sync-bn', action='store_true', help='as for train')
+    explain.add_argument('--data-format', default=None, choices=DATA_FORMATS,
+                         help='as for train (default: NCHW on GPU towers, else NHWC)')
     precision_flags(explain)
     explain.add_argument('--workers', type=int, default=None,
                          help='explain in-graph replication over a cluster of this many worker '

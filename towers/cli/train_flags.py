@@ -4,7 +4,7 @@ TensorFlow-free; config.py turns them into a TrainConfig.
 """
 from towers.cli.cluster_flags import cluster_train_flags
 from towers.cli.flags import device_flags, model_flags, precision_flags
-from towers.names import INPUT_MODES, OPTIMIZERS, VARIABLE_UPDATES
+from towers.names import DATA_FORMATS, INPUT_MODES, OPTIMIZERS, VARIABLE_UPDATES
 
 
 def train_parser(commands):
@@ -121,6 +121,11 @@ def _train_run_flags(train):
     train.add_argument('--quiet', action='store_true',
                        help='no progress bar: plain log lines, as when not on a terminal')
     train.add_argument('--seed', type=int, default=0, help='random seed (default: 0)')
+    train.add_argument('--data-format', default=None, choices=DATA_FORMATS,
+                       help="the layout of the towers' maps: NCHW (channels first, what "
+                            "cuDNN's float32 kernels prefer) or NHWC; the variables and "
+                            'checkpoints are the same in both (default: NCHW on GPU towers, '
+                            'else NHWC)')
     train.add_argument('--deterministic', action='store_true',
                        help='op determinism on and TF32 off (on GPUs from Ampere float32 '
                             'convs and matmuls run in TF32 by default): the same run gives the '

@@ -57,9 +57,10 @@ def planned_step(model_fn, input_shape, num_classes, runs, batch_size=100, input
       dict: devices {device: {ops, towers {tower_i: ops}, variables}},
       off_device [ops of a tower planned elsewhere than its tower's device],
       all_reduce {op type: {count, devices, hints}}, staging {device: {put, get, images (their dtype)}},
-      towers [each graph's tower devices].
+      towers [each graph's tower devices], convolutions {data format: forward convs}.
     """
-    report = {'devices': {}, 'off_device': [], 'all_reduce': {}, 'staging': {}, 'towers': []}
+    report = {'devices': {}, 'off_device': [], 'all_reduce': {}, 'staging': {}, 'towers': [],
+              'convolutions': {}}
     model = ClassifierModel(model_fn, input_shape, num_classes, optimizer=optimizer)
     for plan, strategy in runs:
         source = zeros_input(input_mode, input_shape, num_classes, batch_size)
@@ -94,6 +95,9 @@ def _read(graph, plan, report):
             hint = op.get_attr('communication_hint').decode() if op.type != 'NcclAllReduce' \
                 else 'nccl'
             found['hints'] = sorted(set(found['hints']) | {hint})
+        if op.type == 'Conv2D':
+            layout = op.get_attr('data_format').decode()
+            report['convolutions'][layout] = report['convolutions'].get(layout, 0) + 1
         if op.type in _STAGING_TYPES:
             staged = report['staging'].setdefault(device, {'put': 0, 'get': 0})
             staged[_STAGING_TYPES[op.type]] += 1
@@ -118,6 +122,9 @@ def report_lines(report, title):
     for device, staged in sorted(report['staging'].items()):
         lines.append('staging on %s: %d put, %d get, images cross as %s'
                      % (device, staged['put'], staged['get'], staged['images']))
+    if report['convolutions']:
+        lines.append('convolutions: %s' % ', '.join(
+            '%d %s' % (count, layout) for layout, count in sorted(report['convolutions'].items())))
     if report['off_device']:
         lines.append('tower ops planned off their tower: %d, e.g. %s' % (
             len(report['off_device']), report['off_device'][0]))

@@ -1,0 +1,120 @@
+"""--data-format: every model computes in NCHW what it computes in NHWC, on the same variables.
+
+This machine's CPU kernels (oneDNN) run NCHW convolutions, pools and fused batch
+norms, so the channels-first graphs are run here, not only built; on GPUs NCHW
+is the default (tests/tools/test_planonly.py checks the plan).
+"""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests.harness import fed, run_graph
+from towers import models
+from towers.deviceplan import DevicePlan, local_plan
+from towers.graph import build_training_graph
+from towers.model import ClassifierModel
+from towers.models import layers, layout
+from towers.models.errors import check_inputs
+
+tf1 = tf.compat.v1
+
+SHAPES = {'small_convnet': (12, 12, 1), 'mnist_convnet': (12, 12, 1),
+          'cifar_convnet': (24, 24, 3), 'resnet20': (8, 8, 3)}
+
+
+@pytest.mark.parametrize('name', sorted(SHAPES))
+def test_nchw_computes_what_nhwc_does_on_the_same_variables(name):
+    shape = SHAPES[name]
+    options = {'dropout_rate': 0.0} if name == 'mnist_convnet' else {}
+    model_fn = models.build_model(name, shape, 5, **options)
+    images = np.random.RandomState(0).rand(3, *shape).astype(np.float32)
+    with tf.Graph().as_default():
+        tf1.set_random_seed(1)
+        outputs = {}
+        for fmt in ('NHWC', 'NCHW'):
+            with tf1.variable_scope('net', reuse=tf1.AUTO_REUSE), layout.prefer(fmt):
+                logits = model_fn(tf.constant(images), True)
+            variables = tf1.trainable_variables()
+            outputs[fmt] = [logits] + tf.gradients(tf.reduce_sum(logits ** 2), variables)
+            convs = {op.get_attr('data_format').decode() for op in tf1.get_default_graph()
+                     .get_operations() if op.type == 'Conv2D'}
+        assert convs == {'NHWC', 'NCHW'}
+        assert len(tf1.trainable_variables()) == len(outputs['NHWC']) - 1  # shared, not twice
+        with tf1.Session() as sess:
+            sess.run(tf1.global_variables_initializer())
+            nhwc, nchw = sess.run([outputs['NHWC'], outputs['NCHW']])
+    for got, expected in zip(nchw, nhwc):
+        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5 * np.abs(expected).max())
+
+
+def test_a_layout_scope_is_checked_and_restored():
+    with pytest.raises(ValueError, match='NHWC or NCHW'):
+        with layout.data_format('NWHC'):
+            pass
+    with layout.data_format('NCHW'), layout.prefer('NCHW'):
+        with layout.data_format(None), layout.prefer(None):
+            assert layout.current() == layout.preferred() == 'NCHW'
+    assert layout.current() == layout.preferred() == 'NHWC'
+
+
+def test_the_plan_builds_nchw_on_gpus_and_nhwc_on_cpus_unless_asked():
+    assert DevicePlan(['/gpu:0', '/gpu:1']).data_format == 'NCHW'
+    assert DevicePlan(['/cpu:0']).data_format == 'NHWC'
+    assert DevicePlan(['/gpu:0']).with_data_format('NHWC').data_format == 'NHWC'
+    assert local_plan(['/cpu:0'], data_format='NCHW').data_format == 'NCHW'
+
+
+SHAPE = (6, 6, 2)
+
+
+def _net(images, training):
+    """A model of one's own, written for both layouts."""
+    with layout.data_format(layout.preferred()):
+        x = check_inputs(images, training, SHAPE, 'net')
+        x = layers.conv2d(x, 4, 3, activation=None, use_bias=False, name='conv')
+        x = tf.nn.relu(layers.batch_norm(x, training, decay=0.5, name='bn'))
+        x = layers.conv2d(x, 4, 3, name='conv2')  # a bias over the channel axis
+        x = layers.max_pool(x, 2, 2)
+        return layers.dense(x, 3, name='logits')
+
+
+def _nhwc_only(images, training):
+    """A model of one's own that knows NHWC only (raw tf.nn on the last axis)."""
+    weights = tf1.get_variable('weights', [3, 3, 2, 4])
+    x = tf.nn.conv2d(images, weights, 1, 'SAME')
+    return layers.dense(tf.reduce_mean(x, axis=[1, 2]), 3, name='logits')
+
+
+def test_a_model_not_written_for_nchw_builds_nhwc_under_a_gpu_plan():
+    plan = DevicePlan(['/gpu:0'], variables='/cpu:0')  # prefers NCHW
+    for model_fn in (_nhwc_only, models.build_model('small_convnet', SHAPE, 3)):
+        built = build_training_graph(ClassifierModel(model_fn, SHAPE, 3), plan, seed=1,
+                                     source=fed([]), learning_rate=0.1)
+        convs = {op.get_attr('data_format').decode() for op in built.graph.get_operations()
+                 if op.type == 'Conv2D'}  # the training tower's and the evaluation's
+        assert convs == ({'NHWC'} if model_fn is _nhwc_only else {'NCHW'}), model_fn
+
+
+@pytest.mark.parametrize('sync_bn,precision', [(False, 'fp32'), (True, 'fp32'), (False, 'bf16')])
+def test_towers_train_in_nchw_as_in_nhwc(sync_bn, precision):
+    """Two towers, batch norm (the fused kernel, or --sync-bn's pooled moments), a few steps;
+    in bf16 the bias gradient's own float32 sum runs over NCHW's axes too."""
+    rng = np.random.RandomState(3)
+    batches = [((rng.rand(8, *SHAPE) + rng.rand(8, 1, 1, 1) * 3).astype(np.float32),
+                rng.randint(0, 3, 8)) for _ in range(3)]
+    runs = {}
+    for fmt in ('NHWC', 'NCHW'):
+        plan = local_plan(['/cpu:0', '/cpu:1'], data_format=fmt)
+        graph = build_training_graph(ClassifierModel(_net, SHAPE, 3, optimizer='sgd'), plan,
+                                     seed=1, source=fed(batches), learning_rate=0.5,
+                                     sync_bn=sync_bn, precision=precision)
+        runs[fmt] = run_graph(graph, len(batches), fetches={'loss': graph.loss})
+    (nhwc, _, nhwc_steps), (nchw, _, nchw_steps) = runs['NHWC'], runs['NCHW']
+    # bf16 rounds each product: the two layouts' sums differ in its last bits.
+    rtol, atol = (1e-5, 1e-5) if precision == 'fp32' else (2e-2, 2e-3)
+    np.testing.assert_allclose([s['loss'] for s in nchw_steps],
+                               [s['loss'] for s in nhwc_steps], rtol=rtol)
+    assert nchw.keys() == nhwc.keys() and 'bn/moving_mean' in nchw
+    for name in nhwc:
+        np.testing.assert_allclose(nchw[name], nhwc[name], rtol=20 * rtol, atol=atol,
+                                   err_msg=name)
