@@ -1,11 +1,16 @@
 """Shared test set-up: quiet TensorFlow's C++ logging before it is imported, a local HTTP
-server for the download tests (no network but 127.0.0.1), and the `alone` mark.
+server for the download tests (no network but 127.0.0.1), and the `alone` and `exact` marks.
 
 The suite runs on two pytest-xdist workers (`-n 2`, as .ci/run does): most tests wait on
 processes, timeouts or the disk as much as they compute, so two at a time fill two cores. A
 test marked `alone` runs with no other test beside it, because it times something (a step
 against the plan, a run against its budget) that another test's load on the same cores would
 skew. Without xdist every test is alone anyway.
+
+A test marked `exact` (the equality tests: N towers against one device, a strategy against
+another) runs inside towers.exactness.exact(), TF32 off and op determinism on, as `towers
+check` and `train --deterministic` do: on a GPU machine they would otherwise compare TF32
+numbers or a non-deterministic cuDNN algorithm's.
 """
 import contextlib
 import fcntl
@@ -22,6 +27,8 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 def pytest_configure(config):
     config.addinivalue_line('markers', 'alone: no other test runs beside this one (it times '
                                        'something that another test would slow down)')
+    config.addinivalue_line('markers', 'exact: runs with TF32 off and op determinism on '
+                                       '(towers.exactness.exact)')
 
 
 
@@ -55,7 +62,17 @@ def _turn(alone):
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     # Around setup, call and teardown: a module fixture's run belongs to its first test.
-    with _turn(item.get_closest_marker('alone') is not None):
+    with _turn(item.get_closest_marker('alone') is not None), _exactness(item):
+        yield
+
+
+@contextlib.contextmanager
+def _exactness(item):
+    if item.get_closest_marker('exact') is None:
+        yield
+        return
+    from towers.exactness import exact  # imports TensorFlow: only for the tests that ask
+    with exact():
         yield
 
 

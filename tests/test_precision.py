@@ -115,6 +115,7 @@ def test_dynamic_loss_scale_skips_what_overflows_and_follows_its_rule():
     assert scale < 2.0 ** 20
 
 
+@pytest.mark.exact
 def test_replicated_copies_skip_together_and_stay_equal():
     steps = 16
     precision = Precision('fp16', initial_scale=2.0 ** 24)
@@ -193,6 +194,7 @@ def _checkpoint(logdir):
             for name, _ in tf1.train.list_variables(logdir)}
 
 
+@pytest.mark.exact
 def test_fp16_resumes_exactly_with_its_loss_scale(tmp_path):
     straight, resumed = str(tmp_path / 'straight'), str(tmp_path / 'resumed')
     _train(straight, 8, precision='fp16')
@@ -245,6 +247,7 @@ def _gradients(precision, model_fn, images, labels):
         return sess.run(grads, graph.source.step(0)[1])
 
 
+@pytest.mark.exact
 def test_bf16_gradients_sum_over_the_batch_in_float32():
     # A bias's gradient sums every example and position: in bfloat16 (TensorFlow's
     # BiasAddGrad) conv1's lost a third of itself; batch norm's beta and gamma likewise.

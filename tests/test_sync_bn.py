@@ -11,6 +11,9 @@ from towers.models import layers
 
 tf1 = tf.compat.v1
 
+# Equality tests: TF32 off, op determinism on (tests/conftest.py).
+pytestmark = pytest.mark.exact
+
 SHAPE = (6, 6, 2)
 
 

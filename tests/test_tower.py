@@ -63,6 +63,7 @@ def initial():
 @pytest.mark.parametrize('num_towers,batch_size', [(2, 8), (3, 10), (3, 2)],
                          ids=['2 towers', '3 towers uneven 4/3/3',
                               '3 towers batch 2 (empty tower)'])
+@pytest.mark.exact
 def test_n_towers_equal_one_device(initial, num_towers, batch_size):
     batches = [_batch(batch_size, seed) for seed in range(3)]
     grads_1, vars_1 = _train(1, batches, initial)

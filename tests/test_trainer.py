@@ -305,6 +305,7 @@ def _variables(logdir):
             for name, _ in tf1.train.list_variables(logdir)}
 
 
+@pytest.mark.exact
 def test_stopped_and_resumed_equals_uninterrupted(tmp_path):
     # 200 examples at 30 per step: the stop at step 9 falls mid second epoch.
     straight = str(tmp_path / 'straight')

@@ -54,6 +54,7 @@ def reference():
     ('parameter_server', '/cpu:0', None), ('parameter_server', '/cpu:2', None),
     ('parameter_server', 'spread', None), ('replicated', '/cpu:0', 'host'),
     ('replicated', '/cpu:0', 'ring')])
+@pytest.mark.exact
 def test_every_synchronous_strategy_equals_one_device(reference, variable_update, param_device,
                                                       all_reduce):
     initial, batches, expected = reference
@@ -68,6 +69,7 @@ def test_every_synchronous_strategy_equals_one_device(reference, variable_update
 
 @pytest.mark.parametrize('optimizer,all_reduce', [('momentum', 'host'), ('adam', 'host'),
                                                   ('adam', 'ring')])
+@pytest.mark.exact
 def test_replicated_copies_stay_bit_equal(optimizer, all_reduce):
     _, everything = _train(THREE, 'replicated', _batches(5), optimizer=optimizer,
                            all_reduce=all_reduce)

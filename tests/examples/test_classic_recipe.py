@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RECIPE = os.path.join(ROOT, 'examples', 'classic_recipe.py')
@@ -33,6 +34,7 @@ def test_the_recipe_runs_as_a_script_and_learns(tmp_path):
     assert float(match.group(1)) > 0.5  # 10 classes: chance is 0.1
 
 
+@pytest.mark.exact
 def test_three_towers_of_the_recipe_train_as_one_device():
     recipe = _recipe()
     lines = []

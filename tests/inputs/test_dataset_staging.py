@@ -5,6 +5,7 @@ Staging is forced on the virtual CPUs here (staged=True); the placement on GPUs 
 checked by `towers explain --plan-only` (tests/tools/test_planonly.py).
 """
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from tests.harness import run_graph
@@ -17,6 +18,9 @@ from towers.model import ClassifierModel
 from towers.session import run_steps
 
 tf1 = tf.compat.v1
+
+# Equality tests: TF32 off, op determinism on (tests/conftest.py).
+pytestmark = pytest.mark.exact
 
 SHAPE = (28, 28, 1)
 DEVICES = ['/cpu:0', '/cpu:1']

@@ -18,6 +18,9 @@ from towers.models.errors import check_inputs
 
 tf1 = tf.compat.v1
 
+# Equality tests: TF32 off, op determinism on (tests/conftest.py).
+pytestmark = pytest.mark.exact
+
 SHAPES = {'small_convnet': (12, 12, 1), 'mnist_convnet': (12, 12, 1),
           'cifar_convnet': (24, 24, 3), 'resnet20': (8, 8, 3)}
 
