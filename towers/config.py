@@ -13,8 +13,14 @@ import numbers
 import re
 
 from towers.errors import SettingError
-from towers.names import (CLUSTER_MODES, DATA_FORMATS, INPUT_MODES, OPTIMIZERS, PRECISIONS,
-                          VARIABLE_UPDATES)
+from towers.names import (
+    CLUSTER_MODES,
+    DATA_FORMATS,
+    INPUT_MODES,
+    OPTIMIZERS,
+    PRECISIONS,
+    VARIABLE_UPDATES,
+)
 
 
 def _text(value):

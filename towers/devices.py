@@ -114,9 +114,8 @@ def resolve_devices(num_towers=None, devices=None, num_gpus=None):
 def session_config(tower_devices, param_device='/cpu:0', num_gpus=None, **kwargs):
     """A ConfigProto under which every named device exists.
 
-    Virtual CPU devices are created with device_count. A named GPU that is not
-    there is an error here; soft placement is then on, as in the classic
-    tutorial, only so that a single op without a GPU kernel may run on the host.
+    Virtual CPU devices are created with device_count (device_config). A named
+    GPU that is not there is an error here.
 
     Args:
       tower_devices: device strings from resolve_devices.
@@ -132,8 +131,19 @@ def session_config(tower_devices, param_device='/cpu:0', num_gpus=None, **kwargs
     parsed = [parse_device(d) for d in list(tower_devices) + hosts]
     require_gpus(parsed, num_gpus)
     cpus = [index for kind, index in parsed if kind == 'cpu']
+    return device_config(max(cpus) + 1 if cpus else 1, **kwargs)
+
+
+def device_config(num_cpus, **kwargs):
+    """The ConfigProto every Session and server of towers starts from.
+
+    num_cpus CPU devices (the ones past the first are virtual), and soft placement
+    on, as in the classic tutorial: a single op without a kernel on its GPU (a
+    summary, a string op) may run on the host; a tower op that moves is
+    refused after the first step (callbacks/placement.py) unless asked.
+    """
     config = tf1.ConfigProto(allow_soft_placement=True, **kwargs)
-    config.device_count['CPU'] = max(cpus) + 1 if cpus else 1
+    config.device_count['CPU'] = num_cpus
     return config
 
 

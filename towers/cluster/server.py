@@ -16,7 +16,7 @@ import time
 import tensorflow as tf
 
 from towers.cluster.spec import ClusterError
-from towers.devices import visible_gpus
+from towers.devices import device_config, visible_gpus
 from towers.errors import op_error_summary
 
 tf1 = tf.compat.v1
@@ -55,8 +55,7 @@ def server_config(cluster, devices_per_task=1, threads=None, timeout_ms=None, nu
         so that several tasks of one host (a ps among them) share its GPUs.
     """
     num_gpus = visible_gpus() if num_gpus is None else num_gpus
-    config = tf1.ConfigProto(allow_soft_placement=True)
-    config.device_count['CPU'] = 1 if num_gpus else max(1, devices_per_task)
+    config = device_config(1 if num_gpus else max(1, devices_per_task))
     config.gpu_options.allow_growth = bool(num_gpus)
     if threads:
         config.intra_op_parallelism_threads = config.inter_op_parallelism_threads = threads

@@ -56,7 +56,8 @@ def planned_step(model_fn, input_shape, num_classes, runs, batch_size=100, input
     Returns:
       dict: devices {device: {ops, towers {tower_i: ops}, variables}},
       off_device [ops of a tower planned elsewhere than its tower's device],
-      all_reduce {op type: {count, devices, hints}}, staging {device: {put, get, images (their dtype)}},
+      all_reduce {op type: {count, devices, hints}},
+      staging {device: {put, get, images (the dtype they cross in)}},
       towers [each graph's tower devices], convolutions {data format: forward convs}.
     """
     report = {'devices': {}, 'off_device': [], 'all_reduce': {}, 'staging': {}, 'towers': [],
