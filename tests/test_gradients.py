@@ -4,7 +4,7 @@ import pytest
 import tensorflow as tf
 
 from towers.errors import GradientError
-from towers.gradients import average_gradients
+from towers.gradients import average_gradients, check_same_variables
 
 tf1 = tf.compat.v1
 
@@ -93,3 +93,16 @@ def test_towers_with_different_variables_are_a_readable_error():
             average_gradients([[(g, a), (g, b)], [(g, b), (g, a)]])
         with pytest.raises(GradientError, match='2 weights for 1 towers'):
             average_gradients([[(g, a)]], weights=[0.5, 0.5])
+
+
+def test_replicas_of_other_variables_are_the_same_readable_error():
+    """Towers with copies of their own agree by name: replica_1/a is tower 0's a."""
+    from towers.variables import variable_name
+    with tf.Graph().as_default():
+        a, b = tf1.get_variable('a', [1]), tf1.get_variable('b', [1])
+        with tf1.variable_scope('replica_1'):
+            a1, c1 = tf1.get_variable('a', [1]), tf1.get_variable('c', [1])
+        check_same_variables([[a], [a1]], name=variable_name)  # copies of the same
+        with pytest.raises(GradientError, match=r"only in tower 0: \['b'\]; only in tower 1: "
+                                                r"\['c'\]"):
+            check_same_variables([[a, b], [a1, c1]], name=variable_name)

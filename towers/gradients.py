@@ -14,24 +14,33 @@ from towers.errors import GradientError
 from towers.tower import tower_update_ops
 
 
-def _check_same_variables(tower_grads):
-    """Every tower must list the same variables in the same order."""
-    reference = [v for _, v in tower_grads[0]]
-    for i, grads_and_vars in enumerate(tower_grads[1:], start=1):
-        variables = [v for _, v in grads_and_vars]
-        if len(variables) != len(reference) or any(
-                a is not b for a, b in zip(variables, reference)):
-            names0 = {v.op.name for v in reference}
-            names_i = {v.op.name for v in variables}
-            only0 = sorted(names0 - names_i)
-            only_i = sorted(names_i - names0)
-            detail = ('only in tower 0: %s; only in tower %d: %s'
-                      % (only0 or '-', i, only_i or '-')) if (only0 or only_i) else \
-                'same variables in a different order'
-            raise GradientError(
-                'towers disagree on their variables (tower 0 has %d, tower %d has %d; %s): '
-                'build every tower with the same model under one shared variable scope'
-                % (len(reference), i, len(variables), detail))
+def check_same_variables(tower_variables, name=None):
+    """Every tower must list the same variables in the same order.
+
+    Args:
+      tower_variables: per tower, the variables it has gradients for.
+      name: None where the towers share one copy (they must list the very same
+        variables); for towers with copies of their own, callable(variable) ->
+        the name a copy shares with its master (variables.variable_name).
+    Raises:
+      GradientError: naming what one tower has and tower 0 has not.
+    """
+    label = name or (lambda v: v.op.name)
+    key = name or id
+    reference = [key(v) for v in tower_variables[0]]
+    for i, variables in enumerate(tower_variables[1:], start=1):
+        if [key(v) for v in variables] == reference:
+            continue
+        names0 = {label(v) for v in tower_variables[0]}
+        names_i = {label(v) for v in variables}
+        only0, only_i = sorted(names0 - names_i), sorted(names_i - names0)
+        detail = ('only in tower 0: %s; only in tower %d: %s'
+                  % (only0 or '-', i, only_i or '-')) if (only0 or only_i) else \
+            'same variables in a different order'
+        raise GradientError(
+            'towers disagree on their variables (tower 0 has %d, tower %d has %d; %s): '
+            'build every tower with the same model under one shared variable scope'
+            % (len(reference), i, len(variables), detail))
 
 
 def combine(grads, weights):
@@ -81,7 +90,7 @@ def average_gradients(tower_grads, weights=None):
         weights = [1.0 / len(tower_grads)] * len(tower_grads)
     if len(weights) != len(tower_grads):
         raise GradientError('got %d weights for %d towers' % (len(weights), len(tower_grads)))
-    _check_same_variables(tower_grads)
+    check_same_variables([[v for _, v in grads_and_vars] for grads_and_vars in tower_grads])
     average = []
     with tf.name_scope('average_gradients'):
         for grads_and_vars in zip(*tower_grads):

@@ -34,7 +34,7 @@ import tensorflow as tf
 
 from towers.allreduce import TowerAllReduce
 from towers.errors import SettingError, TowersError
-from towers.gradients import build_train_op, process_gradients
+from towers.gradients import build_train_op, check_same_variables, process_gradients
 from towers.names import VARIABLE_UPDATES
 from towers.tower import tower_update_ops
 
@@ -217,10 +217,5 @@ def sync_replicas():
 
 def _check_replicas(towers):
     """Tower i's variable j must be the replica of tower 0's variable j."""
-    reference = [variable_name(v) for _, v in towers[0].grads_and_vars]
-    for i, tower in enumerate(towers[1:], start=1):
-        names = [variable_name(v) for _, v in tower.grads_and_vars]
-        if names != reference:
-            raise TowersError('tower %d built other variables than tower 0 (%s): build every '
-                              'tower with the same model'
-                              % (i, ', '.join(sorted(set(names) ^ set(reference))[:4])))
+    check_same_variables([[v for _, v in tower.grads_and_vars] for tower in towers],
+                         name=variable_name)
