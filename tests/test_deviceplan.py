@@ -19,7 +19,7 @@ def test_the_classic_plan_keeps_the_variables_and_the_host_ops_on_cpu0():
     plan = local_plan(THREE)
     assert (plan.towers, plan.variables, plan.host, plan.copies, plan.all_reduce,
             plan.default_device) == (tuple(THREE), '/cpu:0', '/cpu:0', False, None, '/cpu:0')
-    assert [plan.tower_variables(i) for i in range(3)] == [(None, '/cpu:0')] * 3
+    assert [plan.variable_home(i) for i in range(3)] == [(None, '/cpu:0')] * 3
     assert plan.config.device_count['CPU'] == 3
     assert plan.describe() == '/cpu:0'
     assert local_plan(THREE, '/cpu:2').host == '/cpu:2'  # the step counter goes with them
@@ -44,7 +44,7 @@ def test_spread_places_by_bytes_and_alike_in_every_graph():
 def test_replicated_gives_each_tower_its_copy_a_shared_sum_on_cpus_and_nccl_on_gpus():
     plan = local_plan(THREE, variable_update='replicated')
     assert (plan.copies, plan.variables, plan.all_reduce) == (True, None, 'host')
-    assert [plan.tower_variables(i) for i in range(3)] == [
+    assert [plan.variable_home(i) for i in range(3)] == [
         (None, '/cpu:0'), ('replica_1', '/cpu:1'), ('replica_2', '/cpu:2')]
     assert plan.describe() == ('a copy on each tower (replicated), all-reduced by one sum per '
                                'variable that every tower reads (shared memory)')
@@ -55,7 +55,7 @@ def test_replicated_gives_each_tower_its_copy_a_shared_sum_on_cpus_and_nccl_on_g
         False, '/cpu:0', plan.towers)
     # Planned on GPUs this machine need not have: NCCL.
     gpus = make_plan(GPUS, '/cpu:0', 'replicated')
-    assert gpus.all_reduce == 'nccl' and gpus.tower_variables(1) == ('replica_1', '/gpu:1')
+    assert gpus.all_reduce == 'nccl' and gpus.variable_home(1) == ('replica_1', '/gpu:1')
     independent = local_plan(THREE, variable_update='independent')
     assert (independent.copies, independent.all_reduce) == (True, None)
     assert independent.describe() == 'a copy on each tower (independent), never combined'

@@ -129,7 +129,7 @@ class DevicePlan:
     def num_towers(self):
         return len(self.towers)
 
-    def tower_variables(self, index):
+    def variable_home(self, index):
         """(variable scope, device or device function) where tower `index` gets its variables.
 
         The scope is None where the towers share one copy (tower 0 creates it,

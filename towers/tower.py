@@ -208,7 +208,7 @@ def build_towers_from_slices(loss_fn, slices, plan, optimizer=None, training=Tru
     precision = Precision.of(precision)
     towers = []
     for i, (device, piece) in enumerate(zip(plan.towers, slices)):
-        own_scope, variable_device = plan.tower_variables(i)
+        own_scope, variable_device = plan.variable_home(i)
         # The reuse flag lives only inside this `with`, so it cannot leak into
         # the optimizer's slot creation later (Momentum/Adam get_variable calls).
         shares = own_scope is None and (reuse or i > 0)
