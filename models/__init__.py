@@ -8,6 +8,7 @@ Public API:
         logits. It creates its variables with tf1.get_variable in the caller's
         variable scope, so calling it once per tower under reuse=True shares them.
     model_names() -> sorted list of names.
+    DESIGNS: model name -> (input_shape, num_classes) it is designed for.
     ModelError: bad name, shape, class count or option (a ValueError).
     layers: the layer functions the models are made of.
 
@@ -17,17 +18,48 @@ import functools
 import inspect
 import numbers
 
-from towers.models import cifar_convnet, layers, layout, mnist_convnet, resnet, small_convnet
+from towers.models import (
+    alexnet,
+    cifar_convnet,
+    inception,
+    layers,
+    layout,
+    mnist_convnet,
+    resnet,
+    resnet_imagenet,
+    small_convnet,
+    trivial,
+    vgg,
+)
 from towers.models.errors import ModelError
 
-__all__ = ['MODELS', 'ModelError', 'build_model', 'layers', 'model_names']
+__all__ = ['DESIGNS', 'MODELS', 'ModelError', 'build_model', 'layers', 'model_names']
 
 MODELS = {
+    'alexnet': alexnet.build,
     'cifar_convnet': cifar_convnet.build,
+    'inception3': inception.build,
     'mnist_convnet': mnist_convnet.build,
     'resnet20': resnet.build_resnet20,
+    'resnet50': resnet_imagenet.build_resnet50,
     'resnet56': resnet.build_resnet56,
+    'resnet101': resnet_imagenet.build_resnet101,
+    'resnet152': resnet_imagenet.build_resnet152,
     'small_convnet': small_convnet.build,
+    'trivial': trivial.build,
+    'vgg16': vgg.build,
+}
+
+# The input and class count each model is designed for: tf_cnn_benchmarks' sizes for the
+# ImageNet nets (AlexNet's VALID first convolution, and trivial, take 224 + 3). Any size the
+# net allows works, and any class count.
+_IMAGENET, _IMAGENET_227 = ((224, 224, 3), 1000), ((227, 227, 3), 1000)
+DESIGNS = {
+    'alexnet': _IMAGENET_227, 'cifar_convnet': ((32, 32, 3), 10),
+    'inception3': ((299, 299, 3), 1000), 'mnist_convnet': ((28, 28, 1), 10),
+    'resnet20': ((32, 32, 3), 10), 'resnet50': _IMAGENET, 'resnet56': ((32, 32, 3), 10),
+    'resnet101': _IMAGENET, 'resnet152': _IMAGENET, 'small_convnet': ((28, 28, 1), 10),
+    'trivial': _IMAGENET_227, 'vgg16': _IMAGENET,
 }
 
 

@@ -21,8 +21,8 @@ from towers.models.normalization import MIN_EPSILON, batch_norm
 
 tf1 = tf.compat.v1
 
-__all__ = ['MIN_EPSILON', 'batch_norm', 'conv2d', 'dense', 'dropout', 'flatten',
-           'global_average_pool', 'local_response_norm', 'max_pool']
+__all__ = ['MIN_EPSILON', 'avg_pool', 'batch_norm', 'concat_channels', 'conv2d', 'dense',
+           'dropout', 'flatten', 'global_average_pool', 'local_response_norm', 'max_pool']
 
 
 def _conv_output_shape(x, kernel_hw, strides, padding, filters):
@@ -160,6 +160,18 @@ def max_pool(x, pool_size=2, strides=2, padding='SAME', name=None):
     """
     return tf.nn.max_pool2d(x, ksize=pool_size, strides=strides, padding=padding, name=name,
                             data_format=layout.current())
+
+
+def avg_pool(x, pool_size=3, strides=1, padding='SAME', name=None):
+    """Average pooling, as max_pool; with SAME padding the border windows average
+    only the pixels inside the map (TensorFlow's, and Keras', rule)."""
+    return tf.nn.avg_pool2d(x, ksize=pool_size, strides=strides, padding=padding, name=name,
+                            data_format=layout.current())
+
+
+def concat_channels(maps, name=None):
+    """The maps side by side along the channel axis (an Inception module's branches)."""
+    return tf.concat(maps, axis=layout.channel_axis(maps[0]), name=name)
 
 
 def global_average_pool(x):

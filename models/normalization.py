@@ -17,10 +17,11 @@ tf1 = tf.compat.v1
 MIN_EPSILON = 1.001e-5  # the fused kernel's floor (cuDNN's)
 
 
-def batch_norm(x, training, decay=0.997, epsilon=MIN_EPSILON, name='batch_norm'):
+def batch_norm(x, training, decay=0.997, epsilon=MIN_EPSILON, scale=True, name='batch_norm'):
     """Batch normalisation over the channel axis (the last; NCHW's second, see layout.py).
 
-    Creates `beta` [C] (zeros) and `gamma` [C] (ones), trainable, and
+    Creates `beta` [C] (zeros) and `gamma` [C] (ones; not with scale=False, where
+    a ReLU follows and a scale would only be undone by the next layer), trainable, and
     `moving_mean` [C] (zeros) and `moving_variance` [C] (ones), non-trainable and
     in GLOBAL_VARIABLES and MOVING_AVERAGE_VARIABLES (so savers and EMA tools see
     them but optimizers do not).
@@ -44,6 +45,7 @@ def batch_norm(x, training, decay=0.997, epsilon=MIN_EPSILON, name='batch_norm')
         decay: moving-average decay.
         epsilon: added to the variance for numerical stability; below
             MIN_EPSILON, the fused kernel's floor, the tf.nn ops normalise.
+        scale: learn gamma; False fixes it at one (Inception v3, as Keras builds it).
         name: variable scope of the four variables.
 
     Returns:
@@ -61,7 +63,8 @@ def batch_norm(x, training, decay=0.997, epsilon=MIN_EPSILON, name='batch_norm')
 
     with tf1.variable_scope(name):
         beta = var('beta', tf1.zeros_initializer())
-        gamma = var('gamma', tf1.ones_initializer())
+        gamma = (var('gamma', tf1.ones_initializer()) if scale
+                 else tf.ones([channels], tf.float32, name='gamma'))
         moving_mean = var('moving_mean', tf1.zeros_initializer(), trainable=False)
         moving_variance = var('moving_variance', tf1.ones_initializer(), trainable=False)
         fused = _fusable(x) and epsilon >= MIN_EPSILON

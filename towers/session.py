@@ -55,9 +55,15 @@ def prepare_session(sess, built, load=None):
 
 
 def load_variables(sess, variables, values):
-    """Set variables to values: {name: variable} and {name: numpy array} (a subset)."""
-    for name, value in values.items():
-        variables[name].load(value, sess)
+    """Set variables to values: {name: variable} and {name: numpy array} (a subset).
+
+    In one run, as Variable.load sets one: each variable's initializer fed the value
+    instead of its initial value (a run per variable prepares the graph anew each
+    time, 80 ms apiece on ResNet-50's graph).
+    """
+    chosen = [(variables[name], value) for name, value in values.items()]
+    sess.run([variable.initializer for variable, _ in chosen],
+             {variable.initializer.inputs[1]: value for variable, value in chosen})
 
 
 def trace_options():

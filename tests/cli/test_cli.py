@@ -258,3 +258,17 @@ def test_kill_9_at_any_moment_leaves_the_last_checkpoint_loadable(tmp_path, dela
     assert main(['train', '--model', 'small_convnet', '--steps', str(saved_step + 2),
                  '--logdir', logdir]) == 0
     assert tf.train.load_variable(logdir, 'global_step') == saved_step + 2
+
+
+def test_models_lists_each_with_its_input_parameters_and_flops(capsys):
+    assert main(['models', 'resnet20', 'small_convnet']) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ['model', 'input', 'classes', 'parameters', 'MACs/image']
+    # ResNet-20's 0.27M parameters and 41M multiply-accumulates (He et al. 2016 table 6).
+    assert lines[1].split() == ['resnet20', '32x32x3', '10', '269,722', '40.55', 'M']
+    # conv 26*26*32*9 + logits 5408*10 MACs.
+    assert lines[2].split() == ['small_convnet', '28x28x1', '10', '54,410', '0.25', 'M']
+    assert lines[3].startswith('MACs: multiply-accumulates') and len(lines) == 4
+    assert main(['models', 'resnet51']) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith('towers: error: unknown model resnet51; known')

@@ -162,8 +162,10 @@ def test_mnist_sizes_fc1_from_input_and_honours_num_classes():
 
 
 def test_registry_lists_the_models():
-    assert models.model_names() == ['cifar_convnet', 'mnist_convnet', 'resnet20', 'resnet56',
-                                    'small_convnet']
+    assert models.model_names() == ['alexnet', 'cifar_convnet', 'inception3', 'mnist_convnet',
+                                    'resnet101', 'resnet152', 'resnet20', 'resnet50',
+                                    'resnet56', 'small_convnet', 'trivial', 'vgg16']
+    assert sorted(models.DESIGNS) == models.model_names()
     assert sorted(models.MODELS) == models.model_names()
     assert callable(models.layers.conv2d)
     assert issubclass(ModelError, ValueError)

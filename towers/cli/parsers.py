@@ -44,7 +44,12 @@ def devices_parser(commands):
 
 def models_parser(commands):
     """towers models: the model and dataset names."""
-    return commands.add_parser('models', help='list the models and datasets')
+    parser = commands.add_parser('models', help='list the models (each with its input, '
+                                                'parameters and FLOPs) and the datasets')
+    parser.add_argument('names', nargs='*', metavar='NAME',
+                        help='only these models (default: every one; counting them all '
+                             'builds each graph, some 15 s)')
+    return parser
 
 
 def data_parser(commands):

@@ -162,6 +162,26 @@ def _ops_in(metadata, dtype):
     return counts
 
 
+def inference_flops(model_fn, input_shape):
+    """(multiply-accumulates of the convolutions and matmuls, all FLOPs) of one image's
+    forward pass, by TensorFlow's profiler: the MACs are the figure papers publish."""
+    graph = tf.Graph()
+    with graph.as_default():
+        model_fn(tf1.placeholder(tf.float32, [1] + list(input_shape)), False)
+    options = tf1.profiler.ProfileOptionBuilder.float_operation()
+    options['output'] = 'none'
+    types = {op.name: op.type for op in graph.get_operations()}
+    macs = flops = 0
+    stack = list(tf1.profiler.profile(graph, options=options).children)
+    while stack:
+        node = stack.pop()
+        stack.extend(node.children)
+        flops += node.float_ops
+        if types.get(node.name) in ('Conv2D', 'MatMul'):
+            macs += node.float_ops // 2
+    return macs, flops
+
+
 def op_flops(model, plan, batch_size, num_classes, sync_bn=False, precision=None):
     """op name -> FLOPs, by TensorFlow's profiler.
 

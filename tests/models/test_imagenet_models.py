@@ -1,0 +1,107 @@
+"""The tf_cnn_benchmarks nets: their reference parameter counts and FLOPs, and N towers that
+train as one device on each (at a small input, so that it runs here)."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests.harness import fed, run_graph
+from towers import models
+from towers.deviceplan import local_plan
+from towers.graph import build_training_graph
+from towers.model import ClassifierModel
+from towers.tools.explain import inference_flops
+
+tf1 = tf.compat.v1
+
+
+def _parameters(model_fn, shape):
+    with tf.Graph().as_default():
+        model_fn(tf1.placeholder(tf.float32, [None] + list(shape)), True)
+        return sum(v.shape.num_elements() for v in tf1.trainable_variables())
+
+
+def _designed(name):
+    shape, classes = models.DESIGNS[name]
+    return models.build_model(name, shape, classes), shape
+
+
+@pytest.mark.parametrize('name,count', [
+    # torchvision's counts, the same nets (v1.5 moves a stride, not a weight).
+    ('resnet50', 25_557_032), ('resnet101', 44_549_160), ('resnet152', 60_192_808),
+    # conv 11x11x3x64, 5x5x64x192, 3x3x192x384, 3x3x384x384, 3x3x384x256 with biases
+    # (2,322,112 + 884,992), fc 9216x4096, 4096x4096, 4096x1000 with biases.
+    ('alexnet', 3_207_104 + 37_752_832 + 16_781_312 + 4_097_000),
+    # 227*227*3 -> 1 -> 4096 -> 1000, with biases.
+    ('trivial', 154_588 + 8_192 + 4_097_000)])
+def test_parameters_match_the_reference_architectures(name, count):
+    assert _parameters(*_designed(name)) == count
+
+
+def test_vgg16_and_inception3_have_keras_applications_parameters():
+    """keras.applications builds the same two nets (Keras only as the reference, here)."""
+    import keras
+    vgg = keras.applications.VGG16(weights=None)
+    assert _parameters(*_designed('vgg16')) == vgg.count_params() == 138_357_544
+    inception = keras.applications.InceptionV3(weights=None)
+    trainable = sum(int(np.prod(w.shape)) for w in inception.trainable_weights)
+    assert _parameters(*_designed('inception3')) == trainable == 23_817_352
+
+
+@pytest.mark.parametrize('name,published', [
+    # Multiply-accumulates of one 224x224 (299 for inception3) forward pass, as the papers
+    # and torchvision's model zoo publish them (ResNet-50 ~4.1 G).
+    ('resnet50', 4.09e9), ('vgg16', 15.47e9), ('inception3', 5.71e9)])
+def test_flops_per_image_match_the_published_figures(name, published):
+    macs, flops = inference_flops(*_designed(name))
+    assert abs(macs / published - 1) < 0.02, macs
+    assert flops > 2 * macs  # every other op (batch norm, ReLU, pooling) counts too
+
+
+# At the smallest input each net allows, so that steps run here.
+SMALL = {'resnet50': (32, 32, 3), 'inception3': (75, 75, 3), 'vgg16': (32, 32, 3),
+         'alexnet': (67, 67, 3), 'trivial': (8, 8, 3)}
+
+
+def _train(name, devices, batches, initial=None, **options):
+    shape = SMALL[name]
+    model = ClassifierModel(models.build_model(name, shape, 5, **options), shape, 5,
+                            optimizer='momentum')
+    graph = build_training_graph(model, local_plan(devices), seed=1, source=fed(batches),
+                                 learning_rate=0.01)
+    saved, _, steps = run_graph(graph, len(batches), initial, {'loss': graph.loss})
+    return saved, [step['loss'] for step in steps]
+
+
+def _batches(name, count=2):
+    rng = np.random.RandomState(0)
+    return [(rng.rand(6, *SMALL[name]).astype(np.float32), rng.randint(0, 5, 6))
+            for _ in range(count)]
+
+
+@pytest.mark.exact
+@pytest.mark.parametrize('name', ['alexnet', 'trivial', 'vgg16'])
+def test_two_towers_train_the_nets_without_batch_norm_as_one_device(name):
+    """Without dropout (each tower draws its own mask), N towers compute one device's steps."""
+    options = {} if name == 'trivial' else {'dropout_rate': 0.0}
+    batches = _batches(name)
+    initial, _ = _train(name, ['/cpu:0'], [], **options)
+    expected, expected_losses = _train(name, ['/cpu:0'], batches, initial, **options)
+    got, losses = _train(name, ['/cpu:0', '/cpu:1'], batches, initial, **options)
+    assert losses[1] != losses[0]  # it trained
+    np.testing.assert_allclose(losses, expected_losses, rtol=1e-5)
+    for variable in expected:
+        np.testing.assert_allclose(got[variable], expected[variable], rtol=1e-4,
+                                   atol=1e-6 * np.abs(expected[variable]).max(),
+                                   err_msg=variable)
+
+
+@pytest.mark.parametrize('name', ['inception3', 'resnet50'])
+def test_two_towers_train_the_batch_norm_nets(name):
+    """Each tower's own batch statistics, tower 0's moving averages. (That N towers with
+    --sync-bn equal one device is tested on small nets, tests/test_sync_bn.py: at 32x32
+    ResNet-50's last maps are 1x1, and three values per tower make a batch norm chaotic.)"""
+    initial, _ = _train(name, ['/cpu:0'], [])
+    trained, losses = _train(name, ['/cpu:0', '/cpu:1'], _batches(name), initial)
+    assert np.all(np.isfinite(losses)) and losses[1] != losses[0]
+    moved = [v for v in trained if not np.array_equal(trained[v], initial[v])]
+    assert len(moved) == len(trained)  # every variable, the moving averages included
