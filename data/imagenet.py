@@ -1,0 +1,189 @@
+"""ImageNet-format TFRecords, as tensorflow/models' build_imagenet_data.py writes them.
+
+A folder of shards `train-00000-of-01024` ... and `validation-00000-of-00128` ... (any
+counts), each record a tf.train.Example with
+
+  image/encoded            the JPEG bytes
+  image/class/label        1..1000 (0 is left unused, for a background class)
+  image/object/bbox/xmin, ymin, xmax, ymax
+                           the object boxes, fractions of the width and height
+  image/height, image/width
+
+towers trains on label - 1, so the classes are 0..999 (class i is the (i+1)-th synset of
+build_imagenet_data.py's sorted list), and a record labelled 0 is out of range.
+
+Preprocessing is tf_cnn_benchmarks' (its preprocessing.py), on the host CPU:
+  training    a box drawn by sample_distorted_bounding_box over the JPEG's own shape and
+              the record's boxes (at least 10% of a box covered, aspect 3/4..4/3, 5%..100%
+              of the area, the whole image when there is no box), decoded and cropped in
+              one op (decode_and_crop_jpeg), resized to the model's size (bilinear), flipped
+              left-right half the time;
+  evaluation  decoded, the short side resized to 1.145 times the model's size (256 for
+              224), the centre cut out.
+The image leaves as uint8 (rounded), so it crosses to the towers' devices as bytes and the
+model's side normalises it (towers/inputs/dataset.py).
+
+Seeded per example, so a resumed run crops as the uninterrupted one: the records are
+shuffled (a seeded buffer of the serialised records, reshuffled each epoch), then numbered
+by their position in the epoch; the crop box and the flip are drawn by stateless random ops
+from (seed, that position). The same seed therefore gives the same crops and flips in the
+same order, whatever the number of parallel decoders; a resume (which skips the batches
+done) continues it.
+
+This module imports TensorFlow; `import data` does not import it.
+"""
+import glob
+import os
+import re
+import struct
+
+import tensorflow as tf
+
+from towers.data.errors import DataError
+
+SPLITS = {'train': 'train', 'validation': 'validation'}
+EVAL_RESIZE = 1.145  # the short side before the centre crop: 256 for 224
+_SHARD = re.compile(r'^(train|validation)-(\d+)-of-(\d+)$')
+_FEATURES = {
+    'image/encoded': tf.io.FixedLenFeature([], tf.string),
+    'image/class/label': tf.io.FixedLenFeature([], tf.int64, default_value=-1),
+    'image/object/bbox/xmin': tf.io.VarLenFeature(tf.float32),
+    'image/object/bbox/ymin': tf.io.VarLenFeature(tf.float32),
+    'image/object/bbox/xmax': tf.io.VarLenFeature(tf.float32),
+    'image/object/bbox/ymax': tf.io.VarLenFeature(tf.float32),
+}
+
+
+def make_example(jpeg, label, height, width, boxes=()):
+    """One record of the schema, serialised: JPEG bytes, its 1-based label, its size, and
+    object boxes [(ymin, xmin, ymax, xmax)] as fractions."""
+    def floats(values):
+        return tf.train.Feature(float_list=tf.train.FloatList(value=list(values)))
+
+    def ints(values):
+        return tf.train.Feature(int64_list=tf.train.Int64List(value=list(values)))
+    feature = {
+        'image/encoded': tf.train.Feature(bytes_list=tf.train.BytesList(value=[jpeg])),
+        'image/format': tf.train.Feature(bytes_list=tf.train.BytesList(value=[b'JPEG'])),
+        'image/class/label': ints([label]), 'image/height': ints([height]),
+        'image/width': ints([width]), 'image/channels': ints([3]),
+    }
+    for index, side in enumerate(('ymin', 'xmin', 'ymax', 'xmax')):
+        feature['image/object/bbox/' + side] = floats(box[index] for box in boxes)
+    return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+
+
+def shard_files(folder, split):
+    """The split's shards in the folder, in order; DataError when there are none or some are
+    missing from the set their names promise (`train-00003-of-01024` with 1023 others)."""
+    if split not in SPLITS:
+        raise DataError('an ImageNet folder has the splits train and validation, not %r' % split)
+    found = {}
+    for path in glob.glob(os.path.join(folder, '%s-*-of-*' % split)):
+        match = _SHARD.match(os.path.basename(path))
+        if match:
+            found[(int(match.group(2)), int(match.group(3)))] = path
+    if not found:
+        raise DataError('%s has no %s shards (%s-00000-of-NNNNN, as build_imagenet_data.py '
+                        'names them)' % (folder, split, split))
+    totals = {total for _, total in found}
+    if len(totals) != 1:
+        raise DataError('%s mixes %s shard sets of %s files: keep one'
+                        % (folder, split, ' and '.join(str(t) for t in sorted(totals))))
+    total = totals.pop()
+    missing = [i for i in range(total) if (i, total) not in found]
+    if missing:
+        raise DataError('%s lacks %d of its %d %s shards, e.g. %s-%05d-of-%05d'
+                        % (folder, len(missing), total, split, split, missing[0], total))
+    return [found[(i, total)] for i in range(total)]
+
+
+def count_records(path):
+    """Records in one TFRecord file, by its framing (a length, its CRC, the data, its CRC),
+    without parsing them; DataError naming the file and the record that is cut short."""
+    count, size = 0, os.path.getsize(path)
+    with open(path, 'rb') as f:
+        position = 0
+        while position < size:
+            header = f.read(12)
+            if len(header) < 12:
+                raise DataError('%s is truncated in record %d (its header)' % (path, count))
+            (length,) = struct.unpack('<Q', header[:8])
+            position += 12 + length + 4
+            if position > size:
+                raise DataError('%s is truncated in record %d (%d bytes of its %d)'
+                                % (path, count, size - (position - length - 4), length))
+            f.seek(position)
+            count += 1
+    return count
+
+
+def parse(serialized):
+    """(JPEG bytes, label - 1, boxes [1, n, 4] as [ymin, xmin, ymax, xmax]) of one record."""
+    parsed = tf.io.parse_single_example(serialized, _FEATURES)
+    sides = [tf.sparse.to_dense(parsed['image/object/bbox/' + side])
+             for side in ('ymin', 'xmin', 'ymax', 'xmax')]
+    boxes = tf.expand_dims(tf.stack(sides, axis=1), 0)
+    return parsed['image/encoded'], parsed['image/class/label'] - 1, boxes
+
+
+def train_image(jpeg, boxes, size, seed):
+    """tf_cnn_benchmarks' training crop of one JPEG: [size, size, 3] uint8.
+
+    Args:
+      jpeg: the encoded bytes.
+      boxes: [1, n, 4] float32 object boxes (n may be 0: the whole image is the box).
+      size: the model's side.
+      seed: [2] int64, this example's stateless seed.
+    """
+    seeds = tf.random.experimental.stateless_split(seed, 2)
+    begin, crop_size, _ = tf.image.stateless_sample_distorted_bounding_box(
+        tf.io.extract_jpeg_shape(jpeg), boxes, seed=seeds[0], min_object_covered=0.1,
+        aspect_ratio_range=[0.75, 1.33], area_range=[0.05, 1.0], max_attempts=100,
+        use_image_if_no_bounding_boxes=True)
+    window = tf.stack([begin[0], begin[1], crop_size[0], crop_size[1]])
+    image = tf.io.decode_and_crop_jpeg(jpeg, window, channels=3)
+    image = tf.image.resize(image, [size, size], method='bilinear')
+    image = tf.image.stateless_random_flip_left_right(image, seed=seeds[1])
+    return _to_bytes(image)
+
+
+def eval_image(jpeg, size):
+    """The evaluation view of one JPEG: the short side resized to size * 1.145, the centre
+    size x size cut out; [size, size, 3] uint8."""
+    image = tf.io.decode_jpeg(jpeg, channels=3)
+    shape = tf.cast(tf.shape(image)[:2], tf.float32)
+    scale = round(size * EVAL_RESIZE) / tf.reduce_min(shape)
+    resized = tf.cast(tf.round(shape * scale), tf.int32)
+    image = tf.image.resize(image, resized, method='bilinear')
+    top, left = (resized[0] - size) // 2, (resized[1] - size) // 2
+    return _to_bytes(image[top:top + size, left:left + size, :])
+
+
+def _to_bytes(image):
+    return tf.cast(tf.clip_by_value(tf.round(image), 0, 255), tf.uint8)
+
+
+def examples(files, size, training, seed=0, shuffle_buffer=10000, cycle_length=8):
+    """A tf.data.Dataset of (image [size, size, 3] uint8, label) from the shards.
+
+    The shards are read interleaved (deterministically), the serialised records shuffled in
+    a seeded buffer when training, numbered by their position in the epoch, and decoded in
+    parallel; the order out is the order in, whatever the parallelism.
+    """
+    records = tf.data.Dataset.from_tensor_slices(files).interleave(
+        tf.data.TFRecordDataset, cycle_length=min(cycle_length, len(files)), block_length=1,
+        num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    if training and shuffle_buffer > 1:
+        records = records.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
+
+    def prepare(position, serialized):
+        jpeg, label, boxes = parse(serialized)
+        if training:
+            image = train_image(jpeg, boxes, size, tf.stack([tf.cast(seed, tf.int64), position]))
+        else:
+            image = eval_image(jpeg, size)
+        return image, label
+
+    return records.enumerate().map(prepare, num_parallel_calls=tf.data.AUTOTUNE,
+                                   deterministic=True)

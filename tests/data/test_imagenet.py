@@ -1,0 +1,122 @@
+"""ImageNet-format shards: finding and counting them, tf_cnn_benchmarks' preprocessing, and
+crops seeded per example so that a run and its resume see the same images."""
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from towers.data import imagenet
+from towers.data.errors import DataError
+
+tf1 = tf.compat.v1
+
+
+def _jpeg(height, width, seed):
+    """A JPEG of a smooth random picture (so that crops and resizes are visible)."""
+    rng = np.random.RandomState(seed)
+    small = rng.randint(0, 256, (4, 4, 3)).astype(np.float32)
+    picture = tf.image.resize(small, [height, width]).numpy()
+    return tf.io.encode_jpeg(tf.cast(picture, tf.uint8), quality=95).numpy()
+
+
+def _write_shards(folder, split, sizes, boxes=((0.2, 0.3, 0.7, 0.9),)):
+    """Shards of records labelled 1.. in order: shard k holds sizes[k] records."""
+    label = 0
+    for index, count in enumerate(sizes):
+        path = os.path.join(folder, '%s-%05d-of-%05d' % (split, index, len(sizes)))
+        with tf.io.TFRecordWriter(path) as writer:
+            for _ in range(count):
+                label += 1
+                height, width = 60 + 7 * label, 90 - 3 * label
+                writer.write(imagenet.make_example(_jpeg(height, width, label), label, height,
+                                                   width, boxes))
+
+
+def test_shards_are_found_in_order_and_counted(tmp_path):
+    _write_shards(str(tmp_path), 'train', [3, 2, 4])
+    files = imagenet.shard_files(str(tmp_path), 'train')
+    assert [os.path.basename(f) for f in files] == ['train-%05d-of-00003' % i for i in range(3)]
+    assert [imagenet.count_records(f) for f in files] == [3, 2, 4]
+
+
+def test_missing_and_truncated_shards_are_one_line_each(tmp_path):
+    folder = str(tmp_path)
+    with pytest.raises(DataError, match='has no validation shards'):
+        imagenet.shard_files(folder, 'validation')
+    _write_shards(folder, 'train', [2, 2, 2])
+    os.unlink(os.path.join(folder, 'train-00001-of-00003'))
+    with pytest.raises(DataError, match=r'lacks 1 of its 3 train shards, e\.g\. '
+                                        r'train-00001-of-00003$'):
+        imagenet.shard_files(folder, 'train')
+    path = os.path.join(folder, 'train-00002-of-00003')
+    with open(path, 'rb+') as f:
+        f.truncate(os.path.getsize(path) - 10)
+    with pytest.raises(DataError, match=r'train-00002-of-00003 is truncated in record 1 '):
+        imagenet.count_records(path)
+
+
+def _read(make_dataset, count):
+    with tf.Graph().as_default():
+        batch = tf1.data.make_one_shot_iterator(make_dataset().take(count)).get_next()
+        with tf1.Session() as sess:
+            return [sess.run(batch) for _ in range(count)]
+
+
+def test_the_training_view_is_a_seeded_crop_and_the_labels_start_at_zero(tmp_path):
+    _write_shards(str(tmp_path), 'train', [4, 4])
+    files = imagenet.shard_files(str(tmp_path), 'train')
+
+    def view(seed, parallel=8):
+        return _read(lambda: imagenet.examples(files, 32, training=True, seed=seed,
+                                               cycle_length=parallel), 8)
+    first, again, other = view(1), view(1), view(2)
+    assert all(image.shape == (32, 32, 3) and image.dtype == np.uint8 for image, _ in first)
+    assert sorted(int(label) for _, label in first) == list(range(8))  # 1..8, less one
+    for (a, label_a), (b, label_b) in zip(first, again):
+        np.testing.assert_array_equal(a, b)
+        assert label_a == label_b
+    assert any(not np.array_equal(a, b) for (a, _), (b, _) in zip(first, other))
+
+
+def test_a_resume_skips_to_the_same_crops(tmp_path):
+    _write_shards(str(tmp_path), 'train', [5, 5])
+    files = imagenet.shard_files(str(tmp_path), 'train')
+    whole = _read(lambda: imagenet.examples(files, 24, training=True, seed=3), 10)
+    resumed = _read(lambda: imagenet.examples(files, 24, training=True, seed=3).skip(6), 4)
+    for (a, label_a), (b, label_b) in zip(whole[6:], resumed):
+        np.testing.assert_array_equal(a, b)
+        assert label_a == label_b
+
+
+def test_the_evaluation_view_resizes_the_short_side_and_cuts_the_centre(tmp_path):
+    jpeg = _jpeg(100, 150, seed=7)
+    with tf.Graph().as_default(), tf1.Session() as sess:
+        got = sess.run(imagenet.eval_image(tf.constant(jpeg), 64))
+    decoded = tf.io.decode_jpeg(jpeg, channels=3)
+    # round(64 * 1.145) = 73 on the short side: 100x150 -> 73x110, the centre 64x64.
+    resized = tf.image.resize(decoded, [73, 110], method='bilinear')
+    expected = tf.cast(tf.clip_by_value(tf.round(resized[4:68, 23:87, :]), 0, 255), tf.uint8)
+    np.testing.assert_array_equal(got, expected.numpy())
+
+
+def test_the_training_crop_is_a_window_of_the_decoded_jpeg():
+    """decode_and_crop_jpeg: the crop the fused op decodes is the window of the whole image."""
+    jpeg = _jpeg(80, 120, seed=5)
+    with tf.Graph().as_default(), tf1.Session() as sess:
+        boxes = tf.constant([[[0.1, 0.2, 0.6, 0.9]]])
+        seed = tf.constant([4, 11], tf.int64)
+        seeds = tf.random.experimental.stateless_split(seed, 2)
+        begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
+            tf.io.extract_jpeg_shape(jpeg), boxes, seed=seeds[0], min_object_covered=0.1,
+            aspect_ratio_range=[0.75, 1.33], area_range=[0.05, 1.0], max_attempts=100,
+            use_image_if_no_bounding_boxes=True)
+        cut = tf.io.decode_jpeg(jpeg, channels=3)[begin[0]:begin[0] + size[0],
+                                                   begin[1]:begin[1] + size[1], :]
+        image = tf.image.resize(cut, [16, 16], method='bilinear')
+        image = tf.image.stateless_random_flip_left_right(image, seed=seeds[1])
+        expected = tf.cast(tf.clip_by_value(tf.round(image), 0, 255), tf.uint8)
+        got, want, (height, width) = sess.run(
+            [imagenet.train_image(tf.constant(jpeg), boxes, 16, seed), expected, size[:2]])
+    assert 0.05 * 80 * 120 <= height * width and 0.7 <= width / height <= 1.4
+    np.testing.assert_array_equal(got, want)
