@@ -37,6 +37,7 @@ import os
 import re
 import struct
 
+import numpy as np
 import tensorflow as tf
 
 from towers.data.errors import DataError
@@ -187,3 +188,82 @@ def examples(files, size, training, seed=0, shuffle_buffer=10000, cycle_length=8
 
     return records.enumerate().map(prepare, num_parallel_calls=tf.data.AUTOTUNE,
                                    deterministic=True)
+
+
+CHUNK = 64  # decoded images per chunk handed to the pipeline (a 224x224 image is 150 kB)
+
+
+class ImageNetSet:
+    """One split of an ImageNet-format folder, read as a data.pipeline source.
+
+    The training split is shuffled, cropped and flipped here (see the module docstring), so
+    the pipeline after it only cleans (labels out of range), batches and normalises; the
+    evaluation split gets the centre view, in file order.
+
+    Args:
+      folder: the shards' folder.
+      split: 'train' or 'validation'.
+      size: the model's side: images come out size x size x 3.
+      seed: the shuffle and crop seed (the run's --seed).
+      num_workers, worker_index: read only shards worker_index, worker_index +
+        num_workers, ... so that workers see disjoint parts.
+      shuffle_buffer: serialised records in the shuffle buffer.
+    Attributes:
+      input_shape, num_classes (1000), num_examples (of this worker's shards), files,
+      skipped (none: a bad shard stops the run), shuffled (True: the pipeline adds none).
+    """
+
+    num_classes = 1000
+    shuffled = True
+
+    def __init__(self, folder, split, size, seed=0, num_workers=1, worker_index=0,
+                 shuffle_buffer=10000):
+        if not 0 <= worker_index < num_workers:
+            raise DataError('worker index %d is not in [0, %d)' % (worker_index, num_workers))
+        files = shard_files(folder, split)[worker_index::num_workers]
+        if not files:
+            raise DataError('%s has %d %s shard(s), fewer than the %d workers sharing them'
+                            % (folder, len(shard_files(folder, split)), split, num_workers))
+        self.files, self.split, self.seed = files, split, seed
+        self.input_shape = (size, size, 3)
+        self.num_examples = sum(count_records(path) for path in files)
+        self.shuffle_buffer, self.skipped = shuffle_buffer, []
+
+    def source(self, input_shape, cycle_length=8):
+        """(dataset of chunks (pixels [n, P] uint8, shape_ok [n], labels [n]), {})."""
+        if tuple(input_shape) != self.input_shape:
+            raise DataError('the model takes %s images but this ImageNet set was opened for %s'
+                            % (input_shape, self.input_shape))
+        images = examples(self.files, input_shape[0], self.split == 'train', self.seed,
+                          self.shuffle_buffer, cycle_length)
+        pixels = int(input_shape[0]) ** 2 * 3
+
+        def chunk(images, labels):
+            return (tf.reshape(images, [-1, pixels]), tf.ones_like(labels, tf.bool), labels)
+        return images.batch(CHUNK).map(chunk), {}
+
+
+def read_all(image_set):
+    """Every image of an ImageNetSet in memory: (images uint8 [N, H, W, 3], labels [N]).
+
+    For a small evaluation split (ImageNet's 50,000 at 224 would be 7.5 GB: stream those).
+    """
+    with tf.Graph().as_default() as graph:
+        images = examples(image_set.files, image_set.input_shape[0], training=False)
+        # Initializable: a one-shot iterator wants a graph seed under op determinism.
+        iterator = tf.compat.v1.data.make_initializable_iterator(images.batch(256))
+        batch = iterator.get_next()
+    chunks = []
+    with tf.compat.v1.Session(graph=graph) as sess:
+        sess.run(iterator.initializer)
+        while True:
+            try:
+                chunks.append(sess.run(batch))
+            except tf.errors.OutOfRangeError:
+                break
+            except tf.errors.InvalidArgumentError as e:
+                raise DataError('cannot read the %s split: %s'
+                                % (image_set.split, e.message.splitlines()[0])) from None
+    if not chunks:
+        return (np.zeros((0,) + image_set.input_shape, np.uint8), np.zeros([0], np.int64))
+    return (np.concatenate([c[0] for c in chunks]), np.concatenate([c[1] for c in chunks]))

@@ -280,9 +280,12 @@ def read_all(record_set, input_shape):
     with tf.Graph().as_default() as graph:
         source, _ = record_set.source(input_shape)
         pixels = source.map(lambda p, ok, y: (tf.boolean_mask(p, ok), tf.boolean_mask(y, ok)))
-        next_chunk = tf1.data.make_one_shot_iterator(pixels).get_next()
+        # Initializable: a one-shot iterator wants a graph seed under op determinism.
+        iterator = tf1.data.make_initializable_iterator(pixels)
+        next_chunk = iterator.get_next()
     images, labels = [], []
     with tf1.Session(graph=graph) as sess:
+        sess.run(iterator.initializer)
         while True:
             try:
                 chunk_images, chunk_labels = sess.run(next_chunk)

@@ -120,3 +120,41 @@ def test_the_training_crop_is_a_window_of_the_decoded_jpeg():
             [imagenet.train_image(tf.constant(jpeg), boxes, 16, seed), expected, size[:2]])
     assert 0.05 * 80 * 120 <= height * width and 0.7 <= width / height <= 1.4
     np.testing.assert_array_equal(got, want)
+
+
+def _folder(tmp_path):
+    folder = str(tmp_path / 'imagenet')
+    os.makedirs(folder)
+    _write_shards(folder, 'train', [7, 6])
+    _write_shards(folder, 'validation', [3])
+    return folder
+
+
+def _checkpoint(logdir):
+    return {name: tf.train.load_variable(logdir, name)
+            for name, _ in tf1.train.list_variables(logdir)}
+
+
+def _train(folder, logdir, steps, capsys):
+    from towers.cli import main
+    assert main(['train', '--dataset', 'imagenet:' + folder, '--model', 'small_convnet',
+                 '--image-size', '32', '--towers', '2', '--batch-size', '4', '--steps',
+                 str(steps), '--logdir', logdir, '--eval-every', '0', '--log-every', '100',
+                 '--seed', '5', '--no-tensorboard', '--optimizer', 'momentum']) == 0
+    return capsys.readouterr().out.splitlines()
+
+
+@pytest.mark.exact
+def test_training_on_an_imagenet_folder_streams_the_crops_and_resumes_exactly(tmp_path, capsys):
+    folder = _folder(tmp_path)
+    straight, resumed = str(tmp_path / 'straight'), str(tmp_path / 'resumed')
+    lines = _train(folder, straight, 7, capsys)  # past the first epoch (13 images, 4 a step)
+    assert 'dataset imagenet:%s: 13 train, 0 validation, 3 test; model small_convnet' % folder \
+        in lines
+    _train(folder, resumed, 3, capsys)
+    lines = _train(folder, resumed, 7, capsys)
+    assert any(line.startswith('resumed from') for line in lines)
+    expected, actual = _checkpoint(straight), _checkpoint(resumed)
+    assert expected.keys() == actual.keys() and expected['global_step'] == 7
+    for name in expected:
+        np.testing.assert_array_equal(actual[name], expected[name], err_msg=name)

@@ -24,8 +24,9 @@ def model_flags(parser):
                         help='model name (default: %s); see `towers models`' % DEFAULT_MODEL)
     parser.add_argument('--dataset', default=DEFAULT_DATASET,
                         help='dataset name (default: %s, 5,000 real MNIST digits shipped '
-                             'with towers), mnist, fashion_mnist, cifar10, or records:DIR '
-                             '(shards from `towers data convert`)' % DEFAULT_DATASET)
+                             'with towers), mnist, fashion_mnist, cifar10, records:DIR '
+                             '(shards from `towers data convert`), or imagenet:DIR '
+                             "(build_imagenet_data.py's JPEG shards)" % DEFAULT_DATASET)
 
 
 def precision_flags(parser, several=False):

@@ -7,6 +7,8 @@ stop after the current step, saved.
 import dataclasses
 import signal
 
+import numpy as np
+
 from towers import data, exactness, models
 from towers.cli.cluster import cluster_of, cluster_run
 from towers.cli.config import config_from_args
@@ -27,7 +29,7 @@ def run_train(args, log):
 
 
 def _run_train(args, log):
-    from_records = args.dataset.startswith('records:')
+    from_records = args.dataset.startswith(('records:', 'imagenet:'))
     cluster = cluster_of(args)
     config, callbacks = settings(args, from_records, cluster)  # checked before any data is read
     worker = False  # a collective worker but the chief: trains, keeps nothing
@@ -65,7 +67,8 @@ def load_data(args, from_records, log):
         if args.input not in (None, 'dataset'):
             raise SettingError('records:DIR streams from disk through {input} dataset; '
                                '{input} %s needs an in-memory dataset', args.input)
-        input_shape, num_classes, datasets, skipped = load_records(args)
+        load = load_imagenet if args.dataset.startswith('imagenet:') else load_records
+        input_shape, num_classes, datasets, skipped = load(args)
         for shard, count, problem in skipped:
             log('skipped %s (%d records): %s' % (shard, count, problem))
         return input_shape, num_classes, datasets
@@ -121,6 +124,29 @@ def load_records(args):
     datasets = data.Datasets(train_set, empty, test_set)
     skipped = train_set.skipped + test_skipped
     return train_set.input_shape, train_set.num_classes, datasets, skipped
+
+
+def load_imagenet(args):
+    """--dataset imagenet:DIR: build_imagenet_data.py's shards; the train split streams, the
+    validation split (if any) is read in at the evaluation view."""
+    from towers.data import imagenet
+    folder = args.dataset.split(':', 1)[1]
+    design = models.DESIGNS.get(args.model)  # (an unknown model is refused when built)
+    size = args.image_size or (design[0][0] if design else 224)
+    train_set = imagenet.ImageNetSet(folder, 'train', size, seed=args.seed,
+                                     num_workers=args.num_workers,
+                                     worker_index=args.worker_index)
+    try:
+        validation = imagenet.ImageNetSet(folder, 'validation', size)
+        images, labels = imagenet.read_all(validation)
+    except data.DataError as e:
+        if 'has no validation shards' not in str(e):
+            raise
+        images, labels = np.zeros((0,) + train_set.input_shape, np.uint8), np.zeros(0, np.int64)
+    test_set = data.DataSet(images, labels, num_classes=train_set.num_classes)
+    empty = data.DataSet(images[:0], labels[:0], num_classes=train_set.num_classes)
+    return train_set.input_shape, train_set.num_classes, data.Datasets(train_set, empty,
+                                                                       test_set), []
 
 
 def records_test_set(folder, num_classes, skip_bad_shards=False):

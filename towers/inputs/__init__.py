@@ -57,12 +57,15 @@ def make_input(mode, dataset, sampler, batch_size, num_classes, seed=0, epochs=N
         only its share of each global batch (towers/inputs/dataset.py).
     """
     check('input', mode)
-    if hasattr(dataset, 'source'):  # records on disk (towers.data.records.RecordSet)
+    if hasattr(dataset, 'source'):  # records on disk (a RecordSet, an ImageNetSet)
         if mode != 'dataset':
             raise SettingError('records stream through {input} dataset, not %s', mode)
+        # An ImageNet set shuffles its records before decoding them (data/imagenet.py).
+        shuffled = getattr(dataset, 'shuffled', False)
         return DatasetInput(num_classes=num_classes, batch_size=batch_size, seed=seed,
                             pixel_scale=255.0, source_fn=dataset.source, epochs=epochs,
-                            mean=mean, std=std, share=share)
+                            mean=mean, std=std, share=share, augment=False if shuffled else None,
+                            shuffle_buffer=0 if shuffled else 10000)
     if mode == 'feed':
         return FeedInput(dataset, sampler)
     if mode == 'staging':
