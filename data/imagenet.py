@@ -209,11 +209,12 @@ class ImageNetSet:
         num_workers, ... so that workers see disjoint parts.
       shuffle_buffer: serialised records in the shuffle buffer.
     Attributes:
-      input_shape, num_classes (1000), num_examples (of this worker's shards), files,
-      skipped (none: a bad shard stops the run), shuffled (True: the pipeline adds none).
+      input_shape, num_classes (1000, or the lines of labels.txt beside the shards, which
+      `towers data convert --from-folder` writes), num_examples (of this worker's shards),
+      files, skipped (none: a bad shard stops the run), shuffled (True: the pipeline adds
+      none).
     """
 
-    num_classes = 1000
     shuffled = True
 
     def __init__(self, folder, split, size, seed=0, num_workers=1, worker_index=0,
@@ -225,6 +226,7 @@ class ImageNetSet:
             raise DataError('%s has %d %s shard(s), fewer than the %d workers sharing them'
                             % (folder, len(shard_files(folder, split)), split, num_workers))
         self.files, self.split, self.seed = files, split, seed
+        self.num_classes = _class_count(folder)
         self.input_shape = (size, size, 3)
         self.num_examples = sum(count_records(path) for path in files)
         self.shuffle_buffer, self.skipped = shuffle_buffer, []
@@ -241,6 +243,15 @@ class ImageNetSet:
         def chunk(images, labels):
             return (tf.reshape(images, [-1, pixels]), tf.ones_like(labels, tf.bool), labels)
         return images.batch(CHUNK).map(chunk), {}
+
+
+def _class_count(folder):
+    """ImageNet's 1000, or as many as labels.txt (one class name a line) lists."""
+    try:
+        with open(os.path.join(folder, 'labels.txt'), encoding='utf-8') as f:
+            return sum(1 for line in f if line.strip())
+    except FileNotFoundError:
+        return 1000
 
 
 def read_all(image_set):

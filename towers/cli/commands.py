@@ -232,6 +232,11 @@ def run_plan(args, log):
 
 def run_convert(args, log):
     """towers data convert: a dataset -> TFRecord shards and a manifest."""
+    if args.from_folder:
+        return _convert_folder(args, log)
+    if args.validation_folder or args.skip_bad_images or args.workers:
+        raise SettingError('{validation_folder}, {skip_bad_images} and {workers} go with '
+                           '{from_folder}')
     from towers.data import records
     datasets = data.load_dataset(args.dataset, data_dir=args.data_dir, validation_size=0)
     # DataSet holds images as float32 x/255; rint recovers the bytes exactly.
@@ -242,6 +247,26 @@ def run_convert(args, log):
     for name, split in manifest['splits'].items():
         log('%s: %d records in %d shard(s)' % (name, split['records'], len(split['shards'])))
     log('wrote %s' % os.path.join(args.out, records.MANIFEST))
+
+
+def _convert_folder(args, log):
+    """towers data convert --from-folder: class subfolders -> ImageNet-format shards."""
+    import tqdm
+
+    from towers.data import from_folder
+    total = sum(len(from_folder.list_images(folder)[1])
+                for folder in (args.from_folder, args.validation_folder) if folder)
+    with tqdm.tqdm(total=total, unit='image', desc='converting', leave=False,
+                   disable=None) as bar:
+        manifest = from_folder.convert_folder(
+            args.from_folder, args.out, args.shards, args.validation_folder, args.workers,
+            args.skip_bad_images, progress=bar.update)
+    for path, reason in manifest['skipped']:
+        log('skipped %s: %s' % (path, reason))
+    for name, split in manifest['splits'].items():
+        log('%s: %d images in %d shard(s)' % (name, split['records'], len(split['shards'])))
+    log('%d classes; wrote %s: train with --dataset imagenet:%s'
+        % (len(manifest['classes']), os.path.join(args.out, from_folder.MANIFEST), args.out))
 
 
 def run_check(args, log):

@@ -60,6 +60,18 @@ def data_parser(commands):
     convert = data_actions.add_parser(
         'convert', help='write a dataset as TFRecord shards + manifest, for --dataset records:DIR')
     convert.add_argument('--dataset', default=DEFAULT_DATASET, help='dataset to convert')
+    convert.add_argument('--from-folder', default=None, metavar='DIR',
+                         help='instead of --dataset: a folder of class subfolders of JPEG/PNG '
+                              'images (as ImageFolder reads), written as ImageNet-format '
+                              'shards for --dataset imagenet:OUT')
+    convert.add_argument('--validation-folder', default=None, metavar='DIR',
+                         help='with --from-folder: the validation images, the same classes')
+    convert.add_argument('--workers', type=int, default=None,
+                         help='with --from-folder: processes writing shards (default: the CPU '
+                              'count, at most 8)')
+    convert.add_argument('--skip-bad-images', action='store_true',
+                         help='with --from-folder: leave out (and name) files that do not '
+                              'decode instead of stopping')
     convert.add_argument('--data-dir', default=None, help='where its files are (as for train)')
     convert.add_argument('--shards', type=int, default=4, help='shards per split (default: 4)')
     convert.add_argument('--out', required=True, help='the records folder to create')
