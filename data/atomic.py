@@ -35,3 +35,22 @@ def atomic_output(path, suffix='.tmp'):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp_path)
         raise
+
+
+@contextlib.contextmanager
+def written_beside(path, suffix='.partial'):
+    """Yields a path beside `path` for a writer that wants a file name (a TFRecordWriter).
+
+    When the block succeeds the file is fsynced and renamed over `path`; when it
+    fails it is removed: `path` is never a half-written file.
+    """
+    partial = os.fspath(path) + suffix
+    try:
+        yield partial
+        with open(partial, 'rb+') as f:
+            os.fsync(f.fileno())
+        os.replace(partial, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(partial)
+        raise

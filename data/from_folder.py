@@ -23,7 +23,7 @@ import os
 
 import numpy as np
 
-from towers.data.atomic import atomic_output
+from towers.data.atomic import atomic_output, written_beside
 from towers.data.download import sha256_of_file
 from towers.data.errors import DataError
 
@@ -152,29 +152,21 @@ def write_shard(path, images, skip_bad_images):
 
     from towers.data.imagenet import make_example
     from towers.quiet import native_stderr_silenced
-    partial, skipped, records = path + '.partial', [], 0
-    try:
-        with tf.io.TFRecordWriter(partial) as writer:
-            for image_path, label in images:
-                try:
-                    jpeg, height, width = _as_jpeg(tf, image_path, native_stderr_silenced)
-                except (tf.errors.OpError, OSError, ValueError) as e:
-                    reason = getattr(e, 'message', str(e)).strip().splitlines()[0]
-                    if not skip_bad_images:
-                        raise DataError('%s is not a decodable image (%s); remove it, or pass '
-                                        '--skip-bad-images to leave it out' % (image_path,
-                                                                               reason)) from None
-                    skipped.append((image_path, reason))
-                    continue
-                writer.write(make_example(jpeg, label, height, width))
-                records += 1
-        with open(partial, 'rb+') as f:
-            os.fsync(f.fileno())
-        os.replace(partial, path)
-    except BaseException:
-        if os.path.exists(partial):
-            os.unlink(partial)
-        raise
+    skipped, records = [], 0
+    with written_beside(path) as partial, tf.io.TFRecordWriter(partial) as writer:
+        for image_path, label in images:
+            try:
+                jpeg, height, width = _as_jpeg(tf, image_path, native_stderr_silenced)
+            except (tf.errors.OpError, OSError, ValueError) as e:
+                reason = getattr(e, 'message', str(e)).strip().splitlines()[0]
+                if not skip_bad_images:
+                    raise DataError('%s is not a decodable image (%s); remove it, or pass '
+                                    '--skip-bad-images to leave it out'
+                                    % (image_path, reason)) from None
+                skipped.append((image_path, reason))
+                continue
+            writer.write(make_example(jpeg, label, height, width))
+            records += 1
     return records, skipped
 
 

@@ -25,7 +25,7 @@ import numpy as np
 import tensorflow as tf
 from google.protobuf.message import DecodeError
 
-from towers.data.atomic import atomic_output
+from towers.data.atomic import atomic_output, written_beside
 from towers.data.checks import format_shape
 from towers.data.download import sha256_of_file
 from towers.data.errors import DataError, DataMismatchError
@@ -48,18 +48,9 @@ def _example(image, label):
 
 def _write_shard(path, images, labels):
     """Write one shard beside its final name, then rename: never a half shard."""
-    partial = path + '.partial'
-    try:
-        with tf.io.TFRecordWriter(partial) as writer:
-            for image, label in zip(images, labels):
-                writer.write(_example(image, label))
-        with open(partial, 'rb+') as f:
-            os.fsync(f.fileno())
-        os.replace(partial, path)
-    except BaseException:
-        if os.path.exists(partial):
-            os.unlink(partial)
-        raise
+    with written_beside(path) as partial, tf.io.TFRecordWriter(partial) as writer:
+        for image, label in zip(images, labels):
+            writer.write(_example(image, label))
 
 
 def write_records(splits, out_dir, num_shards, name, num_classes):
