@@ -38,7 +38,9 @@ def list_images(folder):
     """(class names sorted, [(path, label 1..C)] sorted by class then name)."""
     if not os.path.isdir(folder):
         raise DataError('%s is not a folder of class subfolders' % folder)
-    classes = sorted(entry.name for entry in os.scandir(folder) if entry.is_dir())
+    # Hidden entries are not classes or images (.ipynb_checkpoints, macOS' ._x.jpg).
+    classes = sorted(entry.name for entry in os.scandir(folder)
+                     if entry.is_dir() and not entry.name.startswith('.'))
     if not classes:
         raise DataError('%s has no class subfolders (one folder of images per class, as '
                         'ImageFolder reads)' % folder)
@@ -46,7 +48,7 @@ def list_images(folder):
     for label, name in enumerate(classes, start=1):
         directory = os.path.join(folder, name)
         images += [(os.path.join(directory, f), label) for f in sorted(os.listdir(directory))
-                   if f.lower().endswith(EXTENSIONS)]
+                   if f.lower().endswith(EXTENSIONS) and not f.startswith('.')]
     if not images:
         raise DataError('%s has class subfolders but no .jpg, .jpeg or .png image in them'
                         % folder)
@@ -101,20 +103,22 @@ def convert_folder(train_folder, out, num_shards=8, validation_folder=None, work
     workers = workers or min(8, os.cpu_count() or 1)
     context = multiprocessing.get_context('spawn')  # TensorFlow does not survive a fork
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
-        futures = [pool.submit(write_shard, *job[1:]) for job in jobs]
+        futures = {pool.submit(write_shard, *job[1:]): job for job in jobs}
+        done = {}
         try:
-            for job, future in zip(jobs, futures):
-                records, skipped = future.result()
-                path = job[1]
-                manifest['splits'].setdefault(job[0], {'records': 0, 'shards': []})
-                entry = manifest['splits'][job[0]]
+            # As they finish: a bad image stops the conversion as soon as its shard fails.
+            for future in concurrent.futures.as_completed(futures):
+                done[futures[future][1]] = future.result()
+                if progress:
+                    progress(len(futures[future][2]))
+            for split, path, _, _ in jobs:  # the manifest in shard order
+                records, skipped = done[path]
+                entry = manifest['splits'].setdefault(split, {'records': 0, 'shards': []})
                 entry['records'] += records
                 entry['shards'].append({'file': os.path.basename(path), 'records': records,
                                         'bytes': os.path.getsize(path),
                                         'sha256': sha256_of_file(path)})
                 manifest['skipped'] += skipped
-                if progress:
-                    progress(len(job[2]))
         except BaseException:
             for future in futures:
                 future.cancel()

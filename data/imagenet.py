@@ -80,7 +80,7 @@ def shard_files(folder, split):
     if split not in SPLITS:
         raise DataError('an ImageNet folder has the splits train and validation, not %r' % split)
     found = {}
-    for path in glob.glob(os.path.join(folder, '%s-*-of-*' % split)):
+    for path in glob.glob(os.path.join(glob.escape(folder), '%s-*-of-*' % split)):
         match = _SHARD.match(os.path.basename(path))
         if match:
             found[(int(match.group(2)), int(match.group(3)))] = path
@@ -97,6 +97,13 @@ def shard_files(folder, split):
         raise DataError('%s lacks %d of its %d %s shards, e.g. %s-%05d-of-%05d'
                         % (folder, len(missing), total, split, split, missing[0], total))
     return [found[(i, total)] for i in range(total)]
+
+
+def has_split(folder, split):
+    """Whether the folder has any shard of the split (a set with some missing still counts:
+    shard_files names what is missing)."""
+    return any(_SHARD.match(os.path.basename(path))
+               for path in glob.glob(os.path.join(glob.escape(folder), '%s-*-of-*' % split)))
 
 
 def count_records(path):

@@ -8,12 +8,15 @@ four times that), global average pooling and the logits. A bottleneck is 1x1 - 3
 convolutions, each with a batch norm and all but the last with a ReLU; its shortcut is the
 identity, or a 1x1 projection with a batch norm where the shape changes (the first block of
 each stage); the sum then goes through a ReLU. Convolutions have no bias (the batch norm's
-beta is one) and He-normal weights. ResNet-50 has 25,557,032 parameters at 1000 classes,
+beta is one) and He-normal weights. A strided convolution is padded by its kernel alone
+((k - 1) / 2 before, the rest after), as tf_cnn_benchmarks and the official model do, not
+by TensorFlow's SAME (which pads less before than after on an even input and shifts the
+sampling grid). ResNet-50 has 25,557,032 parameters at 1000 classes,
 torchvision's and tf_cnn_benchmarks' count.
 """
 import tensorflow as tf
 
-from towers.models import layers
+from towers.models import layers, layout
 from towers.models.errors import ModelError, check_inputs, static_channels
 
 tf1 = tf.compat.v1
@@ -24,10 +27,23 @@ BLOCKS = {50: (3, 4, 6, 3), 101: (3, 4, 23, 3), 152: (3, 8, 36, 3)}
 
 def _conv_bn(x, filters, kernel, strides, training, name, relu=True):
     with tf1.variable_scope(name):
-        x = layers.conv2d(x, filters, kernel, strides=strides, activation=None, use_bias=False,
+        padding = 'SAME'
+        if strides > 1:  # padded by the kernel alone, not the input's size (see the docstring)
+            x, padding = _fixed_padding(x, kernel), 'VALID'
+        x = layers.conv2d(x, filters, kernel, strides=strides, padding=padding,
+                          activation=None, use_bias=False,
                           kernel_initializer=tf1.variance_scaling_initializer(2.0))
         x = layers.batch_norm(x, training)
         return tf.nn.relu(x) if relu else x
+
+
+def _fixed_padding(x, kernel):
+    """Pad (kernel - 1) / 2 before and the rest after, on both spatial axes."""
+    before = (kernel - 1) // 2
+    spatial = [before, kernel - 1 - before]
+    if layout.channels_first(x):
+        return tf.pad(x, [[0, 0], [0, 0], spatial, spatial])
+    return tf.pad(x, [[0, 0], spatial, spatial, [0, 0]])
 
 
 def _bottleneck(x, filters, strides, training, name):

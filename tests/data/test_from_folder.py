@@ -50,6 +50,10 @@ def _records(folder, split):
 
 def test_a_folder_becomes_shards_with_a_manifest_and_labels(tmp_path, capsys):
     train = _tree(str(tmp_path / 'train'))
+    # Hidden entries are neither classes nor images: a notebook's checkpoints, macOS' ._ files.
+    os.makedirs(os.path.join(train, '.ipynb_checkpoints'))
+    with open(os.path.join(train, 'cat', '._0.jpg'), 'wb') as f:
+        f.write(b'\x00\x05\x16\x07 AppleDouble')
     validation = _tree(str(tmp_path / 'val'), per_class=2)
     out = str(tmp_path / 'out')
     assert main(['data', 'convert', '--from-folder', train, '--validation-folder', validation,

@@ -135,12 +135,13 @@ def _checkpoint(logdir):
             for name, _ in tf1.train.list_variables(logdir)}
 
 
-def _train(folder, logdir, steps, capsys):
+def _train(folder, logdir, steps, capsys, eval_every=0):
     from towers.cli import main
     assert main(['train', '--dataset', 'imagenet:' + folder, '--model', 'small_convnet',
                  '--image-size', '32', '--towers', '2', '--batch-size', '4', '--steps',
-                 str(steps), '--logdir', logdir, '--eval-every', '0', '--log-every', '100',
-                 '--seed', '5', '--no-tensorboard', '--optimizer', 'momentum']) == 0
+                 str(steps), '--logdir', logdir, '--eval-every', str(eval_every),
+                 '--log-every', '100', '--seed', '5', '--no-tensorboard',
+                 '--optimizer', 'momentum']) == 0
     return capsys.readouterr().out.splitlines()
 
 
@@ -148,13 +149,29 @@ def _train(folder, logdir, steps, capsys):
 def test_training_on_an_imagenet_folder_streams_the_crops_and_resumes_exactly(tmp_path, capsys):
     folder = _folder(tmp_path)
     straight, resumed = str(tmp_path / 'straight'), str(tmp_path / 'resumed')
-    lines = _train(folder, straight, 7, capsys)  # past the first epoch (13 images, 4 a step)
+    # Past the first epoch (13 images, 4 a step), evaluating the validation split each epoch
+    # (which the resumed runs do not: evaluation changes nothing of the training).
+    lines = _train(folder, straight, 7, capsys, eval_every=1)
     assert 'dataset imagenet:%s: 13 train, 0 validation, 3 test; model small_convnet' % folder \
         in lines
-    _train(folder, resumed, 3, capsys)
+    assert 'dataset imagenet:%s: 13 train, 0 validation, 0 test; model small_convnet' % folder \
+        in _train(folder, resumed, 3, capsys)
     lines = _train(folder, resumed, 7, capsys)
     assert any(line.startswith('resumed from') for line in lines)
     expected, actual = _checkpoint(straight), _checkpoint(resumed)
     assert expected.keys() == actual.keys() and expected['global_step'] == 7
     for name in expected:
         np.testing.assert_array_equal(actual[name], expected[name], err_msg=name)
+
+
+def test_a_validation_split_too_big_to_hold_is_one_line(tmp_path, capsys, monkeypatch):
+    from towers.cli import main
+    folder = _folder(tmp_path)
+    monkeypatch.setattr('towers.cli.train.EVAL_MEMORY', 10_000)  # 3 images at 32x32: 36,864
+    assert main(['train', '--dataset', 'imagenet:' + folder, '--model', 'small_convnet',
+                 '--image-size', '32', '--steps', '1', '--logdir', str(tmp_path / 'run')]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ['towers: error: the validation split of %s is 3 images, 0.0 GB in memory at '
+                   '32x32: towers evaluates in memory; train with --eval-every 0 and evaluate '
+                   'apart' % folder]
+    assert not os.path.exists(str(tmp_path / 'run'))

@@ -12,6 +12,7 @@ from tests.harness import run_graph
 from towers import models
 from towers.deviceplan import local_plan
 from towers.devices import session_config
+from towers.errors import TowersError
 from towers.graph import build_training_graph
 from towers.inputs import DatasetInput
 from towers.model import ClassifierModel
@@ -114,3 +115,23 @@ def test_a_staged_dataset_trains_exactly_like_the_unstaged_one():
     assert staged.keys() == unstaged.keys()
     for name in staged:
         np.testing.assert_array_equal(staged[name], unstaged[name], err_msg=name)
+
+
+@pytest.mark.parametrize('staged', [True, False])
+def test_a_step_past_the_count_a_staged_source_was_started_for_is_refused(staged):
+    """No batch was put for it: its get would wait forever (bench --trace ran one more)."""
+    images, labels = _bytes(20)
+    source = DatasetInput(images, labels, batch_size=4, staged=staged)
+    with tf.Graph().as_default() as graph:
+        slices = source.build(SHAPE, DEVICES)
+        init = tf1.local_variables_initializer()
+    with tf1.Session(graph=graph, config=session_config(DEVICES)) as sess:
+        sess.run(init)
+        with run_steps(sess, source, {'rows': [s.count for s in slices]}, 0, 2) as loop:
+            assert len(list(loop)) == 2
+            if not staged:  # nothing waits: the pipeline has more batches
+                assert loop.run_one() is not None
+                return
+            with pytest.raises(TowersError, match='step 2 of a staged input started for 2 '
+                                                  'steps'):
+                loop.run_one()

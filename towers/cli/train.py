@@ -126,9 +126,13 @@ def load_records(args):
     return train_set.input_shape, train_set.num_classes, datasets, skipped
 
 
+# The most memory an evaluation split read in may take (as float32, as a DataSet holds it).
+EVAL_MEMORY = 2 ** 31
+
+
 def load_imagenet(args):
     """--dataset imagenet:DIR: build_imagenet_data.py's shards; the train split streams, the
-    validation split (if any) is read in at the evaluation view."""
+    validation split (if any, and unless --eval-every 0) is read in at the evaluation view."""
     from towers.data import imagenet
     folder = args.dataset.split(':', 1)[1]
     design = models.DESIGNS.get(args.model)  # (an unknown model is refused when built)
@@ -136,13 +140,16 @@ def load_imagenet(args):
     train_set = imagenet.ImageNetSet(folder, 'train', size, seed=args.seed,
                                      num_workers=args.num_workers,
                                      worker_index=args.worker_index)
-    try:
+    images, labels = np.zeros((0,) + train_set.input_shape, np.uint8), np.zeros(0, np.int64)
+    if args.eval_every != 0 and imagenet.has_split(folder, 'validation'):
         validation = imagenet.ImageNetSet(folder, 'validation', size)
+        needed = validation.num_examples * size * size * 3 * 4
+        if needed > EVAL_MEMORY:
+            raise SettingError('the validation split of %s is %d images, %.1f GB in memory at '
+                               '%dx%d: towers evaluates in memory; train with {eval_every} 0 '
+                               'and evaluate apart', folder, validation.num_examples,
+                               needed / 1e9, size, size)
         images, labels = imagenet.read_all(validation)
-    except data.DataError as e:
-        if 'has no validation shards' not in str(e):
-            raise
-        images, labels = np.zeros((0,) + train_set.input_shape, np.uint8), np.zeros(0, np.int64)
     test_set = data.DataSet(images, labels, num_classes=train_set.num_classes)
     empty = data.DataSet(images[:0], labels[:0], num_classes=train_set.num_classes)
     return train_set.input_shape, train_set.num_classes, data.Datasets(train_set, empty,

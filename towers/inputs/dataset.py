@@ -25,7 +25,7 @@ from towers.data import pipeline
 from towers.deviceplan import device_kind
 from towers.errors import SettingError
 from towers.inputs.base import InputSource
-from towers.inputs.staging import stage
+from towers.inputs.staging import past_the_end, stage
 from towers.tower import split_batch
 
 tf1 = tf.compat.v1
@@ -154,6 +154,7 @@ class DatasetInput(InputSource):
     def step(self, step):
         if not self._puts:
             return [], None
+        past_the_end(step, self._num_steps)
         if self._ended:  # the put after the last batch found no more
             raise tf.errors.OutOfRangeError(None, None, 'the dataset input has ended')
         # The put of the next batch rides along with this step's compute.

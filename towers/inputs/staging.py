@@ -19,6 +19,14 @@ from towers.tower import TowerSlice, split_batch
 tf1 = tf.compat.v1
 
 
+def past_the_end(step, num_steps):
+    """TowersError for a step at or past the count a staged source was started for: no
+    batch was put for it, and its get would wait forever."""
+    if step >= num_steps:
+        raise TowersError('step %d of a staged input started for %d steps: start it for '
+                          'every step it will run' % (step, num_steps))
+
+
 def stage(slices, devices, finish=None):
     """Put each tower's slice into a StagingArea on the tower's device.
 
@@ -137,6 +145,7 @@ class StagingInput(InputSource):
                 pass  # the session is closing anyway
 
     def step(self, step):
+        past_the_end(step, self._num_steps)
         # The put of the next batch rides along with this step's compute.
         return (self._puts if step + 1 < self._num_steps else []), None
 

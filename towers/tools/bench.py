@@ -110,7 +110,8 @@ def measure_interleaved(configs, warmup_steps=10, timed_steps=50, rounds=5,
     trainers = []
     try:
         for config in configs:
-            num_steps = warmup_steps + timed_steps
+            # The traced step is one more (a staged input is started for every step).
+            num_steps = warmup_steps + timed_steps + (1 if trace_path else 0)
             trainers.append(config(num_steps) if callable(config)
                             else _Trainer(num_steps=num_steps, **config))
             trainers[-1].run(warmup_steps, clock, timed=False)
