@@ -9,6 +9,7 @@ Everything that runs a training graph goes through these two: the Trainer,
   run_steps(sess, source, fetches,    the steps, fed by an InputSource that is
             start_step, num_steps)    started first and always stopped
 """
+import contextlib
 import time
 
 import tensorflow as tf
@@ -88,13 +89,24 @@ def run_step(sess, source, step, fetches, options=None, run_metadata=None, feed=
         read corrupt records, or found a file of its data gone.
     """
     try:
-        extra, source_feed = source.step(step)
-        feed = {**(source_feed or {}), **feed} if feed else source_feed
-        values = sess.run({'fetches': fetches, 'extra': extra}, feed, options=options,
-                          run_metadata=run_metadata)
+        with input_errors(step):
+            extra, source_feed = source.step(step)
+            feed = {**(source_feed or {}), **feed} if feed else source_feed
+            values = sess.run({'fetches': fetches, 'extra': extra}, feed, options=options,
+                              run_metadata=run_metadata)
     except tf.errors.OutOfRangeError:
         source.end_of_data()
         return None
+    source.fetched(values['extra'])
+    return values['fetches']
+
+
+@contextlib.contextmanager
+def input_errors(step):
+    """The input's own failures at a step, as one-line TowersErrors (run_step's, and a staged
+    source's priming put)."""
+    try:
+        yield
     except tf.errors.DataLossError as e:
         # A shard damaged after its check (or read unchecked): say so in one line.
         raise TowersError('corrupt input data at step %d: %s'
@@ -104,8 +116,6 @@ def run_step(sess, source, step, fetches, options=None, run_metadata=None, feed=
         # moved or made unreadable after the run checked it.
         raise TowersError('cannot read the input data at step %d: %s; put it back and run '
                           'again to resume' % (step, op_error_summary(e))) from None
-    source.fetched(values['extra'])
-    return values['fetches']
 
 
 def run_steps(sess, source, fetches, start_step, num_steps, run_options=None,

@@ -26,6 +26,7 @@ from towers.deviceplan import device_kind
 from towers.errors import SettingError
 from towers.inputs.base import InputSource
 from towers.inputs.staging import past_the_end, stage
+from towers.session import input_errors
 from towers.tower import split_batch
 
 tf1 = tf.compat.v1
@@ -149,7 +150,8 @@ class DatasetInput(InputSource):
         for iterator, skip, _ in self._pipelines:
             sess.run(iterator.initializer, {**self._init_feed, skip: start_step})
         if self._puts and start_step < num_steps:
-            self.fetched(sess.run(self._puts + self._more))  # prime: the first batch waits
+            with input_errors(start_step):  # prime: the first batch waits on every device
+                self.fetched(sess.run(self._puts + self._more))
 
     def step(self, step):
         if not self._puts:
