@@ -45,7 +45,7 @@ def check_inputs(images, training, input_shape, model):
         raise ModelError(f'{model} was built for images [batch, {", ".join(map(str, input_shape))}]'
                          f' but got shape {images.shape}; build it with the matching input_shape')
     if layout.current() == 'NCHW':  # the layers build channels first (towers/models/layout.py)
-        images = tf.transpose(images, [0, 3, 1, 2])
+        images = layout.to_nchw(images)
     return images
 
 

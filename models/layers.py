@@ -95,11 +95,10 @@ def _add_bias(y, biases):
     conv1's bias gradient (towers check --precision bf16 showed it). Summed in
     float32 and rounded once, it is off by one rounding.
     """
-    data_format = 'NCHW' if layout.channels_first(y) else None
+    data_format = layout.format_of(y)
     if y.dtype == tf.float32:
         return tf.nn.bias_add(y, biases, data_format=data_format)
-    # Read now: the gradient is built later, outside the layout scope.
-    axes = [a for a in range(y.shape.rank) if a != layout.channel_axis(y)]
+    axes = layout.other_axes(y)  # read now: the gradient is built outside the layout scope
 
     @tf.custom_gradient
     def bias_add_wide_gradient(y, biases):
@@ -120,7 +119,7 @@ def flatten(x):
         [batch, d1 * ... * dn], same dtype.
     """
     if layout.channels_first(x):  # the dense layers' weights are NHWC-ordered in any layout
-        x = tf.transpose(x, [0, 2, 3, 1])
+        x = layout.to_nhwc(x)
     inner = x.shape[1:]
     if not inner.is_fully_defined():
         raise ValueError(f'flatten: inner dimensions must be static, got shape {x.shape}')
@@ -190,11 +189,11 @@ def local_response_norm(x, depth_radius=5, bias=1.0, alpha=1.0, beta=0.5, name=N
     wide = tf.cast(x, tf.float32)
     first = layout.channels_first(x)
     if first:  # TensorFlow's LRN is channels last only
-        wide = tf.transpose(wide, [0, 2, 3, 1])
+        wide = layout.to_nhwc(wide)
     y = tf.nn.local_response_normalization(wide, depth_radius=depth_radius, bias=bias,
                                            alpha=alpha, beta=beta, name=name)
     if first:
-        y = tf.transpose(y, [0, 3, 1, 2])
+        y = layout.to_nchw(y)
     return tf.cast(y, x.dtype)
 
 

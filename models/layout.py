@@ -18,6 +18,8 @@ own that does not builds in NHWC, wherever it runs.
 import contextlib
 import threading
 
+import tensorflow as tf
+
 from towers.names import DATA_FORMATS
 
 _scopes = threading.local()
@@ -64,9 +66,43 @@ def channels_first(x):
     return current() == 'NCHW' and x.shape.rank == 4
 
 
+def format_of(x):
+    """The data_format argument of TensorFlow's ops for x: 'NCHW' or 'NHWC'."""
+    return 'NCHW' if channels_first(x) else 'NHWC'
+
+
 def channel_axis(x):
     return 1 if channels_first(x) else x.shape.rank - 1
 
 
 def spatial_axes(x):
     return [2, 3] if channels_first(x) else list(range(1, x.shape.rank - 1))
+
+
+def other_axes(x):
+    """Every axis of x but the channels': what a per-channel sum or moment reduces."""
+    return [axis for axis in range(x.shape.rank) if axis != channel_axis(x)]
+
+
+def per_channel(vector, x):
+    """A [C] tensor shaped to broadcast over x, whose channels are first or last."""
+    return tf.reshape(vector, [-1, 1, 1]) if channels_first(x) else vector
+
+
+def to_nhwc(x):
+    """An NCHW map transposed to NHWC."""
+    return tf.transpose(x, [0, 2, 3, 1])
+
+
+def to_nchw(x):
+    """An NHWC map transposed to NCHW."""
+    return tf.transpose(x, [0, 3, 1, 2])
+
+
+def pad(x, spatial=(0, 0), channels=(0, 0)):
+    """x padded with zeros: (before, after) on the height and on the width, and on the
+    channels, in whichever layout x has."""
+    spatial, channels = list(spatial), list(channels)
+    if channels_first(x):
+        return tf.pad(x, [[0, 0], channels, spatial, spatial])
+    return tf.pad(x, [[0, 0], spatial, spatial, channels])

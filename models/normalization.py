@@ -68,7 +68,7 @@ def batch_norm(x, training, decay=0.997, epsilon=MIN_EPSILON, scale=True, name='
         moving_mean = var('moving_mean', tf1.zeros_initializer(), trainable=False)
         moving_variance = var('moving_variance', tf1.ones_initializer(), trainable=False)
         fused = _fusable(x) and epsilon >= MIN_EPSILON
-        data_format = 'NCHW' if layout.channels_first(x) else 'NHWC'
+        data_format = layout.format_of(x)
         if not training:
             if fused:
                 return tf1.nn.fused_batch_norm(x, gamma, beta, moving_mean, moving_variance,
@@ -76,7 +76,7 @@ def batch_norm(x, training, decay=0.997, epsilon=MIN_EPSILON, scale=True, name='
                                                is_training=False)[0]
             return _normalize(x, moving_mean, moving_variance, beta, gamma, epsilon,
                               tf.cast(x, tf.float32))
-        axes = [a for a in range(x.shape.rank) if a != layout.channel_axis(x)]
+        axes = layout.other_axes(x)
         pooled = getattr(training, 'sync_bn', False)
         if fused and not pooled:
             y, mean, variance = _fused_training(x, gamma, beta, epsilon, channels, data_format)
@@ -121,9 +121,8 @@ def _normalize(x, mean, variance, beta, gamma, epsilon, wide):
     back: the gradients of beta, gamma and the moments are sums over the whole
     batch, which the low type's digits cannot hold.
     """
-    if layout.channels_first(x):  # [C] statistics broadcast over [N, C, H, W]
-        mean, variance, beta, gamma = (tf.reshape(t, [-1, 1, 1])
-                                       for t in (mean, variance, beta, gamma))
+    mean, variance, beta, gamma = (layout.per_channel(t, x)
+                                   for t in (mean, variance, beta, gamma))
     if x.dtype == tf.float32:
         return tf.nn.batch_normalization(x, mean, variance, beta, gamma, epsilon)
     return tf.cast(tf.nn.batch_normalization(wide, mean, variance, beta, gamma, epsilon),
@@ -145,8 +144,8 @@ def _pooled_moments(x, axes, tower):
                                   [tf.reduce_sum(real) * per_example]], axis=0), tower)
     count = tf.maximum(sums[-1], 1.0)
     mean = sums[:channels] / count
-    centred = x - (tf.reshape(mean, [-1, 1, 1]) if layout.channels_first(x) else mean)
-    squares = _all_reduce(tf.reduce_sum(tf.square(centred) * real, axes), tower)
+    squares = _all_reduce(tf.reduce_sum(tf.square(x - layout.per_channel(mean, x)) * real,
+                                        axes), tower)
     return mean, squares / count
 
 

@@ -34,10 +34,9 @@ def _shortcut(x, filters, strides):
     if strides == 1 and in_filters == filters:
         return x
     extra = filters - in_filters
-    new_channels = [extra // 2, extra - extra // 2]
-    if layout.channels_first(x):
-        return tf.pad(x[:, :, ::strides, ::strides], [[0, 0], new_channels, [0, 0], [0, 0]])
-    return tf.pad(x[:, ::strides, ::strides, :], [[0, 0], [0, 0], [0, 0], new_channels])
+    subsampled = (x[:, :, ::strides, ::strides] if layout.channels_first(x)
+                  else x[:, ::strides, ::strides, :])
+    return layout.pad(subsampled, channels=(extra // 2, extra - extra // 2))
 
 
 def _block(x, filters, strides, training, name):
@@ -63,11 +62,24 @@ def inference(images, training, num_classes, blocks_per_stage):
     """
     net = _conv(images, STAGE_FILTERS[0], 1, 'conv1')
     net = tf.nn.relu(layers.batch_norm(net, training, name='bn1'))
-    for stage, filters in enumerate(STAGE_FILTERS):
-        for block in range(blocks_per_stage):
-            strides = 2 if stage > 0 and block == 0 else 1
-            net = _block(net, filters, strides, training,
-                         'stage%d/block%d' % (stage + 1, block + 1))
+    net = residual_stages(net, STAGE_FILTERS, [blocks_per_stage] * 3, _block, training)
+    return pooled_logits(net, num_classes)
+
+
+def residual_stages(net, stage_filters, blocks, block, training):
+    """A ResNet's stages: stage s is blocks[s] calls block(net, stage_filters[s], strides,
+    training, 'stage<s>/block<b>'), the first of each stage after the first with stride 2
+    (it halves the map)."""
+    for stage, (filters, count) in enumerate(zip(stage_filters, blocks)):
+        for index in range(count):
+            strides = 2 if stage > 0 and index == 0 else 1
+            net = block(net, filters, strides, training,
+                        'stage%d/block%d' % (stage + 1, index + 1))
+    return net
+
+
+def pooled_logits(net, num_classes):
+    """How a ResNet ends: global average pooling, then the logits."""
     net = layers.global_average_pool(net)
     return layers.dense(net, num_classes, name='logits',
                         kernel_initializer=tf1.variance_scaling_initializer(1.0))

@@ -16,7 +16,7 @@ torchvision's and tf_cnn_benchmarks' count.
 """
 import tensorflow as tf
 
-from towers.models import layers, layout
+from towers.models import layers, layout, resnet
 from towers.models.errors import ModelError, check_inputs, static_channels
 
 tf1 = tf.compat.v1
@@ -40,10 +40,7 @@ def _conv_bn(x, filters, kernel, strides, training, name, relu=True):
 def _fixed_padding(x, kernel):
     """Pad (kernel - 1) / 2 before and the rest after, on both spatial axes."""
     before = (kernel - 1) // 2
-    spatial = [before, kernel - 1 - before]
-    if layout.channels_first(x):
-        return tf.pad(x, [[0, 0], [0, 0], spatial, spatial])
-    return tf.pad(x, [[0, 0], spatial, spatial, [0, 0]])
+    return layout.pad(x, spatial=(before, kernel - 1 - before))
 
 
 def _bottleneck(x, filters, strides, training, name):
@@ -62,14 +59,8 @@ def inference(images, training, num_classes, blocks):
     """ResNet v1.5 on `images` [batch, H, W, 3]: logits [batch, num_classes]."""
     net = _conv_bn(images, 64, 7, 2, training, 'conv1')
     net = layers.max_pool(net, 3, 2, padding='SAME', name='pool1')
-    for stage, (filters, count) in enumerate(zip(STAGE_FILTERS, blocks)):
-        for block in range(count):
-            strides = 2 if stage > 0 and block == 0 else 1
-            net = _bottleneck(net, filters, strides, training,
-                              'stage%d/block%d' % (stage + 1, block + 1))
-    net = layers.global_average_pool(net)
-    return layers.dense(net, num_classes, name='logits',
-                        kernel_initializer=tf1.variance_scaling_initializer(1.0))
+    net = resnet.residual_stages(net, STAGE_FILTERS, blocks, _bottleneck, training)
+    return resnet.pooled_logits(net, num_classes)
 
 
 def _builder(depth):
