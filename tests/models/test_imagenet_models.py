@@ -9,7 +9,7 @@ from towers import models
 from towers.deviceplan import local_plan
 from towers.graph import build_training_graph
 from towers.model import ClassifierModel
-from towers.tools.explain import inference_flops
+from towers.tools.explain import inference_counts
 
 tf1 = tf.compat.v1
 
@@ -52,7 +52,7 @@ def test_vgg16_and_inception3_have_keras_applications_parameters():
     # and torchvision's model zoo publish them (ResNet-50 ~4.1 G).
     ('resnet50', 4.09e9), ('vgg16', 15.47e9), ('inception3', 5.71e9)])
 def test_flops_per_image_match_the_published_figures(name, published):
-    macs, flops = inference_flops(*_designed(name))
+    _, macs, flops = inference_counts(*_designed(name))
     assert abs(macs / published - 1) < 0.02, macs
     assert flops > 2 * macs  # every other op (batch norm, ReLU, pooling) counts too
 

@@ -26,9 +26,7 @@ from towers.tools.hardware import build_line, gpu_lines, machine, precision_supp
 
 def run_models(args, log):
     """towers models [NAME ...]: each model's design, parameters and FLOPs, counted on its graph."""
-    import tensorflow as tf
-
-    from towers.tools.explain import inference_flops
+    from towers.tools.explain import inference_counts
     names = args.names or models.model_names()
     unknown = [name for name in names if name not in models.MODELS]
     if unknown:
@@ -38,12 +36,7 @@ def run_models(args, log):
                                        'MACs/image'))
     for name in names:
         shape, classes = models.DESIGNS[name]
-        model_fn = models.build_model(name, shape, classes)
-        with tf.Graph().as_default():
-            model_fn(tf.compat.v1.placeholder(tf.float32, [None] + list(shape)), True)
-            parameters = sum(v.shape.num_elements()
-                             for v in tf.compat.v1.trainable_variables())
-        macs, _ = inference_flops(model_fn, shape)
+        parameters, macs, _ = inference_counts(models.build_model(name, shape, classes), shape)
         size = '%.3f G' % (macs / 1e9) if macs >= 1e8 else '%.2f M' % (macs / 1e6)
         log('%-14s %-12s %8d %14s %12s' % (name, 'x'.join(map(str, shape)), classes,
                                           format(parameters, ','), size))

@@ -48,7 +48,7 @@ def models_parser(commands):
                                                 'parameters and FLOPs) and the datasets')
     parser.add_argument('names', nargs='*', metavar='NAME',
                         help='only these models (default: every one; counting them all '
-                             'builds each graph, some 15 s)')
+                             'builds each graph, some 12 s)')
     return parser
 
 

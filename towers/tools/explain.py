@@ -162,12 +162,14 @@ def _ops_in(metadata, dtype):
     return counts
 
 
-def inference_flops(model_fn, input_shape):
-    """(multiply-accumulates of the convolutions and matmuls, all FLOPs) of one image's
-    forward pass, by TensorFlow's profiler: the MACs are the figure papers publish."""
+def inference_counts(model_fn, input_shape):
+    """(trainable parameters, multiply-accumulates of the convolutions and matmuls, all
+    FLOPs) of one image's forward pass, from one graph; the FLOPs by TensorFlow's profiler,
+    the MACs the figure papers publish."""
     graph = tf.Graph()
     with graph.as_default():
         model_fn(tf1.placeholder(tf.float32, [1] + list(input_shape)), False)
+        parameters = sum(v.shape.num_elements() for v in tf1.trainable_variables())
     options = tf1.profiler.ProfileOptionBuilder.float_operation()
     options['output'] = 'none'
     types = {op.name: op.type for op in graph.get_operations()}
@@ -179,7 +181,7 @@ def inference_flops(model_fn, input_shape):
         flops += node.float_ops
         if types.get(node.name) in ('Conv2D', 'MatMul'):
             macs += node.float_ops // 2
-    return macs, flops
+    return parameters, macs, flops
 
 
 def op_flops(model, plan, batch_size, num_classes, sync_bn=False, precision=None):
