@@ -41,8 +41,10 @@ import numpy as np
 import tensorflow as tf
 
 from towers.data.errors import DataError
+from towers.data.from_folder import LABELS
+from towers.data.pipeline import drain
 
-SPLITS = {'train': 'train', 'validation': 'validation'}
+SPLITS = ('train', 'validation')
 EVAL_RESIZE = 1.145  # the short side before the centre crop: 256 for 224
 _SHARD = re.compile(r'^(train|validation)-(\d+)-of-(\d+)$')
 _FEATURES = {
@@ -79,11 +81,7 @@ def shard_files(folder, split):
     missing from the set their names promise (`train-00003-of-01024` with 1023 others)."""
     if split not in SPLITS:
         raise DataError('an ImageNet folder has the splits train and validation, not %r' % split)
-    found = {}
-    for path in glob.glob(os.path.join(glob.escape(folder), '%s-*-of-*' % split)):
-        match = _SHARD.match(os.path.basename(path))
-        if match:
-            found[(int(match.group(2)), int(match.group(3)))] = path
+    found = _shards(folder, split)
     if not found:
         raise DataError('%s has no %s shards (%s-00000-of-NNNNN, as build_imagenet_data.py '
                         'names them)' % (folder, split, split))
@@ -102,8 +100,17 @@ def shard_files(folder, split):
 def has_split(folder, split):
     """Whether the folder has any shard of the split (a set with some missing still counts:
     shard_files names what is missing)."""
-    return any(_SHARD.match(os.path.basename(path))
-               for path in glob.glob(os.path.join(glob.escape(folder), '%s-*-of-*' % split)))
+    return bool(_shards(folder, split))
+
+
+def _shards(folder, split):
+    """{(index, total): path} of the split's shards in the folder, by their names."""
+    found = {}
+    for path in glob.glob(os.path.join(glob.escape(folder), '%s-*-of-*' % split)):
+        match = _SHARD.match(os.path.basename(path))
+        if match:
+            found[(int(match.group(2)), int(match.group(3)))] = path
+    return found
 
 
 def count_records(path):
@@ -255,7 +262,7 @@ class ImageNetSet:
 def _class_count(folder):
     """ImageNet's 1000, or as many as labels.txt (one class name a line) lists."""
     try:
-        with open(os.path.join(folder, 'labels.txt'), encoding='utf-8') as f:
+        with open(os.path.join(folder, LABELS), encoding='utf-8') as f:
             return sum(1 for line in f if line.strip())
     except FileNotFoundError:
         return 1000
@@ -266,22 +273,12 @@ def read_all(image_set):
 
     For a small evaluation split (ImageNet's 50,000 at 224 would be 7.5 GB: stream those).
     """
-    with tf.Graph().as_default() as graph:
-        images = examples(image_set.files, image_set.input_shape[0], training=False)
-        # Initializable: a one-shot iterator wants a graph seed under op determinism.
-        iterator = tf.compat.v1.data.make_initializable_iterator(images.batch(256))
-        batch = iterator.get_next()
-    chunks = []
-    with tf.compat.v1.Session(graph=graph) as sess:
-        sess.run(iterator.initializer)
-        while True:
-            try:
-                chunks.append(sess.run(batch))
-            except tf.errors.OutOfRangeError:
-                break
-            except tf.errors.InvalidArgumentError as e:
-                raise DataError('cannot read the %s split: %s'
-                                % (image_set.split, e.message.splitlines()[0])) from None
+    try:
+        chunks = drain(lambda: examples(image_set.files, image_set.input_shape[0],
+                                        training=False).batch(256))
+    except tf.errors.InvalidArgumentError as e:
+        raise DataError('cannot read the %s split: %s'
+                        % (image_set.split, e.message.splitlines()[0])) from None
     if not chunks:
         return (np.zeros((0,) + image_set.input_shape, np.uint8), np.zeros([0], np.int64))
     return (np.concatenate([c[0] for c in chunks]), np.concatenate([c[1] for c in chunks]))

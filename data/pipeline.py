@@ -184,3 +184,23 @@ def make_pipeline(source, input_shape, num_classes, batch_size, pixel_scale=255.
                               num_parallel_calls=tf.data.AUTOTUNE)
     dataset = dataset.repeat(epochs)
     return dataset.prefetch(prefetch), counts
+
+
+def drain(make_dataset):
+    """Every element of a finite dataset, read in a Session of its own: [element as numpy].
+
+    make_dataset() builds the dataset, inside the graph this makes for it. The iterator is
+    initializable: a one-shot iterator wants a graph seed under op determinism. The
+    dataset's errors (a corrupt shard, an image that does not decode) reach the caller.
+    """
+    with tf.Graph().as_default() as graph:
+        iterator = tf1.data.make_initializable_iterator(make_dataset())
+        element = iterator.get_next()
+    values = []
+    with tf1.Session(graph=graph) as sess:
+        sess.run(iterator.initializer)
+        while True:
+            try:
+                values.append(sess.run(element))
+            except tf.errors.OutOfRangeError:
+                return values

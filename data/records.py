@@ -29,9 +29,7 @@ from towers.data.atomic import atomic_output, written_beside
 from towers.data.checks import format_shape
 from towers.data.download import sha256_of_file
 from towers.data.errors import DataError, DataMismatchError
-from towers.data.pipeline import CHUNK
-
-tf1 = tf.compat.v1
+from towers.data.pipeline import CHUNK, drain
 
 MANIFEST = 'manifest.json'
 FORMAT = 'towers-records-1'
@@ -268,24 +266,13 @@ def read_all(record_set, input_shape):
 
     For evaluation sets, which are small; bad records are dropped as in training.
     """
-    with tf.Graph().as_default() as graph:
+    def kept():
         source, _ = record_set.source(input_shape)
-        pixels = source.map(lambda p, ok, y: (tf.boolean_mask(p, ok), tf.boolean_mask(y, ok)))
-        # Initializable: a one-shot iterator wants a graph seed under op determinism.
-        iterator = tf1.data.make_initializable_iterator(pixels)
-        next_chunk = iterator.get_next()
-    images, labels = [], []
-    with tf1.Session(graph=graph) as sess:
-        sess.run(iterator.initializer)
-        while True:
-            try:
-                chunk_images, chunk_labels = sess.run(next_chunk)
-            except tf.errors.OutOfRangeError:
-                break
-            except tf.errors.DataLossError as e:
-                raise DataError('a shard of %s is corrupt: %s' % (
-                    os.path.dirname(record_set.files[0]), e.message)) from None
-            images.append(chunk_images)
-            labels.append(chunk_labels)
-    images = np.concatenate(images).reshape((-1,) + tuple(input_shape))
-    return images, np.concatenate(labels)
+        return source.map(lambda p, ok, y: (tf.boolean_mask(p, ok), tf.boolean_mask(y, ok)))
+    try:
+        chunks = drain(kept)
+    except tf.errors.DataLossError as e:
+        raise DataError('a shard of %s is corrupt: %s' % (
+            os.path.dirname(record_set.files[0]), e.message)) from None
+    images = np.concatenate([c[0] for c in chunks]).reshape((-1,) + tuple(input_shape))
+    return images, np.concatenate([c[1] for c in chunks])
