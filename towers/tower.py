@@ -21,7 +21,7 @@ tf1 = tf.compat.v1
 
 # Op types that hold a variable's storage (resource variables, and the older
 # ref variables); they go to the parameter device.
-_VARIABLE_OPS = frozenset(['VarHandleOp', 'VariableV2'])
+VARIABLE_OPS = frozenset(['VarHandleOp', 'VariableV2'])
 
 TowerSlice = collections.namedtuple('TowerSlice', ['images', 'labels', 'count', 'batch'])
 TowerSlice.__doc__ = """One tower's share of a global batch.
@@ -60,7 +60,7 @@ def variables_on(param_device, compute_device):
     replica_device_setter).
     """
     def device_fn(op):
-        if op.type not in _VARIABLE_OPS:
+        if op.type not in VARIABLE_OPS:
             return compute_device
         if param_device is None:
             return op.device

@@ -60,12 +60,12 @@ def make_input(mode, dataset, sampler, batch_size, num_classes, seed=0, epochs=N
     if hasattr(dataset, 'source'):  # records on disk (a RecordSet, an ImageNetSet)
         if mode != 'dataset':
             raise SettingError('records stream through {input} dataset, not %s', mode)
-        # An ImageNet set shuffles its records before decoding them (data/imagenet.py).
-        shuffled = getattr(dataset, 'shuffled', False)
+        # An ImageNet set shuffles and crops its records itself (data/imagenet.py).
+        done = (dict(augment=False, shuffle_buffer=0) if getattr(dataset, 'shuffled', False)
+                else {})
         return DatasetInput(num_classes=num_classes, batch_size=batch_size, seed=seed,
                             pixel_scale=255.0, source_fn=dataset.source, epochs=epochs,
-                            mean=mean, std=std, share=share, augment=False if shuffled else None,
-                            shuffle_buffer=0 if shuffled else 10000)
+                            mean=mean, std=std, share=share, **done)
     if mode == 'feed':
         return FeedInput(dataset, sampler)
     if mode == 'staging':

@@ -21,6 +21,7 @@ from towers.deviceplan import canonical_device, planned_device, uses_variable
 from towers.graph import build_training_graph
 from towers.model import ClassifierModel
 from towers.tools.explain import zeros_input
+from towers.tower import VARIABLE_OPS
 
 tf1 = tf.compat.v1
 
@@ -28,7 +29,6 @@ _TOWER = re.compile(r'^tower_(\d+)/')
 # The op types that combine the towers' or the workers' gradients.
 ALL_REDUCE_TYPES = ('NcclAllReduce', 'CollectiveReduce', 'CollectiveReduceV2')
 _STAGING_TYPES = {'Stage': 'put', 'Unstage': 'get'}
-_VARIABLE_TYPES = ('VarHandleOp', 'VariableV2')
 
 
 def cluster_runs(mode, workers, ps=0, towers_per_task=None, gpus_per_worker=0):
@@ -79,7 +79,7 @@ def _read(graph, plan, report):
         device = planned_device(op)
         entry = report['devices'].setdefault(device, {'ops': 0, 'towers': {}, 'variables': 0})
         entry['ops'] += 1
-        entry['variables'] += op.type in _VARIABLE_TYPES
+        entry['variables'] += op.type in VARIABLE_OPS
         tower = _TOWER.match(op.name)
         if tower:
             name = 'tower_%s' % tower.group(1)
