@@ -41,10 +41,12 @@ import numpy as np
 import tensorflow as tf
 
 from towers.data.errors import DataError
-from towers.data.from_folder import LABELS
 from towers.data.pipeline import drain
 
 SPLITS = ('train', 'validation')
+# The class names, one a line, as `towers data convert --from-folder` writes them (its LABELS;
+# not imported: the converter imports this module's writer in its workers).
+LABELS = 'labels.txt'
 EVAL_RESIZE = 1.145  # the short side before the centre crop: 256 for 224
 _SHARD = re.compile(r'^(train|validation)-(\d+)-of-(\d+)$')
 _FEATURES = {
