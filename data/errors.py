@@ -39,3 +39,17 @@ class DataMismatchError(DataError, ValueError):
     Wrong image shape or dtype, labels of another count, type or range. The
     message names the file and says what it holds and what was expected.
     """
+
+
+# The mark of a bad record's message inside a TensorFlow error (data/imagenet.py asserts it).
+BAD_RECORD = 'bad record: '
+
+
+def bad_record(message):
+    """'FILE record N: what is wrong' from a TensorFlow error message, or None if it is not
+    a bad record's."""
+    start = message.find('[' + BAD_RECORD)
+    if start < 0:
+        return None
+    line = message[start + 1 + len(BAD_RECORD):].split('\n', 1)[0]
+    return line[:line.rfind(']')] if ']' in line else line

@@ -36,11 +36,12 @@ import glob
 import os
 import re
 import struct
+import sys
 
 import numpy as np
 import tensorflow as tf
 
-from towers.data.errors import DataError
+from towers.data.errors import BAD_RECORD, DataError, bad_record
 from towers.data.pipeline import drain
 
 SPLITS = ('train', 'validation')
@@ -115,6 +116,14 @@ def _shards(folder, split):
     return found
 
 
+class _Truncated(DataError):
+    """A shard cut short; `records`: how many whole records come before the cut."""
+
+    def __init__(self, message, records):
+        super().__init__(message)
+        self.records = records
+
+
 def count_records(path):
     """Records in one TFRecord file, by its framing (a length, its CRC, the data, its CRC),
     without parsing them; DataError naming the file and the record that is cut short."""
@@ -124,12 +133,13 @@ def count_records(path):
         while position < size:
             header = f.read(12)
             if len(header) < 12:
-                raise DataError('%s is truncated in record %d (its header)' % (path, count))
+                raise _Truncated('%s is truncated in record %d (its header)' % (path, count),
+                                 count)
             (length,) = struct.unpack('<Q', header[:8])
             position += 12 + length + 4
             if position > size:
-                raise DataError('%s is truncated in record %d (%d bytes of its %d)'
-                                % (path, count, size - (position - length - 4), length))
+                raise _Truncated('%s is truncated in record %d (%d bytes of its %d)'
+                                 % (path, count, size - (position - length - 4), length), count)
             f.seek(position)
             count += 1
     return count
@@ -181,40 +191,129 @@ def _to_bytes(image):
     return tf.cast(tf.clip_by_value(tf.round(image), 0, 255), tf.uint8)
 
 
-def examples(files, size, training, seed=0, shuffle_buffer=10000, cycle_length=8):
-    """A tf.data.Dataset of (image [size, size, 3] uint8, label) from the shards.
+CHUNK = 32  # records decoded together, and handed to the pipeline (224x224: 150 kB each)
 
-    The shards are read interleaved (deterministically), the serialised records shuffled in
-    a seeded buffer when training, numbered by their position in the epoch, and decoded in
-    parallel; the order out is the order in, whatever the parallelism.
+
+def records(files, cycle_length=8):
+    """(file index, record index in the file, serialised record) of the shards, read
+    interleaved, deterministically."""
+    def read(index, path):
+        return tf.data.TFRecordDataset(path).enumerate().map(
+            lambda record, serialized: (index, record, serialized))
+    return tf.data.Dataset.from_tensor_slices(
+        (tf.range(len(files), dtype=tf.int32), files)).interleave(
+            read, cycle_length=min(cycle_length, len(files)), block_length=1,
+            num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+
+
+def decoded(files, size, training, seed=0, num_classes=1000, shuffle_buffer=10000,
+            cycle_length=8, chunk=CHUNK):
+    """The shards' records decoded, a chunk at a time, whether or not some are bad.
+
+    A bad record (not a tf.train.Example, a JPEG that does not decode, no image/encoded, a
+    label outside 1..num_classes) does not stop the pipeline here: its row is marked, and
+    the message naming it is given, for checked() to stop on or skip. Each chunk decodes in
+    a dataset of its own whose errors are ignored, so a reader's errors (a corrupt shard)
+    still reach the caller, and the chunks decode in parallel.
+
+    Returns:
+      a dataset of (images [k, size, size, 3] uint8 (zeros for a bad row), ok [k] bool,
+      labels [k] int64 (0..num_classes-1), problems [k] string: 'FILE record N: what is
+      wrong' for a bad row); k is `chunk`, less at the end.
     """
-    records = tf.data.Dataset.from_tensor_slices(files).interleave(
-        tf.data.TFRecordDataset, cycle_length=min(cycle_length, len(files)), block_length=1,
-        num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    names = tf.constant(files)
+    stream = records(files, cycle_length)
     if training and shuffle_buffer > 1:
-        records = records.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
+        stream = stream.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
+    pixels = size * size * 3
 
-    def prepare(position, serialized):
+    def one(row, position, serialized):
         jpeg, label, boxes = parse(serialized)
         if training:
             image = train_image(jpeg, boxes, size, tf.stack([tf.cast(seed, tf.int64), position]))
         else:
             image = eval_image(jpeg, size)
-        return image, label
+        return row, tf.reshape(image, [pixels]), label
 
-    return records.enumerate().map(prepare, num_parallel_calls=tf.data.AUTOTUNE,
-                                   deterministic=True)
+    def decode(positions, where):
+        file_index, record, serialized = where
+        k = tf.shape(positions)[0]
+        rows = tf.range(k)
+        good = tf.data.Dataset.from_tensor_slices((rows, positions, serialized)).map(
+            one).ignore_errors().batch(chunk)
+        nothing = (rows[:0], tf.zeros([0, pixels], tf.uint8), tf.zeros([0], tf.int64))
+        good = good.concatenate(tf.data.Dataset.from_tensors(nothing)).take(1)
+
+        def place(done, images, labels):
+            at = done[:, None]
+            every = tf.equal(tf.size(done), k)  # the usual chunk: nothing to move
+            images = tf.cond(every, lambda: images, lambda: tf.scatter_nd(at, images, [k, pixels]))
+            decoded = tf.scatter_nd(at, tf.ones_like(done, tf.bool), [k])
+            labels = tf.scatter_nd(at, labels, [k])
+            in_range = (labels >= 0) & (labels < num_classes)
+            problems = tf.strings.join([
+                tf.gather(names, file_index), ' record ', tf.strings.as_string(record), ': ',
+                tf.where(decoded, tf.strings.join([
+                    'label ', tf.strings.as_string(labels + 1), ' is not in 1..%d'
+                    % num_classes]), 'not a tf.train.Example whose image/encoded is a '
+                                      'decodable JPEG')])
+            ok = decoded & in_range
+            return (tf.reshape(images, [k, size, size, 3]), ok, tf.where(ok, labels, 0),
+                    tf.where(ok, '', problems))
+        return good.map(place)
+
+    return stream.enumerate().batch(chunk).interleave(
+        decode, cycle_length=max(cycle_length, os.cpu_count() or 1), block_length=1,
+        num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
 
-CHUNK = 64  # decoded images per chunk handed to the pipeline (a 224x224 image is 150 kB)
+def checked(chunks, skip_bad=False):
+    """(images, ok, labels) of decoded()'s chunks, after its bad records: the first stops
+    the pipeline with an error naming it (data.errors.bad_record reads it back), or, with
+    skip_bad, each is named on stderr and left marked not ok (for the pipeline's cleaning to
+    drop and count)."""
+    def check(images, ok, labels, problems):
+        bad = tf.boolean_mask(problems, tf.logical_not(ok))
+        if skip_bad:
+            report = tf.cond(tf.size(bad) > 0, lambda: _print_skipped(bad), tf.no_op)
+        else:
+            first = tf.concat([bad, ['']], 0)[0]
+            report = tf.debugging.Assert(tf.equal(tf.size(bad), 0),
+                                         [tf.strings.join([BAD_RECORD, first])])
+        with tf.control_dependencies([report]):
+            return tf.identity(images), ok, labels
+    return chunks.map(check)
+
+
+def _print_skipped(bad):
+    lines = tf.strings.reduce_join(tf.strings.join(['skipped ', bad]), separator='\n')
+    with tf.control_dependencies([tf.print(lines, output_stream=sys.stderr)]):
+        return tf.no_op()
+
+
+def examples(files, size, training, seed=0, shuffle_buffer=10000, cycle_length=8,
+             num_classes=1000, skip_bad=False):
+    """A tf.data.Dataset of (image [size, size, 3] uint8, label) from the shards.
+
+    The shards are read interleaved (deterministically), the serialised records shuffled in
+    a seeded buffer when training, numbered by their position in the epoch, and decoded in
+    parallel; the order out is the order in, whatever the parallelism. A bad record stops
+    it (see checked), or with skip_bad is left out.
+    """
+    chunks = checked(decoded(files, size, training, seed, num_classes, shuffle_buffer,
+                             cycle_length), skip_bad)
+    return chunks.map(lambda images, ok, labels: (tf.boolean_mask(images, ok),
+                                                   tf.boolean_mask(labels, ok))).unbatch()
+
+
 
 
 class ImageNetSet:
     """One split of an ImageNet-format folder, read as a data.pipeline source.
 
     The training split is shuffled, cropped and flipped here (see the module docstring), so
-    the pipeline after it only cleans (labels out of range), batches and normalises; the
-    evaluation split gets the centre view, in file order.
+    the pipeline after it only batches and normalises; the evaluation split gets the centre
+    view, in file order.
 
     Args:
       folder: the shards' folder.
@@ -224,41 +323,53 @@ class ImageNetSet:
       num_workers, worker_index: read only shards worker_index, worker_index +
         num_workers, ... so that workers see disjoint parts.
       shuffle_buffer: serialised records in the shuffle buffer.
+      skip_bad_shards: leave out (and list in `skipped`) a shard cut short, instead of
+        raising DataError.
+      skip_bad_images: leave out a bad record (see decoded), naming it on stderr; the
+        pipeline's cleaning counts it. Without it, the first stops the run naming it.
     Attributes:
       input_shape, num_classes (1000, or the lines of labels.txt beside the shards, which
       `towers data convert --from-folder` writes), num_examples (of this worker's shards),
-      files, skipped (none: a bad shard stops the run), shuffled (True: the pipeline adds
-      none).
+      files, skipped ([(shard, records before its cut, problem)]), shuffled (True: the
+      pipeline adds none).
     """
 
     shuffled = True
 
     def __init__(self, folder, split, size, seed=0, num_workers=1, worker_index=0,
-                 shuffle_buffer=10000):
+                 shuffle_buffer=10000, skip_bad_shards=False, skip_bad_images=False):
         if not 0 <= worker_index < num_workers:
             raise DataError('worker index %d is not in [0, %d)' % (worker_index, num_workers))
-        files = shard_files(folder, split)[worker_index::num_workers]
-        if not files:
+        every = shard_files(folder, split)
+        if len(every) < num_workers:
             raise DataError('%s has %d %s shard(s), fewer than the %d workers sharing them'
-                            % (folder, len(shard_files(folder, split)), split, num_workers))
-        self.files, self.split, self.seed = files, split, seed
+                            % (folder, len(every), split, num_workers))
+        self.split, self.seed, self.skip_bad_images = split, seed, skip_bad_images
         self.num_classes = _class_count(folder)
         self.input_shape = (size, size, 3)
-        self.num_examples = sum(count_records(path) for path in files)
-        self.shuffle_buffer, self.skipped = shuffle_buffer, []
+        self.shuffle_buffer, self.files, self.skipped, self.num_examples = shuffle_buffer, [], [], 0
+        for path in every[worker_index::num_workers]:
+            try:
+                self.num_examples += count_records(path)
+                self.files.append(path)
+            except _Truncated as e:
+                if not skip_bad_shards:
+                    raise DataError('%s; give --skip-bad-shards to train without it' % e) from None
+                self.skipped.append((os.path.basename(path), e.records, str(e)))
+        if not self.files:
+            raise DataError('every %s shard of %s was skipped: nothing to read' % (split, folder))
 
     def source(self, input_shape, cycle_length=8):
-        """(dataset of chunks (pixels [n, P] uint8, shape_ok [n], labels [n]), {})."""
+        """(dataset of chunks (pixels [n, P] uint8, ok [n], labels [n]), {})."""
         if tuple(input_shape) != self.input_shape:
             raise DataError('the model takes %s images but this ImageNet set was opened for %s'
                             % (input_shape, self.input_shape))
-        images = examples(self.files, input_shape[0], self.split == 'train', self.seed,
-                          self.shuffle_buffer, cycle_length)
+        chunks = checked(decoded(self.files, input_shape[0], self.split == 'train', self.seed,
+                                 self.num_classes, self.shuffle_buffer, cycle_length),
+                         self.skip_bad_images)
         pixels = int(input_shape[0]) ** 2 * 3
-
-        def chunk(images, labels):
-            return (tf.reshape(images, [-1, pixels]), tf.ones_like(labels, tf.bool), labels)
-        return images.batch(CHUNK).map(chunk), {}
+        return chunks.map(lambda images, ok, labels: (tf.reshape(images, [-1, pixels]), ok,
+                                                      labels)), {}
 
 
 def _class_count(folder):
@@ -276,11 +387,12 @@ def read_all(image_set):
     For a small evaluation split (ImageNet's 50,000 at 224 would be 7.5 GB: stream those).
     """
     try:
-        chunks = drain(lambda: examples(image_set.files, image_set.input_shape[0],
-                                        training=False).batch(256))
+        chunks = drain(lambda: examples(
+            image_set.files, image_set.input_shape[0], training=False,
+            num_classes=image_set.num_classes, skip_bad=image_set.skip_bad_images).batch(256))
     except tf.errors.InvalidArgumentError as e:
-        raise DataError('cannot read the %s split: %s'
-                        % (image_set.split, e.message.splitlines()[0])) from None
+        problem = bad_record(e.message) or e.message.splitlines()[0]
+        raise DataError('cannot read the %s split: %s' % (image_set.split, problem)) from None
     if not chunks:
         return (np.zeros((0,) + image_set.input_shape, np.uint8), np.zeros([0], np.int64))
     return (np.concatenate([c[0] for c in chunks]), np.concatenate([c[1] for c in chunks]))

@@ -14,6 +14,7 @@ import time
 
 import tensorflow as tf
 
+from towers.data.errors import bad_record
 from towers.errors import TowersError, op_error_summary
 
 tf1 = tf.compat.v1
@@ -111,6 +112,12 @@ def input_errors(step):
         # A shard damaged after its check (or read unchecked): say so in one line.
         raise TowersError('corrupt input data at step %d: %s'
                           % (step, op_error_summary(e))) from None
+    except tf.errors.InvalidArgumentError as e:
+        problem = bad_record(e.message)  # an image the input could not use (data/imagenet.py)
+        if problem is None:
+            raise
+        raise TowersError('bad input record at step %d: %s; give --skip-bad-images to train '
+                          'without it' % (step, problem)) from None
     except (tf.errors.NotFoundError, tf.errors.PermissionDeniedError) as e:
         # A file the input opens again each epoch (a records shard) was removed,
         # moved or made unreadable after the run checked it.

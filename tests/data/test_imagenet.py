@@ -1,6 +1,7 @@
 """ImageNet-format shards: finding and counting them, tf_cnn_benchmarks' preprocessing, and
 crops seeded per example so that a run and its resume see the same images."""
 import os
+import re
 
 import numpy as np
 import pytest
@@ -28,7 +29,7 @@ def _write_shards(folder, split, sizes, boxes=((0.2, 0.3, 0.7, 0.9),)):
         with tf.io.TFRecordWriter(path) as writer:
             for _ in range(count):
                 label += 1
-                height, width = 60 + 7 * label, 90 - 3 * label
+                height, width = 60 + 7 * (label % 25), 90 - 3 * (label % 25)
                 writer.write(imagenet.make_example(_jpeg(height, width, label), label, height,
                                                    width, boxes))
 
@@ -175,3 +176,119 @@ def test_a_validation_split_too_big_to_hold_is_one_line(tmp_path, capsys, monkey
                    '32x32: towers evaluates in memory; train with --eval-every 0 and evaluate '
                    'apart' % folder]
     assert not os.path.exists(str(tmp_path / 'run'))
+
+
+def _write_bad_shard(folder, split='train', total=2, index=1):
+    """Shard `index` of `total`: 6 records, of which record 1 is not a JPEG, record 3 is
+    labelled 0, record 4 has no image/encoded, and record 5 is not a tf.train.Example."""
+    path = os.path.join(folder, '%s-%05d-of-%05d' % (split, index, total))
+    no_image = tf.train.Example(features=tf.train.Features(feature={
+        'image/class/label': tf.train.Feature(int64_list=tf.train.Int64List(value=[3]))}))
+    with tf.io.TFRecordWriter(path) as writer:
+        writer.write(imagenet.make_example(_jpeg(40, 50, 1), 1, 40, 50))
+        writer.write(imagenet.make_example(b'\xff\xd8not a jpeg at all', 2, 40, 50))
+        writer.write(imagenet.make_example(_jpeg(40, 50, 2), 3, 40, 50))
+        writer.write(imagenet.make_example(_jpeg(40, 50, 3), 0, 40, 50))
+        writer.write(no_image.SerializeToString())
+        writer.write(b'\x01\x02 neither')
+    return path
+
+
+def _drain(dataset):
+    from towers.data.pipeline import drain
+    return drain(lambda: dataset().batch(100))
+
+
+def test_a_bad_record_stops_the_read_naming_its_shard_and_index(tmp_path):
+    path = _write_bad_shard(str(tmp_path), total=1, index=0)
+    with pytest.raises(tf.errors.InvalidArgumentError) as failure:
+        _drain(lambda: imagenet.examples([path], 16, training=False))
+    from towers.data.errors import bad_record
+    assert bad_record(failure.value.message) == (
+        '%s record 1: not a tf.train.Example whose image/encoded is a decodable JPEG' % path)
+
+
+@pytest.mark.parametrize('training', [True, False])
+def test_skipping_bad_records_keeps_the_good_ones_and_names_each_bad_one(tmp_path, capfd,
+                                                                         training):
+    path = _write_bad_shard(str(tmp_path), total=1, index=0)
+    (images, labels), = _drain(lambda: imagenet.examples(
+        [path], 16, training=training, num_classes=5, skip_bad=True, shuffle_buffer=1))
+    assert images.shape == (2, 16, 16, 3) and list(labels) == [0, 2]
+    skipped = [line for line in capfd.readouterr().err.splitlines()
+               if line.startswith('skipped ')]
+    decodable = 'not a tf.train.Example whose image/encoded is a decodable JPEG'
+    assert skipped == ['skipped %s record 1: %s' % (path, decodable),
+                       'skipped %s record 3: label 0 is not in 1..5' % path,
+                       'skipped %s record 4: %s' % (path, decodable),
+                       'skipped %s record 5: %s' % (path, decodable)]
+
+
+def test_a_label_beyond_the_classes_is_a_bad_record(tmp_path):
+    _write_shards(str(tmp_path), 'train', [4])
+    files = imagenet.shard_files(str(tmp_path), 'train')
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r'record 3: label 4 is not in '
+                                                             r'1\.\.3\]'):
+        _drain(lambda: imagenet.examples(files, 16, training=False, num_classes=3))
+
+
+def test_bad_records_in_many_chunks_are_each_placed_and_counted(tmp_path):
+    """Rows decoded around the bad ones keep their place, chunk after chunk."""
+    folder = str(tmp_path)
+    _write_shards(folder, 'train', [40])
+    _write_bad_shard(folder, total=2, index=1)
+    os.rename(os.path.join(folder, 'train-00000-of-00001'),
+              os.path.join(folder, 'train-00000-of-00002'))
+    files = imagenet.shard_files(folder, 'train')
+    plain = _drain(lambda: imagenet.examples(files[:1], 16, training=False))
+    (images, labels), = _drain(lambda: imagenet.examples(files, 16, training=False,
+                                                          skip_bad=True, cycle_length=1))
+    assert len(labels) == 42 and list(labels[40:]) == [0, 2]
+    np.testing.assert_array_equal(images[:40], plain[0][0])
+
+
+def test_a_shard_cut_short_is_skipped_and_listed_when_asked(tmp_path):
+    folder = str(tmp_path)
+    _write_shards(folder, 'train', [3, 3])
+    path = os.path.join(folder, 'train-00001-of-00002')
+    with open(path, 'rb+') as f:
+        f.truncate(os.path.getsize(path) - 10)
+    with pytest.raises(DataError, match=r'train-00001-of-00002 is truncated in record 2 .*; '
+                                        r'give --skip-bad-shards to train without it$'):
+        imagenet.ImageNetSet(folder, 'train', 16)
+    kept = imagenet.ImageNetSet(folder, 'train', 16, skip_bad_shards=True)
+    assert kept.num_examples == 3 and [s[:2] for s in kept.skipped] == [
+        ('train-00001-of-00002', 2)]
+
+
+def _train_lines(folder, tmp_path, capsys, *flags):
+    from towers.cli import main
+    code = main(['train', '--dataset', 'imagenet:' + folder, '--model', 'small_convnet',
+                 '--image-size', '16', '--towers', '2', '--batch-size', '4', '--steps', '4',
+                 '--logdir', str(tmp_path / 'run'), '--eval-every', '0', '--log-every',
+                 '100', '--no-tensorboard'] + list(flags))
+    out, err = capsys.readouterr()
+    return code, out.splitlines(), err.strip().splitlines()
+
+
+def test_training_stops_on_a_bad_jpeg_in_one_line_or_skips_it_when_asked(tmp_path, capsys):
+    folder = str(tmp_path / 'imagenet')
+    os.makedirs(folder)
+    _write_shards(folder, 'train', [6])
+    os.rename(os.path.join(folder, 'train-00000-of-00001'),
+              os.path.join(folder, 'train-00000-of-00002'))
+    path = _write_bad_shard(folder)
+    code, _, err = _train_lines(folder, tmp_path, capsys)
+    assert code == 1
+    # The records are shuffled: the first bad one read is one of the three undecodable.
+    assert len(err) == 1 and re.fullmatch(
+        r'towers: error: bad input record at step 0: %s record [145]: not a tf.train.Example '
+        r'whose image/encoded is a decodable JPEG; give --skip-bad-images to train without it'
+        % re.escape(path), err[0]), err
+    code, out, _ = _train_lines(folder, tmp_path, capsys, '--skip-bad-images')
+    assert code == 0
+    # 12 records a pass, 4 of them bad; each pass (reading runs ahead) drops them again.
+    counts = [re.match(r'cleaning dropped (\d+) of the (\d+) records read', line)
+              for line in out]
+    (dropped, read), = [tuple(map(int, c.groups())) for c in counts if c]
+    assert read % 12 == 0 and read >= 24 and dropped == read // 3

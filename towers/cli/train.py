@@ -139,10 +139,15 @@ def load_imagenet(args):
     size = args.image_size or (design[0][0] if design else 224)
     train_set = imagenet.ImageNetSet(folder, 'train', size, seed=args.seed,
                                      num_workers=args.num_workers,
-                                     worker_index=args.worker_index)
+                                     worker_index=args.worker_index,
+                                     skip_bad_shards=args.skip_bad_shards,
+                                     skip_bad_images=args.skip_bad_images)
     images, labels = np.zeros((0,) + train_set.input_shape, np.uint8), np.zeros(0, np.int64)
+    validation = None
     if args.eval_every != 0 and imagenet.has_split(folder, 'validation'):
-        validation = imagenet.ImageNetSet(folder, 'validation', size)
+        validation = imagenet.ImageNetSet(folder, 'validation', size,
+                                          skip_bad_shards=args.skip_bad_shards,
+                                          skip_bad_images=args.skip_bad_images)
         needed = validation.num_examples * size * size * 3 * 4
         if needed > EVAL_MEMORY:
             raise SettingError('the validation split of %s is %d images, %.1f GB in memory at '
@@ -152,8 +157,9 @@ def load_imagenet(args):
         images, labels = imagenet.read_all(validation)
     test_set = data.DataSet(images, labels, num_classes=train_set.num_classes)
     empty = data.DataSet(images[:0], labels[:0], num_classes=train_set.num_classes)
-    return train_set.input_shape, train_set.num_classes, data.Datasets(train_set, empty,
-                                                                       test_set), []
+    skipped = train_set.skipped + (validation.skipped if validation else [])
+    return (train_set.input_shape, train_set.num_classes,
+            data.Datasets(train_set, empty, test_set), skipped)
 
 
 def records_test_set(folder, num_classes, skip_bad_shards=False):

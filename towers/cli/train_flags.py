@@ -59,8 +59,11 @@ def _train_strategy_flags(train):
     train.add_argument('--worker-index', type=int, default=0,
                        help='with records:DIR: which share of the shards this run reads')
     train.add_argument('--skip-bad-shards', action='store_true',
-                       help='with records:DIR, skip (and count) shards that fail their '
-                            'checksum instead of stopping')
+                       help='with records:DIR or imagenet:DIR, skip (and count) shards that '
+                            'fail their checksum or are cut short instead of stopping')
+    train.add_argument('--skip-bad-images', action='store_true',
+                       help='with imagenet:DIR, skip (name and count) a record whose image does '
+                            'not decode or whose label is out of range, instead of stopping')
 
 
 def _train_optimizer_flags(train):
