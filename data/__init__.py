@@ -9,6 +9,7 @@ Public API:
                                            ~/.cache/towers/<name>, /usr/share/datasets/<name>
     read_data_sets(train_dir, ...)         classic TF tutorial loader for MNIST files
     DataSet, Datasets                      in-memory data with next_batch
+    synthetic_datasets(shape, classes, n)  imagenet-synthetic: random images of any shape
     check_images(data, input_shape, ...)   does a loaded split fit a model's (H, W, C)?
                                            (loaders already hold every file to its
                                            dataset's declared shape, see data.checks)
@@ -41,11 +42,12 @@ from towers.data.registry import (
                          find_dataset,
                          load_dataset,
 )
+from towers.data.synthetic import synthetic_datasets
 
 __all__ = [
     'DATASETS', 'DEFAULT_DATASET', 'dataset_info', 'load_dataset', 'class_names',
     'find_dataset',
-    'DataSet', 'Datasets', 'read_data_sets', 'check_images',
+    'DataSet', 'Datasets', 'read_data_sets', 'check_images', 'synthetic_datasets',
     'read_idx', 'write_idx', 'read_cifar10_batch', 'download', 'extract_folder',
     'DataError', 'IdxFormatError', 'CifarFormatError', 'ChecksumError', 'DownloadError',
     'DatasetNotFoundError', 'ArchiveError', 'DataMismatchError',

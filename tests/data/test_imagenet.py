@@ -292,3 +292,12 @@ def test_training_stops_on_a_bad_jpeg_in_one_line_or_skips_it_when_asked(tmp_pat
               for line in out]
     (dropped, read), = [tuple(map(int, c.groups())) for c in counts if c]
     assert read % 12 == 0 and read >= 24 and dropped == read // 3
+
+
+def test_eval_reads_the_validation_split_at_the_evaluation_view(tmp_path, capsys):
+    from towers.cli import main
+    folder, logdir = _folder(tmp_path), str(tmp_path / 'run')
+    _train(folder, logdir, 2, capsys)
+    assert main(['eval', '--logdir', logdir]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-1].startswith('test: ') and lines[-1].endswith('(3 images)'), lines

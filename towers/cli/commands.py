@@ -13,6 +13,7 @@ import numpy as np
 from towers import data, models
 from towers.cli.cluster import run_server
 from towers.cli.config import flag, int_list, loss_scale, name_list
+from towers.cli.datasets import SYNTHETIC, dataset_info, load_dataset
 from towers.cli.explain_command import run_explain
 from towers.cli.launcher import run_launch
 from towers.cli.saved import run_eval, run_export
@@ -43,7 +44,7 @@ def run_models(args, log):
     log('MACs: multiply-accumulates of the convolutions and matmuls of one forward pass, '
         "as papers count them (TensorFlow's profiler, on the graph)")
     if not args.names:
-        log('datasets: %s' % ', '.join(sorted(data.DATASETS)))
+        log('datasets: %s' % ', '.join(sorted(data.DATASETS) + [SYNTHETIC]))
 
 
 def run_devices(args, log):
@@ -65,7 +66,7 @@ def run_bench(args, log):
     if args.cluster_mode:
         run_cluster_bench(args, log)
         return
-    info = data.dataset_info(args.dataset)
+    info = dataset_info(args)
     counts = int_list(args.towers, 'towers')
     model_fn = models.build_model(args.model, info.input_shape, info.num_classes)
     modes = [m.strip() for m in args.input.split(',') if m.strip()]
@@ -81,7 +82,7 @@ def run_bench(args, log):
         raise SettingError('{plot} and {xla} go with {compare}')
     train_set = None
     if set(modes) - {'synthetic'} or args.compare:  # the textbook and Keras feed it too
-        train_set = data.load_dataset(args.dataset).train
+        train_set = load_dataset(args, info).train
     in_precisions = '' if precisions == ['fp32'] else '; in %s%s' % (
         ', '.join(precisions), ', each against %s' % precisions[0] if len(precisions) > 1
         else '')
@@ -111,7 +112,7 @@ def run_cluster_bench(args, log):
         raise SettingError('{cluster_mode} times one {precision} per run, got %r',
                            args.precision)
     bench.precisions_of(precisions, loss_scale(args.loss_scale))
-    info = data.dataset_info(args.dataset)
+    info = dataset_info(args)
     model_fn = models.build_model(args.model, info.input_shape, info.num_classes)
     workers = int_list(args.workers, 'workers')
     towers = int(args.towers) if args.towers.isdigit() else None
@@ -122,6 +123,7 @@ def run_cluster_bench(args, log):
     ps = args.ps if args.ps is not None else int(args.cluster_mode == 'parameter-server')
     common = ['--model', args.model, '--dataset', args.dataset, '--precision', precisions[0]]
     common += ['--loss-scale', args.loss_scale] if args.loss_scale is not None else []
+    common += ['--image-size', str(args.image_size)] if args.image_size else []
     flags = common + ['--batch-size', str(args.batch_size), '--input', args.input,
                       '--steps', str(args.warmup + args.window), '--eval-every', '0',
                       '--quiet', '--log-every', str(args.warmup + args.window)]
@@ -169,7 +171,7 @@ def run_plan(args, log):
         raise SettingError('{step_seconds} is a positive number of seconds, instead of '
                            '{device_flops}, got %r', args.step_seconds)
     precision = Precision(args.precision, loss_scale(args.loss_scale))
-    info = data.dataset_info(args.dataset)
+    info = dataset_info(args)
     model, slice_bytes = args.model, plan.slice_bytes(info.input_shape, args.batch_size)
     if args.gradient_bytes is not None:
         # Even shares over the ps tasks: its variables' sizes are not known here.
@@ -268,13 +270,13 @@ def run_check(args, log):
     tolerance = (args.tolerance if args.tolerance is not None
                  else checking.default_tolerance(args.precision)[0])
     checking.check_settings(args.towers, args.batch_size, args.steps, tolerance)
-    info = data.dataset_info(args.dataset)
+    info = dataset_info(args)
     # Dropout masks are drawn per tower: off here, so that only the towers can differ.
     has_dropout = args.model in models.MODELS and 'dropout_rate' in inspect.signature(
         models.MODELS[args.model]).parameters
     options = {'dropout_rate': 0.0} if has_dropout else {}
     model_fn = models.build_model(args.model, info.input_shape, info.num_classes, **options)
-    train_set = data.load_dataset(args.dataset).train
+    train_set = load_dataset(args, info).train
     # A GPU's TF32 or a non-deterministic cuDNN algorithm would be measured too.
     with exact():
         checking.run_check(args.model, model_fn, args.dataset, train_set, args.towers,

@@ -7,8 +7,9 @@ and clusters included, and never run (towers/tools/planonly.py).
 """
 import json
 
-from towers import data, models
+from towers import models
 from towers.cli.config import loss_scale
+from towers.cli.datasets import dataset_info
 from towers.config import check
 from towers.deviceplan import local_plan
 from towers.devices import parse_device
@@ -20,7 +21,7 @@ from towers.tools import explain, planonly
 def run_explain(args, log):
     """towers explain [--plan-only]."""
     check('batch_size', args.batch_size)
-    info = data.dataset_info(args.dataset)
+    info = dataset_info(args)
     model_fn = models.build_model(args.model, info.input_shape, info.num_classes)
     precision = Precision(args.precision, loss_scale(args.loss_scale))
     if args.plan_only:

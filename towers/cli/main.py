@@ -62,6 +62,9 @@ def main(argv=None):
         # TensorFlow's Python deprecation notices are for us, not for users.
         tensorflow.get_logger().setLevel('ERROR')
     from towers.cli.commands import COMMANDS
+    if getattr(args, 'dataset', False) is None:  # the model's own kind of images
+        from towers.cli.datasets import default_dataset
+        args.dataset = default_dataset(args.model)
     return _run(args, COMMANDS[args.command])
 
 

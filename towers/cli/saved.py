@@ -9,6 +9,7 @@ import os
 import tensorflow as tf
 
 from towers import checkpoints, data, graph, models
+from towers.cli.datasets import SYNTHETIC
 from towers.config import check
 from towers.deviceplan import local_plan
 from towers.errors import TowersError
@@ -39,7 +40,7 @@ def saved_run(args, log):
 
 def run_eval(args, log):
     """towers eval: a checkpoint's loss and accuracy over the whole test set."""
-    from towers.cli.train import records_test_set
+    from towers.cli.train import imagenet_test_set, records_test_set
     check('batch_size', args.batch_size)
     run, model_fn, checkpoint = saved_run(args, log)
     origin = None
@@ -47,6 +48,12 @@ def run_eval(args, log):
         folder = run['dataset'].split(':', 1)[1]
         test_set, _ = records_test_set(folder, run['num_classes'])
         origin = 'records:%s test split' % folder
+    elif run['dataset'].startswith('imagenet:'):
+        folder = run['dataset'].split(':', 1)[1]
+        test_set, _ = imagenet_test_set(folder, run['input_shape'][0], run['num_classes'])
+        origin = 'imagenet:%s validation split' % folder
+    elif run['dataset'] == SYNTHETIC:
+        raise TowersError('%s trained on %s, which has no test images', args.logdir, SYNTHETIC)
     else:
         test_set = data.load_dataset(run['dataset'], data_dir=args.data_dir or run['data_dir'],
                                      validation_size=0).test

@@ -12,6 +12,7 @@ import numpy as np
 from towers import data, exactness, models
 from towers.cli.cluster import cluster_of, cluster_run
 from towers.cli.config import config_from_args
+from towers.cli.datasets import check_image_size, dataset_info, load_dataset
 from towers.devices import resolve_devices, resolve_param_device
 from towers.errors import SettingError
 from towers.model import ClassifierModel
@@ -64,6 +65,7 @@ def _run_train(args, log):
 def load_data(args, from_records, log):
     """(input_shape, num_classes, Datasets) of --dataset: records stream, others load."""
     if from_records:
+        check_image_size(args)
         if args.input not in (None, 'dataset'):
             raise SettingError('records:DIR streams from disk through {input} dataset; '
                                '{input} %s needs an in-memory dataset', args.input)
@@ -72,13 +74,13 @@ def load_data(args, from_records, log):
         for shard, count, problem in skipped:
             log('skipped %s (%d records): %s' % (shard, count, problem))
         return input_shape, num_classes, datasets
-    info = data.dataset_info(args.dataset)
+    info = dataset_info(args)
     if args.validation_size is not None and not 0 <= args.validation_size < info.num_train:
         raise SettingError('{validation_size} must be in [0, %d) for %s, got %d',
                            info.num_train, args.dataset, args.validation_size)
     models.build_model(args.model, info.input_shape, info.num_classes)  # a bad name: now
-    datasets = data.load_dataset(args.dataset, data_dir=args.data_dir,
-                                 validation_size=args.validation_size, seed=args.seed)
+    datasets = load_dataset(args, info, data_dir=args.data_dir,
+                            validation_size=args.validation_size, seed=args.seed)
     return info.input_shape, info.num_classes, datasets
 
 
@@ -142,24 +144,35 @@ def load_imagenet(args):
                                      worker_index=args.worker_index,
                                      skip_bad_shards=args.skip_bad_shards,
                                      skip_bad_images=args.skip_bad_images)
-    images, labels = np.zeros((0,) + train_set.input_shape, np.uint8), np.zeros(0, np.int64)
-    validation = None
+    test_set, skipped = data.DataSet(np.zeros((0,) + train_set.input_shape, np.uint8),
+                                     np.zeros(0, np.int64),
+                                     num_classes=train_set.num_classes), []
     if args.eval_every != 0 and imagenet.has_split(folder, 'validation'):
-        validation = imagenet.ImageNetSet(folder, 'validation', size,
-                                          skip_bad_shards=args.skip_bad_shards,
-                                          skip_bad_images=args.skip_bad_images)
-        needed = validation.num_examples * size * size * 3 * 4
-        if needed > EVAL_MEMORY:
-            raise SettingError('the validation split of %s is %d images, %.1f GB in memory at '
-                               '%dx%d: towers evaluates in memory; train with {eval_every} 0 '
-                               'and evaluate apart', folder, validation.num_examples,
-                               needed / 1e9, size, size)
-        images, labels = imagenet.read_all(validation)
-    test_set = data.DataSet(images, labels, num_classes=train_set.num_classes)
-    empty = data.DataSet(images[:0], labels[:0], num_classes=train_set.num_classes)
-    skipped = train_set.skipped + (validation.skipped if validation else [])
+        test_set, skipped = imagenet_test_set(folder, size, train_set.num_classes,
+                                              args.skip_bad_shards, args.skip_bad_images,
+                                              'train with {eval_every} 0 and evaluate apart')
+    empty = data.DataSet(test_set.images[:0], test_set.labels[:0],
+                         num_classes=train_set.num_classes)
     return (train_set.input_shape, train_set.num_classes,
-            data.Datasets(train_set, empty, test_set), skipped)
+            data.Datasets(train_set, empty, test_set), train_set.skipped + skipped)
+
+
+def imagenet_test_set(folder, size, num_classes, skip_bad_shards=False, skip_bad_images=False,
+                      hint=''):
+    """The validation split of an ImageNet folder, in memory at the evaluation view:
+    (DataSet, skipped shards); SettingError (ending '; ' + hint) if it would take more than
+    EVAL_MEMORY."""
+    from towers.data import imagenet
+    validation = imagenet.ImageNetSet(folder, 'validation', size,
+                                      skip_bad_shards=skip_bad_shards,
+                                      skip_bad_images=skip_bad_images)
+    needed = validation.num_examples * size * size * 3 * 4
+    if needed > EVAL_MEMORY:
+        raise SettingError('the validation split of %s is %d images, %.1f GB in memory at '
+                           '%dx%d: towers evaluates in memory' + ('; ' + hint if hint else ''),
+                           folder, validation.num_examples, needed / 1e9, size, size)
+    images, labels = imagenet.read_all(validation)
+    return data.DataSet(images, labels, num_classes=num_classes), validation.skipped
 
 
 def records_test_set(folder, num_classes, skip_bad_shards=False):

@@ -51,9 +51,6 @@ def _train_strategy_flags(train):
                             'e.g. 0.4914,0.4822,0.4465 (needs --std)')
     train.add_argument('--std', default=None,
                        help='with --input dataset: per-channel standard deviations to divide by')
-    train.add_argument('--image-size', type=int, default=None, metavar='S',
-                       help='with imagenet:DIR: the side the images are cropped and resized '
-                            "to (default: the model's, e.g. 224 for resnet50)")
     train.add_argument('--num-workers', type=int, default=1,
                        help='with records:DIR: how many workers share the shards (default: 1)')
     train.add_argument('--worker-index', type=int, default=0,
