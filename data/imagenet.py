@@ -32,6 +32,7 @@ done) continues it.
 
 This module imports TensorFlow; `import data` does not import it.
 """
+import collections
 import glob
 import os
 import re
@@ -50,14 +51,23 @@ SPLITS = ('train', 'validation')
 LABELS = 'labels.txt'
 EVAL_RESIZE = 1.145  # the short side before the centre crop: 256 for 224
 _SHARD = re.compile(r'^(train|validation)-(\d+)-of-(\d+)$')
-_FEATURES = {
-    'image/encoded': tf.io.FixedLenFeature([], tf.string),
-    'image/class/label': tf.io.FixedLenFeature([], tf.int64, default_value=-1),
-    'image/object/bbox/xmin': tf.io.VarLenFeature(tf.float32),
-    'image/object/bbox/ymin': tf.io.VarLenFeature(tf.float32),
-    'image/object/bbox/xmax': tf.io.VarLenFeature(tf.float32),
-    'image/object/bbox/ymax': tf.io.VarLenFeature(tf.float32),
-}
+_BOX = 'image/object/bbox/'
+
+
+class Schema(collections.namedtuple('Schema', ['image', 'label', 'first_label', 'boxes',
+                                                'shape'])):
+    """Where a record keeps its image and label.
+
+    image, label: the feature keys of the encoded image (bytes) and the label (int64).
+    first_label: the label of class 0 (build_imagenet_data.py: 1; TFDS: 0).
+    boxes: the record has build_imagenet_data.py's image/object/bbox/* boxes.
+    shape: (H, W, C) when every image has that shape (decoded as it is, any format
+      tf.io.decode_image reads); None for JPEGs of any size, cropped or centred to the
+      model's side as tf_cnn_benchmarks does.
+    """
+
+
+BUILD_IMAGENET = Schema('image/encoded', 'image/class/label', 1, True, None)
 
 
 def make_example(jpeg, label, height, width, boxes=()):
@@ -145,13 +155,22 @@ def count_records(path):
     return count
 
 
-def parse(serialized):
-    """(JPEG bytes, label - 1, boxes [1, n, 4] as [ymin, xmin, ymax, xmax]) of one record."""
-    parsed = tf.io.parse_single_example(serialized, _FEATURES)
-    sides = [tf.sparse.to_dense(parsed['image/object/bbox/' + side])
-             for side in ('ymin', 'xmin', 'ymax', 'xmax')]
-    boxes = tf.expand_dims(tf.stack(sides, axis=1), 0)
-    return parsed['image/encoded'], parsed['image/class/label'] - 1, boxes
+def parse(serialized, schema=BUILD_IMAGENET):
+    """(image bytes, class (label - first_label; negative when missing), boxes [1, n, 4] as
+    [ymin, xmin, ymax, xmax], n = 0 without any) of one record."""
+    features = {schema.image: tf.io.FixedLenFeature([], tf.string),
+                schema.label: tf.io.FixedLenFeature([], tf.int64,
+                                                    default_value=schema.first_label - 1)}
+    sides = ('ymin', 'xmin', 'ymax', 'xmax')
+    if schema.boxes:
+        features.update({_BOX + side: tf.io.VarLenFeature(tf.float32) for side in sides})
+    parsed = tf.io.parse_single_example(serialized, features)
+    if schema.boxes:
+        boxes = tf.stack([tf.sparse.to_dense(parsed[_BOX + side]) for side in sides], axis=1)
+    else:
+        boxes = tf.zeros([0, 4])
+    return (parsed[schema.image], parsed[schema.label] - schema.first_label,
+            tf.expand_dims(boxes, 0))
 
 
 def train_image(jpeg, boxes, size, seed):
@@ -207,17 +226,19 @@ def records(files, cycle_length=8):
 
 
 def decoded(files, size, training, seed=0, num_classes=1000, shuffle_buffer=10000,
-            cycle_length=8, chunk=CHUNK):
+            cycle_length=8, chunk=CHUNK, schema=BUILD_IMAGENET):
     """The shards' records decoded, a chunk at a time, whether or not some are bad.
 
-    A bad record (not a tf.train.Example, a JPEG that does not decode, no image/encoded, a
-    label outside 1..num_classes) does not stop the pipeline here: its row is marked, and
+    A bad record (not a tf.train.Example, an image that does not decode (or, of a schema
+    with a shape, is not of that shape), no image, a label outside the classes) does not
+    stop the pipeline here: its row is marked, and
     the message naming it is given, for checked() to stop on or skip. Each chunk decodes in
     a dataset of its own whose errors are ignored, so a reader's errors (a corrupt shard)
     still reach the caller, and the chunks decode in parallel.
 
     Returns:
-      a dataset of (images [k, size, size, 3] uint8 (zeros for a bad row), ok [k] bool,
+      a dataset of (images [k, size, size, 3] uint8, or [k, H, W, C] of the schema's shape
+      (zeros for a bad row), ok [k] bool,
       labels [k] int64 (0..num_classes-1), problems [k] string: 'FILE record N: what is
       wrong' for a bad row); k is `chunk`, less at the end.
     """
@@ -225,14 +246,21 @@ def decoded(files, size, training, seed=0, num_classes=1000, shuffle_buffer=1000
     stream = records(files, cycle_length)
     if training and shuffle_buffer > 1:
         stream = stream.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
-    pixels = size * size * 3
+    shape = schema.shape or (size, size, 3)
+    pixels = shape[0] * shape[1] * shape[2]
+    first, last = schema.first_label, schema.first_label + num_classes - 1
+    undecodable = 'not a tf.train.Example whose %s is a decodable %s' % (
+        schema.image, 'x'.join(map(str, shape)) + ' image' if schema.shape else 'JPEG')
 
     def one(row, position, serialized):
-        jpeg, label, boxes = parse(serialized)
-        if training:
-            image = train_image(jpeg, boxes, size, tf.stack([tf.cast(seed, tf.int64), position]))
+        encoded, label, boxes = parse(serialized, schema)
+        if schema.shape:
+            image = tf.io.decode_image(encoded, channels=shape[2], expand_animations=False)
+        elif training:
+            image = train_image(encoded, boxes, size,
+                                tf.stack([tf.cast(seed, tf.int64), position]))
         else:
-            image = eval_image(jpeg, size)
+            image = eval_image(encoded, size)
         return row, tf.reshape(image, [pixels]), label
 
     def decode(positions, where):
@@ -247,18 +275,18 @@ def decoded(files, size, training, seed=0, num_classes=1000, shuffle_buffer=1000
         def place(done, images, labels):
             at = done[:, None]
             every = tf.equal(tf.size(done), k)  # the usual chunk: nothing to move
-            images = tf.cond(every, lambda: images, lambda: tf.scatter_nd(at, images, [k, pixels]))
+            images = tf.cond(every, lambda: images,
+                             lambda: tf.scatter_nd(at, images, [k, pixels]))
             decoded = tf.scatter_nd(at, tf.ones_like(done, tf.bool), [k])
             labels = tf.scatter_nd(at, labels, [k])
             in_range = (labels >= 0) & (labels < num_classes)
             problems = tf.strings.join([
                 tf.gather(names, file_index), ' record ', tf.strings.as_string(record), ': ',
                 tf.where(decoded, tf.strings.join([
-                    'label ', tf.strings.as_string(labels + 1), ' is not in 1..%d'
-                    % num_classes]), 'not a tf.train.Example whose image/encoded is a '
-                                      'decodable JPEG')])
+                    'label ', tf.strings.as_string(labels + first), ' is not in %d..%d'
+                    % (first, last)]), undecodable)])
             ok = decoded & in_range
-            return (tf.reshape(images, [k, size, size, 3]), ok, tf.where(ok, labels, 0),
+            return (tf.reshape(images, [k] + list(shape)), ok, tf.where(ok, labels, 0),
                     tf.where(ok, '', problems))
         return good.map(place)
 
@@ -308,17 +336,20 @@ def examples(files, size, training, seed=0, shuffle_buffer=10000, cycle_length=8
 
 
 
-class ImageNetSet:
-    """One split of an ImageNet-format folder, read as a data.pipeline source.
+class ImageRecordSet:
+    """One split of image records (a list of shards), read as a data.pipeline source.
 
-    The training split is shuffled, cropped and flipped here (see the module docstring), so
-    the pipeline after it only batches and normalises; the evaluation split gets the centre
-    view, in file order.
+    The training split is shuffled, and (JPEGs of any size) cropped and flipped, here (see
+    the module docstring), so the pipeline after it only batches and normalises; the
+    evaluation split gets the centre view, in file order.
 
     Args:
-      folder: the shards' folder.
-      split: 'train' or 'validation'.
-      size: the model's side: images come out size x size x 3.
+      files: the split's shards, in order.
+      split: its name; 'train' is shuffled and cropped.
+      size: the model's side: JPEGs of any size come out size x size x 3 (a schema with a
+        shape: that shape).
+      num_classes: the labels are first_label .. first_label + num_classes - 1.
+      schema: where the records keep image and label (Schema).
       seed: the shuffle and crop seed (the run's --seed).
       num_workers, worker_index: read only shards worker_index, worker_index +
         num_workers, ... so that workers see disjoint parts.
@@ -328,27 +359,25 @@ class ImageNetSet:
       skip_bad_images: leave out a bad record (see decoded), naming it on stderr; the
         pipeline's cleaning counts it. Without it, the first stops the run naming it.
     Attributes:
-      input_shape, num_classes (1000, or the lines of labels.txt beside the shards, which
-      `towers data convert --from-folder` writes), num_examples (of this worker's shards),
-      files, skipped ([(shard, records before its cut, problem)]), shuffled (True: the
-      pipeline adds none).
+      input_shape, num_classes, num_examples (of this worker's shards), files, skipped
+      ([(shard, records before its cut, problem)]), shuffled (True: the pipeline adds none).
     """
 
     shuffled = True
 
-    def __init__(self, folder, split, size, seed=0, num_workers=1, worker_index=0,
-                 shuffle_buffer=10000, skip_bad_shards=False, skip_bad_images=False):
+    def __init__(self, files, split, size, num_classes, schema=BUILD_IMAGENET, seed=0,
+                 num_workers=1, worker_index=0, shuffle_buffer=10000, skip_bad_shards=False,
+                 skip_bad_images=False):
         if not 0 <= worker_index < num_workers:
             raise DataError('worker index %d is not in [0, %d)' % (worker_index, num_workers))
-        every = shard_files(folder, split)
-        if len(every) < num_workers:
+        if len(files) < num_workers:
             raise DataError('%s has %d %s shard(s), fewer than the %d workers sharing them'
-                            % (folder, len(every), split, num_workers))
+                            % (os.path.dirname(files[0]), len(files), split, num_workers))
         self.split, self.seed, self.skip_bad_images = split, seed, skip_bad_images
-        self.num_classes = _class_count(folder)
-        self.input_shape = (size, size, 3)
+        self.num_classes, self.schema = num_classes, schema
+        self.input_shape = tuple(schema.shape or (size, size, 3))
         self.shuffle_buffer, self.files, self.skipped, self.num_examples = shuffle_buffer, [], [], 0
-        for path in every[worker_index::num_workers]:
+        for path in files[worker_index::num_workers]:
             try:
                 self.num_examples += count_records(path)
                 self.files.append(path)
@@ -357,19 +386,41 @@ class ImageNetSet:
                     raise DataError('%s; give --skip-bad-shards to train without it' % e) from None
                 self.skipped.append((os.path.basename(path), e.records, str(e)))
         if not self.files:
-            raise DataError('every %s shard of %s was skipped: nothing to read' % (split, folder))
+            raise DataError('every %s shard in %s was skipped: nothing to read'
+                            % (split, os.path.dirname(files[0])))
+
+    def examples(self, training=None, cycle_length=8):
+        """decoded()'s chunks of this split, after checked()."""
+        training = self.split == 'train' if training is None else training
+        return checked(decoded(self.files, self.input_shape[0], training, self.seed,
+                               self.num_classes, self.shuffle_buffer, cycle_length,
+                               schema=self.schema), self.skip_bad_images)
 
     def source(self, input_shape, cycle_length=8):
         """(dataset of chunks (pixels [n, P] uint8, ok [n], labels [n]), {})."""
         if tuple(input_shape) != self.input_shape:
-            raise DataError('the model takes %s images but this ImageNet set was opened for %s'
+            raise DataError('the model takes %s images but this split was opened for %s'
                             % (input_shape, self.input_shape))
-        chunks = checked(decoded(self.files, input_shape[0], self.split == 'train', self.seed,
-                                 self.num_classes, self.shuffle_buffer, cycle_length),
-                         self.skip_bad_images)
-        pixels = int(input_shape[0]) ** 2 * 3
-        return chunks.map(lambda images, ok, labels: (tf.reshape(images, [-1, pixels]), ok,
-                                                      labels)), {}
+        pixels = self.input_shape[0] * self.input_shape[1] * self.input_shape[2]
+        return self.examples(cycle_length=cycle_length).map(
+            lambda images, ok, labels: (tf.reshape(images, [-1, pixels]), ok, labels)), {}
+
+
+class ImageNetSet(ImageRecordSet):
+    """One split of an ImageNet-format folder (build_imagenet_data.py's shards).
+
+    Args:
+      folder: the shards' folder.
+      split: 'train' or 'validation'.
+      size, seed, ...: as ImageRecordSet.
+    Attributes:
+      as ImageRecordSet; num_classes: 1000, or the lines of labels.txt beside the shards
+      (which `towers data convert --from-folder` writes).
+    """
+
+    def __init__(self, folder, split, size, **options):
+        super().__init__(shard_files(folder, split), split, size, _class_count(folder),
+                         **options)
 
 
 def _class_count(folder):
@@ -382,14 +433,17 @@ def _class_count(folder):
 
 
 def read_all(image_set):
-    """Every image of an ImageNetSet in memory: (images uint8 [N, H, W, 3], labels [N]).
+    """Every image of an ImageRecordSet in memory, at the evaluation view: (images uint8
+    [N, H, W, C], labels [N]).
 
     For a small evaluation split (ImageNet's 50,000 at 224 would be 7.5 GB: stream those).
     """
+    def in_order():
+        return image_set.examples(training=False).map(
+            lambda images, ok, labels: (tf.boolean_mask(images, ok),
+                                        tf.boolean_mask(labels, ok))).unbatch().batch(256)
     try:
-        chunks = drain(lambda: examples(
-            image_set.files, image_set.input_shape[0], training=False,
-            num_classes=image_set.num_classes, skip_bad=image_set.skip_bad_images).batch(256))
+        chunks = drain(in_order)
     except tf.errors.InvalidArgumentError as e:
         problem = bad_record(e.message) or e.message.splitlines()[0]
         raise DataError('cannot read the %s split: %s' % (image_set.split, problem)) from None

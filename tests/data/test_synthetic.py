@@ -50,8 +50,8 @@ def test_an_imagenet_model_trains_on_synthetic_images_of_its_size_by_default(tmp
 
 
 @pytest.mark.parametrize('flags, message', [
-    (['--image-size', '16'], '--image-size goes with imagenet:DIR or imagenet-synthetic; '
-                             'mnist_sample has its own size'),
+    (['--image-size', '16'], '--image-size goes with imagenet:DIR, tfds:DIR or '
+                             'imagenet-synthetic; mnist_sample has its own size'),
     (['--model', 'trivial', '--image-size', '0'], '--image-size must be at least 1, got 0'),
 ])
 def test_a_bad_image_size_is_one_line(tmp_path, capsys, flags, message):

@@ -13,7 +13,7 @@ import numpy as np
 from towers import data, models
 from towers.cli.cluster import run_server
 from towers.cli.config import flag, int_list, loss_scale, name_list
-from towers.cli.datasets import SYNTHETIC, dataset_info, load_dataset
+from towers.cli.datasets import SYNTHETIC, check_image_size, dataset_info, load_dataset
 from towers.cli.explain_command import run_explain
 from towers.cli.launcher import run_launch
 from towers.cli.saved import run_eval, run_export
@@ -66,6 +66,9 @@ def run_bench(args, log):
     if args.cluster_mode:
         run_cluster_bench(args, log)
         return
+    if args.input_only:
+        run_input_bench(args, log)
+        return
     info = dataset_info(args)
     counts = int_list(args.towers, 'towers')
     model_fn = models.build_model(args.model, info.input_shape, info.num_classes)
@@ -101,6 +104,29 @@ def run_bench(args, log):
                         param_device=args.param_device, warmup_steps=args.warmup,
                         timed_steps=args.window, plot=args.plot, trace=args.trace, log=log,
                         precisions=precisions, loss_scale=scale)
+
+
+def run_input_bench(args, log):
+    """towers bench --input-only --dataset imagenet:DIR: the input alone, against bare tf.data."""
+    from towers.cli.train import open_split
+    from towers.tools import bench, inputbench
+    if not args.dataset.startswith(('imagenet:', 'tfds:')) or args.compare:
+        raise SettingError('{input_only} times the input of an imagenet:DIR or tfds:DIR '
+                           'folder, without {compare}; got {dataset} %s', args.dataset)
+    bench.check_window(args.batch_size, args.warmup, args.window)
+    check_image_size(args)
+    folder = args.dataset.split(':', 1)[1]
+    design = models.DESIGNS.get(args.model)  # an ImageNet net's size, else ImageNet's 224
+    size = args.image_size or (design[0][0] if design and design[1] == 1000 else 224)
+    image_set = open_split(args.dataset, 'train', size)
+    if image_set.schema.shape:
+        raise SettingError('{input_only} times the crops of JPEGs of any size; %s\'s images '
+                           'are all %s', args.dataset, 'x'.join(map(str, image_set.input_shape)))
+    log('bench --input-only: %s, %d images in %d shards, %dx%d, batch %d, %d warm-up + %d '
+        'timed batches per row; on %s' % (folder, image_set.num_examples,
+                                          len(image_set.files), size, size, args.batch_size,
+                                          args.warmup, args.window, machine()))
+    inputbench.run_input_bench(image_set, args.batch_size, args.warmup, args.window, log=log)
 
 
 def run_cluster_bench(args, log):

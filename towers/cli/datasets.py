@@ -9,6 +9,8 @@ from towers.data.registry import DatasetInfo
 from towers.data.synthetic import NAME as SYNTHETIC
 from towers.errors import SettingError
 
+# The --dataset kinds that are folders streamed from disk (DIR after the colon).
+FOLDERS = ('records:', 'imagenet:', 'tfds:')
 # imagenet-synthetic's images: at least this many, and two global batches.
 SYNTHETIC_IMAGES = 256
 
@@ -26,9 +28,9 @@ def check_image_size(args):
     if size is not None and size < 1:
         raise SettingError('{image_size} must be at least 1, got %d', size)
     if size is not None and args.dataset != SYNTHETIC and not args.dataset.startswith(
-            'imagenet:'):
-        raise SettingError('{image_size} goes with imagenet:DIR or %s; %s has its own size',
-                           SYNTHETIC, args.dataset)
+            ('imagenet:', 'tfds:')):
+        raise SettingError('{image_size} goes with imagenet:DIR, tfds:DIR or %s; %s has its '
+                           'own size', SYNTHETIC, args.dataset)
     return size
 
 

@@ -25,14 +25,15 @@ def model_flags(parser):
     parser.add_argument('--dataset', default=None,
                         help='dataset name (default: %s, 5,000 real MNIST digits shipped '
                              'with towers; imagenet-synthetic for the ImageNet models), '
-                             'mnist, fashion_mnist, cifar10, records:DIR '
-                             '(shards from `towers data convert`), or imagenet:DIR '
-                             "(build_imagenet_data.py's JPEG shards), or imagenet-synthetic "
-                             "(random images of the model's shape)" % DEFAULT_DATASET)
+                             'mnist, fashion_mnist, cifar10, records:DIR (shards from '
+                             "`towers data convert`), imagenet:DIR (build_imagenet_data.py's "
+                             'JPEG shards), tfds:DIR (a prepared TensorFlow Datasets version '
+                             "folder), or imagenet-synthetic (random images of the model's "
+                             'shape)' % DEFAULT_DATASET)
     parser.add_argument('--image-size', type=int, default=None, metavar='S',
-                        help='with imagenet:DIR or imagenet-synthetic: the side the images '
-                             "are cropped and resized to (default: the model's, e.g. 224 for "
-                             'resnet50)')
+                        help='with imagenet:DIR, tfds:DIR or imagenet-synthetic: the side the '
+                             "images are cropped and resized to (default: the model's, e.g. "
+                             '224 for resnet50)')
 
 
 def precision_flags(parser, several=False):

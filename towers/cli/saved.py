@@ -40,7 +40,7 @@ def saved_run(args, log):
 
 def run_eval(args, log):
     """towers eval: a checkpoint's loss and accuracy over the whole test set."""
-    from towers.cli.train import imagenet_test_set, records_test_set
+    from towers.cli.train import evaluation_split, image_test_set, records_test_set
     check('batch_size', args.batch_size)
     run, model_fn, checkpoint = saved_run(args, log)
     origin = None
@@ -48,10 +48,9 @@ def run_eval(args, log):
         folder = run['dataset'].split(':', 1)[1]
         test_set, _ = records_test_set(folder, run['num_classes'])
         origin = 'records:%s test split' % folder
-    elif run['dataset'].startswith('imagenet:'):
-        folder = run['dataset'].split(':', 1)[1]
-        test_set, _ = imagenet_test_set(folder, run['input_shape'][0], run['num_classes'])
-        origin = 'imagenet:%s validation split' % folder
+    elif run['dataset'].startswith(('imagenet:', 'tfds:')):
+        test_set, _ = image_test_set(run['dataset'], run['input_shape'][0], run['num_classes'])
+        origin = '%s %s split' % (run['dataset'], evaluation_split(run['dataset']))
     elif run['dataset'] == SYNTHETIC:
         raise TowersError('%s trained on %s, which has no test images', args.logdir, SYNTHETIC)
     else:

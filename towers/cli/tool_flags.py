@@ -23,6 +23,9 @@ def bench_parser(commands):
     bench.add_argument('--window', type=int, default=50, help='timed steps (default: 50)')
     bench.add_argument('--trace', default=None, metavar='FILE.json',
                        help="trace one step of the first row after its warm-up (see train's)")
+    bench.add_argument('--input-only', action='store_true',
+                       help='with --dataset imagenet:DIR: time the training input alone (no '
+                            'model), against a bare tf.data pipeline doing the same ops')
     bench.add_argument('--compare', action='store_true',
                        help='towers (each --variable-update and --input) against the textbook '
                             'recipe and Keras MirroredStrategy, with training GFLOP/s')

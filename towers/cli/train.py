@@ -5,6 +5,7 @@ The order is what a user waiting on a bad flag wants: every setting is checked
 stop after the current step, saved.
 """
 import dataclasses
+import math
 import signal
 
 import numpy as np
@@ -12,7 +13,7 @@ import numpy as np
 from towers import data, exactness, models
 from towers.cli.cluster import cluster_of, cluster_run
 from towers.cli.config import config_from_args
-from towers.cli.datasets import check_image_size, dataset_info, load_dataset
+from towers.cli.datasets import FOLDERS, check_image_size, dataset_info, load_dataset
 from towers.devices import resolve_devices, resolve_param_device
 from towers.errors import SettingError
 from towers.model import ClassifierModel
@@ -30,7 +31,7 @@ def run_train(args, log):
 
 
 def _run_train(args, log):
-    from_records = args.dataset.startswith(('records:', 'imagenet:'))
+    from_records = args.dataset.startswith(FOLDERS)
     cluster = cluster_of(args)
     config, callbacks = settings(args, from_records, cluster)  # checked before any data is read
     worker = False  # a collective worker but the chief: trains, keeps nothing
@@ -67,9 +68,11 @@ def load_data(args, from_records, log):
     if from_records:
         check_image_size(args)
         if args.input not in (None, 'dataset'):
-            raise SettingError('records:DIR streams from disk through {input} dataset; '
-                               '{input} %s needs an in-memory dataset', args.input)
-        load = load_imagenet if args.dataset.startswith('imagenet:') else load_records
+            raise SettingError('%sDIR streams from disk through {input} dataset; {input} %s '
+                               'needs an in-memory dataset', args.dataset.split(':')[0] + ':',
+                               args.input)
+        load = (load_image_records if args.dataset.startswith(('imagenet:', 'tfds:'))
+                else load_records)
         input_shape, num_classes, datasets, skipped = load(args)
         for shard, count, problem in skipped:
             log('skipped %s (%d records): %s' % (shard, count, problem))
@@ -132,47 +135,66 @@ def load_records(args):
 EVAL_MEMORY = 2 ** 31
 
 
-def load_imagenet(args):
-    """--dataset imagenet:DIR: build_imagenet_data.py's shards; the train split streams, the
-    validation split (if any, and unless --eval-every 0) is read in at the evaluation view."""
-    from towers.data import imagenet
-    folder = args.dataset.split(':', 1)[1]
+def load_image_records(args):
+    """--dataset imagenet:DIR or tfds:DIR: the train split streams, the evaluation split (if
+    any, and unless --eval-every 0) is read in at the evaluation view."""
     design = models.DESIGNS.get(args.model)  # (an unknown model is refused when built)
     size = args.image_size or (design[0][0] if design else 224)
-    train_set = imagenet.ImageNetSet(folder, 'train', size, seed=args.seed,
-                                     num_workers=args.num_workers,
-                                     worker_index=args.worker_index,
-                                     skip_bad_shards=args.skip_bad_shards,
-                                     skip_bad_images=args.skip_bad_images)
+    options = dict(skip_bad_shards=args.skip_bad_shards, skip_bad_images=args.skip_bad_images)
+    train_set = open_split(args.dataset, 'train', size, seed=args.seed,
+                           num_workers=args.num_workers, worker_index=args.worker_index,
+                           **options)
+    if args.image_size and train_set.schema.shape:
+        raise SettingError('{image_size} goes with images of any size; %s\'s are all %s',
+                           args.dataset, 'x'.join(map(str, train_set.input_shape)))
     test_set, skipped = data.DataSet(np.zeros((0,) + train_set.input_shape, np.uint8),
                                      np.zeros(0, np.int64),
                                      num_classes=train_set.num_classes), []
-    if args.eval_every != 0 and imagenet.has_split(folder, 'validation'):
-        test_set, skipped = imagenet_test_set(folder, size, train_set.num_classes,
-                                              args.skip_bad_shards, args.skip_bad_images,
-                                              'train with {eval_every} 0 and evaluate apart')
+    if args.eval_every != 0 and evaluation_split(args.dataset):
+        test_set, skipped = image_test_set(args.dataset, size, train_set.num_classes,
+                                           'train with {eval_every} 0 and evaluate apart',
+                                           **options)
     empty = data.DataSet(test_set.images[:0], test_set.labels[:0],
                          num_classes=train_set.num_classes)
     return (train_set.input_shape, train_set.num_classes,
             data.Datasets(train_set, empty, test_set), train_set.skipped + skipped)
 
 
-def imagenet_test_set(folder, size, num_classes, skip_bad_shards=False, skip_bad_images=False,
-                      hint=''):
-    """The validation split of an ImageNet folder, in memory at the evaluation view:
+def open_split(dataset, split, size, **options):
+    """The data.imagenet.ImageRecordSet of a split of imagenet:DIR or tfds:DIR."""
+    from towers.data import imagenet, tfds
+    kind, folder = dataset.split(':', 1)
+    if kind == 'tfds':
+        return tfds.image_set(folder, split, size, **options)
+    return imagenet.ImageNetSet(folder, split, size, **options)
+
+
+def evaluation_split(dataset):
+    """The split of imagenet:DIR or tfds:DIR that evaluation reads, or None if it has none."""
+    from towers.data import imagenet, tfds
+    kind, folder = dataset.split(':', 1)
+    if kind == 'tfds':
+        return tfds.evaluation_split(tfds.read_info(folder))
+    return 'validation' if imagenet.has_split(folder, 'validation') else None
+
+
+def image_test_set(dataset, size, num_classes, hint='', **options):
+    """The evaluation split of imagenet:DIR or tfds:DIR in memory, at the evaluation view:
     (DataSet, skipped shards); SettingError (ending '; ' + hint) if it would take more than
-    EVAL_MEMORY."""
+    EVAL_MEMORY. options: skip_bad_shards, skip_bad_images."""
     from towers.data import imagenet
-    validation = imagenet.ImageNetSet(folder, 'validation', size,
-                                      skip_bad_shards=skip_bad_shards,
-                                      skip_bad_images=skip_bad_images)
-    needed = validation.num_examples * size * size * 3 * 4
+    split = evaluation_split(dataset)
+    if split is None:
+        raise SettingError('%s has no validation or test split to evaluate on', dataset)
+    evaluation = open_split(dataset, split, size, **options)
+    needed = evaluation.num_examples * math.prod(evaluation.input_shape) * 4
     if needed > EVAL_MEMORY:
-        raise SettingError('the validation split of %s is %d images, %.1f GB in memory at '
-                           '%dx%d: towers evaluates in memory' + ('; ' + hint if hint else ''),
-                           folder, validation.num_examples, needed / 1e9, size, size)
-    images, labels = imagenet.read_all(validation)
-    return data.DataSet(images, labels, num_classes=num_classes), validation.skipped
+        raise SettingError('the %s split of %s is %d images, %.1f GB in memory at %s: towers '
+                           'evaluates in memory' + ('; ' + hint if hint else ''), split,
+                           dataset.split(':', 1)[1], evaluation.num_examples, needed / 1e9,
+                           'x'.join(map(str, evaluation.input_shape[:2])))
+    images, labels = imagenet.read_all(evaluation)
+    return data.DataSet(images, labels, num_classes=num_classes), evaluation.skipped
 
 
 def records_test_set(folder, num_classes, skip_bad_shards=False):
