@@ -172,3 +172,28 @@ def test_training_on_a_tfds_folder_on_two_towers_and_evaluating_it(tmp_path, cap
     assert capsys.readouterr().err.strip() == (
         "towers: error: --image-size goes with images of any size; tfds:%s's are all 8x8x1"
         % folder)
+
+
+REAL = os.path.join(os.path.dirname(__file__), 'tfds_folders')  # written by tfds 4.9.10
+
+
+def test_folders_that_tensorflow_datasets_wrote_read_as_it_wrote_them():
+    """make.py beside them made these: the images and labels its builders generated."""
+    tiny = os.path.join(REAL, 'tiny', '1.0.0')
+    info = tfds.read_info(tiny)
+    assert (info.name, info.shape, info.encoding, info.num_classes, info.class_names) == (
+        'tiny', (8, 8, 1), None, 3, ('a', 'b', 'c'))
+    images, labels = imagenet.read_all(tfds.image_set(tiny, 'test', 224, info))
+    rng = np.random.RandomState(1)  # make.py's test split: 6 examples from seed 1
+    made = [(rng.randint(0, 256, (8, 8, 1)).astype(np.uint8), int(rng.randint(3)))
+            for _ in range(6)]
+    # tensorflow-datasets shuffles the examples as it writes them: compare as sets.
+    assert sorted((image.tobytes(), int(label)) for image, label in zip(images, labels)) == \
+        sorted((image.tobytes(), label) for image, label in made)
+
+    jpegs = os.path.join(REAL, 'tiny_jpeg', '2.0.0')
+    info = tfds.read_info(jpegs)
+    assert (info.shape, info.encoding, info.num_classes, tfds.evaluation_split(info)) == (
+        (None, None, 3), 'jpeg', 4, 'validation')
+    images, labels = imagenet.read_all(tfds.image_set(jpegs, 'validation', 16, info))
+    assert images.shape == (4, 16, 16, 3) and sorted(labels) == [0, 1, 2, 3]
