@@ -23,12 +23,14 @@ Preprocessing is tf_cnn_benchmarks' (its preprocessing.py), on the host CPU:
 The image leaves as uint8 (rounded), so it crosses to the towers' devices as bytes and the
 model's side normalises it (towers/inputs/dataset.py).
 
-Seeded per example, so a resumed run crops as the uninterrupted one: the records are
-shuffled (a seeded buffer of the serialised records, reshuffled each epoch), then numbered
-by their position in the epoch; the crop box and the flip are drawn by stateless random ops
-from (seed, that position). The same seed therefore gives the same crops and flips in the
-same order, whatever the number of parallel decoders; a resume (which skips the batches
-done) continues it.
+Seeded per epoch and per example, so a resumed run crops as the uninterrupted one: each
+epoch's records are shuffled in a buffer of the serialised records seeded by (seed, epoch),
+then numbered by their position in the run (epoch x records + position in the epoch); the
+crop box and the flip are drawn by stateless random ops from (seed, that number). The same
+seed therefore gives the same crops and flips in the same order, whatever the number of
+parallel decoders, and any epoch can be made without those before it: a resume starts at
+its epoch and passes over the records it already trained on before they are decoded
+(data.pipeline.epoch_pipeline).
 
 This module imports TensorFlow; `import data` does not import it.
 """
@@ -226,7 +228,8 @@ def records(files, cycle_length=8):
 
 
 def decoded(files, size, training, seed=0, num_classes=1000, shuffle_buffer=10000,
-            cycle_length=8, chunk=CHUNK, schema=BUILD_IMAGENET):
+            cycle_length=8, chunk=CHUNK, schema=BUILD_IMAGENET, epoch=None, skip=0,
+            epoch_records=None):
     """The shards' records decoded, a chunk at a time, whether or not some are bad.
 
     A bad record (not a tf.train.Example, an image that does not decode (or, of a schema
@@ -236,6 +239,13 @@ def decoded(files, size, training, seed=0, num_classes=1000, shuffle_buffer=1000
     a dataset of its own whose errors are ignored, so a reader's errors (a corrupt shard)
     still reach the caller, and the chunks decode in parallel.
 
+    With `epoch` (an int64 scalar, maybe a tensor), this is that epoch alone: its shuffle is
+    seeded by (seed, epoch) and its crops by (seed, epoch * epoch_records + position) (the
+    files' record count), so any epoch
+    can be made without the ones before it, and its first `skip` records are passed over
+    before they are decoded (a resumed run's). Without, the records are reshuffled each
+    time the dataset is iterated again.
+
     Returns:
       a dataset of (images [k, size, size, 3] uint8, or [k, H, W, C] of the schema's shape
       (zeros for a bad row), ok [k] bool,
@@ -244,8 +254,14 @@ def decoded(files, size, training, seed=0, num_classes=1000, shuffle_buffer=1000
     """
     names = tf.constant(files)
     stream = records(files, cycle_length)
+    first = tf.constant(0, tf.int64)  # the first position's number in the crops' seeds
+    if epoch is not None:
+        epoch = tf.cast(epoch, tf.int64)
+        first = epoch * epoch_records
     if training and shuffle_buffer > 1:
-        stream = stream.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
+        stream = stream.shuffle(
+            shuffle_buffer, seed=seed if epoch is None else _epoch_seed(seed, epoch),
+            reshuffle_each_iteration=epoch is None)
     shape = schema.shape or (size, size, 3)
     pixels = shape[0] * shape[1] * shape[2]
     first, last = schema.first_label, schema.first_label + num_classes - 1
@@ -258,7 +274,7 @@ def decoded(files, size, training, seed=0, num_classes=1000, shuffle_buffer=1000
             image = tf.io.decode_image(encoded, channels=shape[2], expand_animations=False)
         elif training:
             image = train_image(encoded, boxes, size,
-                                tf.stack([tf.cast(seed, tf.int64), position]))
+                                tf.stack([tf.cast(seed, tf.int64), first + position]))
         else:
             image = eval_image(encoded, size)
         return row, tf.reshape(image, [pixels]), label
@@ -290,9 +306,15 @@ def decoded(files, size, training, seed=0, num_classes=1000, shuffle_buffer=1000
                     tf.where(ok, '', problems))
         return good.map(place)
 
-    return stream.enumerate().batch(chunk).interleave(
+    return stream.enumerate().skip(skip).batch(chunk).interleave(
         decode, cycle_length=max(cycle_length, os.cpu_count() or 1), block_length=1,
         num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+
+
+def _epoch_seed(seed, epoch):
+    """The shuffle seed of an epoch: an int64 tensor, one per (seed, epoch)."""
+    return tf.random.experimental.stateless_split(
+        tf.stack([tf.cast(seed, tf.int64), epoch]), 1)[0, 0]
 
 
 def checked(chunks, skip_bad=False):
@@ -389,21 +411,39 @@ class ImageRecordSet:
             raise DataError('every %s shard in %s was skipped: nothing to read'
                             % (split, os.path.dirname(files[0])))
 
-    def examples(self, training=None, cycle_length=8):
-        """decoded()'s chunks of this split, after checked()."""
+    def examples(self, training=None, cycle_length=8, epoch=None, skip=0):
+        """decoded()'s chunks of this split (of one epoch, skip records in), after checked()."""
         training = self.split == 'train' if training is None else training
         return checked(decoded(self.files, self.input_shape[0], training, self.seed,
                                self.num_classes, self.shuffle_buffer, cycle_length,
-                               schema=self.schema), self.skip_bad_images)
+                               schema=self.schema, epoch=epoch, skip=skip,
+                               epoch_records=self.num_examples),
+                       self.skip_bad_images)
 
     def source(self, input_shape, cycle_length=8):
         """(dataset of chunks (pixels [n, P] uint8, ok [n], labels [n]), {})."""
         if tuple(input_shape) != self.input_shape:
             raise DataError('the model takes %s images but this split was opened for %s'
                             % (input_shape, self.input_shape))
+        return self._flat(self.examples(cycle_length=cycle_length)), {}
+
+    def epoch_source(self, input_shape):
+        """(a function (epoch, records to pass over) -> that epoch's source, records an
+        epoch), for data.pipeline.make_pipeline to start a resumed run where it stopped
+        without decoding what it already trained on; None when bad images are skipped (an
+        epoch's batch count is then known only once it is read)."""
+        if self.skip_bad_images:
+            return None
+        self.source(input_shape)  # checks the shape
+
+        def epoch_source(epoch, skip):
+            return self._flat(self.examples(epoch=epoch, skip=skip))
+        return epoch_source, self.num_examples
+
+    def _flat(self, chunks):
         pixels = self.input_shape[0] * self.input_shape[1] * self.input_shape[2]
-        return self.examples(cycle_length=cycle_length).map(
-            lambda images, ok, labels: (tf.reshape(images, [-1, pixels]), ok, labels)), {}
+        return chunks.map(lambda images, ok, labels: (tf.reshape(images, [-1, pixels]), ok,
+                                                      labels))
 
 
 class ImageNetSet(ImageRecordSet):

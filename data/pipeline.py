@@ -186,6 +186,51 @@ def make_pipeline(source, input_shape, num_classes, batch_size, pixel_scale=255.
     return dataset.prefetch(prefetch), counts
 
 
+def epoch_pipeline(epoch_source, records_per_epoch, input_shape, num_classes, batch_size,
+                   start=0, pixel_scale=255.0, mean=None, std=None, epochs=None, prefetch=2,
+                   finish=True):
+    """make_pipeline's pipeline over a source that makes any epoch on its own, started at
+    batch `start` without making the batches before it.
+
+    The source shuffles (and augments) itself, so this only cleans, batches and normalises,
+    epoch by epoch, each epoch's last batch short as make_pipeline's are. With a known
+    number of records an epoch and nothing cleaned out (the source stops on a bad record),
+    batch `start` is epoch start // b, batch start % b of it (b = its batch count): the
+    epochs before it are never made, and its first records are passed over before they are
+    decoded. A resumed run of a long training starts at once instead of decoding all it
+    already trained on.
+
+    Args:
+      epoch_source: (epoch int64, records to pass over int64) -> that epoch's source (see
+        the module docstring).
+      records_per_epoch: what the source holds.
+      start: the first batch (an int64 scalar tensor, e.g. a resume's step).
+      input_shape, num_classes, batch_size, pixel_scale, mean, std, epochs, prefetch,
+      finish: as make_pipeline.
+    Returns:
+      (dataset, counts) as make_pipeline.
+    """
+    if (mean is None) != (std is None):
+        raise ValueError('give both mean and std, or neither')
+    counts = tf1.get_local_variable('records_read_dropped', shape=[2], dtype=tf.int64,
+                                    initializer=tf1.zeros_initializer(), use_resource=True)
+    per_epoch = -(-records_per_epoch // batch_size)
+    start = tf.cast(start, tf.int64)
+    first, passed = start // per_epoch, (start % per_epoch) * batch_size
+    normalise = finisher(input_shape, pixel_scale, mean, std)
+
+    def one(epoch):
+        skip = tf.where(tf.equal(epoch, first), passed, tf.constant(0, tf.int64))
+        batches = clean(epoch_source(epoch, skip), num_classes, counts).batch(batch_size)
+        if finish:
+            batches = batches.map(lambda pixels, labels: (normalise(pixels), labels),
+                                  num_parallel_calls=tf.data.AUTOTUNE)
+        return batches
+
+    last = tf.constant(2 ** 62 if epochs is None else epochs, tf.int64)
+    return tf.data.Dataset.range(first, last).flat_map(one).prefetch(prefetch), counts
+
+
 def drain(make_dataset):
     """Every element of a finite dataset, read in a Session of its own: [element as numpy].
 

@@ -301,3 +301,48 @@ def test_eval_reads_the_validation_split_at_the_evaluation_view(tmp_path, capsys
     assert main(['eval', '--logdir', logdir]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[-1].startswith('test: ') and lines[-1].endswith('(3 images)'), lines
+
+
+def _batches(image_set, start, count, batch_size=4):
+    from towers.data import pipeline
+    with tf.Graph().as_default():
+        epoch_source, records = image_set.epoch_source(image_set.input_shape)
+        dataset, _ = pipeline.epoch_pipeline(epoch_source, records, image_set.input_shape,
+                                             image_set.num_classes, batch_size,
+                                             start=tf.constant(start, tf.int64))
+        iterator = tf1.data.make_initializable_iterator(dataset.take(count))
+        batch = iterator.get_next()
+        with tf1.Session() as sess:
+            sess.run([iterator.initializer, tf1.local_variables_initializer()])
+            return [sess.run(batch) for _ in range(count)]
+
+
+def test_an_epoch_pipeline_started_at_a_batch_gives_the_batches_from_there(tmp_path):
+    _write_shards(str(tmp_path), 'train', [6, 5])
+    image_set = imagenet.ImageNetSet(str(tmp_path), 'train', 16, seed=4, shuffle_buffer=5)
+    whole = _batches(image_set, 0, 8)  # 11 records: 3 batches an epoch (4, 4, 3)
+    assert [len(labels) for _, labels in whole] == [4, 4, 3] * 2 + [4, 4]
+    assert sorted(np.concatenate([labels for _, labels in whole[3:6]])) == list(range(11))
+    for start in (2, 3, 5):
+        for (a, label_a), (b, label_b) in zip(whole[start:], _batches(image_set, start, 3)):
+            np.testing.assert_array_equal(a, b)
+            np.testing.assert_array_equal(label_a, label_b)
+    # Each epoch is shuffled and cropped anew.
+    assert not np.array_equal(whole[0][1], whole[3][1]) or not np.array_equal(whole[0][0],
+                                                                              whole[3][0])
+
+
+def test_a_resumed_pipeline_never_decodes_the_records_it_passes_over(tmp_path):
+    path = str(tmp_path / 'train-00000-of-00001')
+    with tf.io.TFRecordWriter(path) as writer:
+        for index in range(6):  # record 1 does not decode
+            jpeg = b'\xff\xd8 no JPEG' if index == 1 else _jpeg(40, 50, index)
+            writer.write(imagenet.make_example(jpeg, index + 1, 40, 50))
+    image_set = imagenet.ImageNetSet(str(tmp_path), 'train', 16, shuffle_buffer=1)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r'00001 record 1: not a '):
+        _batches(image_set, 0, 1, batch_size=2)
+    # Batch 1 onwards: records 0 and 1 passed over unread, until the next epoch reads them.
+    batches = _batches(image_set, 1, 2, batch_size=2)
+    assert [list(labels) for _, labels in batches] == [[2, 3], [4, 5]]
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r'00001 record 1: not a '):
+        _batches(image_set, 1, 3, batch_size=2)

@@ -65,7 +65,8 @@ def make_input(mode, dataset, sampler, batch_size, num_classes, seed=0, epochs=N
                 else {})
         return DatasetInput(num_classes=num_classes, batch_size=batch_size, seed=seed,
                             pixel_scale=255.0, source_fn=dataset.source, epochs=epochs,
-                            mean=mean, std=std, share=share, **done)
+                            mean=mean, std=std, share=share,
+                            epoch_source_fn=getattr(dataset, 'epoch_source', None), **done)
     if mode == 'feed':
         return FeedInput(dataset, sampler)
     if mode == 'staging':

@@ -48,6 +48,11 @@ class DatasetInput(InputSource):
         augment None means its default for the input shape.
       source_fn: optional callable(input_shape) -> (source dataset, init feed)
         replacing the arrays (e.g. TFRecord shards); see towers.data.pipeline.
+      epoch_source_fn: optional callable(input_shape) -> None or (a function (epoch,
+        records to pass over) -> that epoch's source, records an epoch), for a source that
+        shuffles itself and can make any epoch alone (an ImageNet set): the pipeline then
+        starts a resumed run at its batch without making those before it
+        (towers.data.pipeline.epoch_pipeline).
       share: (index, count): this worker of a between-graph run keeps share
         `index` of every global batch, cut among `count` workers with as many
         towers each as it has; None for the whole batch.
@@ -60,13 +65,15 @@ class DatasetInput(InputSource):
 
     def __init__(self, images=None, labels=None, num_classes=10, batch_size=100,
                  pixel_scale=None, epochs=None, shuffle_buffer=10000, seed=0, augment=None,
-                 mean=None, std=None, source_fn=None, share=None, staged=None):
+                 mean=None, std=None, source_fn=None, share=None, staged=None,
+                 epoch_source_fn=None):
         if source_fn is None:
             def source_fn(input_shape):
                 return pipeline.array_source(images, labels, input_shape)
             if pixel_scale is None:
                 pixel_scale = 255.0 if images.dtype == 'uint8' else 1.0
         self._source_fn, self.pixel_scale = source_fn, pixel_scale or 1.0
+        self._epoch_source_fn = epoch_source_fn
         self.share, self.staged = share, staged
         self.options = dict(num_classes=num_classes, batch_size=batch_size, epochs=epochs,
                             shuffle_buffer=shuffle_buffer, seed=seed, augment=augment,
@@ -123,13 +130,23 @@ class DatasetInput(InputSource):
         on: self._more says whether the batch was real.
         """
         with tf.device(host), tf1.name_scope('pipeline'):
-            source, feed = self._source_fn(input_shape)
-            dataset, counts = pipeline.make_pipeline(
-                source, input_shape, pixel_scale=self.pixel_scale, finish=not staged, **options)
             # A resumed run skips the batches it already trained on; with a
             # seeded shuffle that continues the uninterrupted run's order.
             skip = tf1.placeholder_with_default(tf.constant(0, tf.int64), [], 'skip')
-            iterator = tf1.data.make_initializable_iterator(dataset.skip(skip))
+            by_epoch = self._epoch_source_fn and self._epoch_source_fn(input_shape)
+            if by_epoch:  # starts at the batch, making none before it
+                dataset, counts = pipeline.epoch_pipeline(
+                    *by_epoch, input_shape, options['num_classes'], options['batch_size'],
+                    start=skip, pixel_scale=self.pixel_scale, mean=options['mean'],
+                    std=options['std'], epochs=options['epochs'], finish=not staged)
+                feed = {}
+            else:
+                source, feed = self._source_fn(input_shape)
+                dataset, counts = pipeline.make_pipeline(
+                    source, input_shape, pixel_scale=self.pixel_scale, finish=not staged,
+                    **options)
+                dataset = dataset.skip(skip)
+            iterator = tf1.data.make_initializable_iterator(dataset)
             if staged:
                 batch = iterator.get_next_as_optional()
                 more = batch.has_value()
