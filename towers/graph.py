@@ -14,6 +14,7 @@ import tensorflow as tf
 from towers.checkpoints import restore_map
 from towers.config import check
 from towers.inputs.feed import FeedInput
+from towers.model import normalize
 from towers.precision import Precision, all_finite, check_kernels
 from towers.schedules import LearningRate
 from towers.tower import build_towers_from_slices, split_batch
@@ -228,8 +229,9 @@ def _eval_towers(model, plan, reuse, ema=None, precision=None):
     with tf1.name_scope('eval'), \
             tf1.variable_scope(tf1.get_variable_scope(), custom_getter=getter,
                                auxiliary_name_scope=False):
-        with tf.device('/cpu:0'):
-            slices = split_batch(images, labels, plan.num_towers)
+        with tf.device('/cpu:0'):  # as the training input normalised its images
+            normalized = normalize(images, getattr(model, 'normalization', None))
+            slices = split_batch(normalized, labels, plan.num_towers)
         towers = build_towers_from_slices(model.tower_loss, slices, plan, training=False,
                                           reuse=reuse, precision=precision)
     with tf.device('/cpu:0'):

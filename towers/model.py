@@ -122,6 +122,20 @@ class ModelDesc:
         return result['cost'], metrics
 
 
+def normalization_of(mean, std):
+    """(mean, std) as tuples of floats, or None when there is none."""
+    return None if mean is None else (tuple(map(float, mean)), tuple(map(float, std)))
+
+
+def normalize(images, normalization):
+    """images [b, H, W, C] in [0, 1], less the mean, over the std, per channel (None: as
+    they are)."""
+    if normalization is None:
+        return images
+    mean, std = normalization
+    return (images - tf.constant(mean, tf.float32)) / tf.constant(std, tf.float32)
+
+
 class ClassifierModel(ModelDesc):
     """A model_fn (images, training) -> logits as a ModelDesc.
 
@@ -136,13 +150,17 @@ class ClassifierModel(ModelDesc):
       decay_pattern: regex searched in variable names.
       clip_norm: clip the averaged gradients to this global norm, or None.
       freeze: regex; variables it matches are not updated, or None.
+      normalization: (mean, std), per channel, that the training input applied to images
+        in [0, 1] (--mean/--std); evaluation, which feeds images in [0, 1], applies it
+        before the model. None: none.
     """
 
     METRICS = ('loss', 'accuracy')  # what evaluation reports, and --best-metric chooses from
 
     def __init__(self, model_fn, input_shape, num_classes, optimizer='adam', momentum=0.9,
-                 weight_decay=0.0, decay_pattern=r'(^|/)weights$', clip_norm=None, freeze=None):
-        self.model_fn, self.num_classes = model_fn, num_classes
+                 weight_decay=0.0, decay_pattern=r'(^|/)weights$', clip_norm=None, freeze=None,
+                 normalization=None):
+        self.model_fn, self.num_classes, self.normalization = model_fn, num_classes, normalization
         self._input_shape = tuple(input_shape)
         self._optimizer, self._momentum = check('optimizer', optimizer), momentum
         self._decay = processors.WeightDecay(weight_decay, decay_pattern) if weight_decay \
@@ -158,7 +176,8 @@ class ClassifierModel(ModelDesc):
         """The classifier a TrainConfig describes (its optimizer and gradient settings)."""
         return cls(model_fn, input_shape, num_classes, optimizer=config.optimizer,
                    momentum=config.momentum, weight_decay=config.weight_decay,
-                   clip_norm=config.clip_norm, freeze=config.freeze)
+                   clip_norm=config.clip_norm, freeze=config.freeze,
+                   normalization=normalization_of(config.mean, config.std))
 
     def check_settings(self, config):
         """Every setting of a TrainConfig applies to a ClassifierModel."""

@@ -60,7 +60,8 @@ def run_eval(args, log):
     data.check_images(test_set, run['input_shape'], origin=origin,
                       model='the model in %s' % os.path.join(args.logdir, RUN_FILE))
     plan = local_plan(args.towers, args.param_device, devices=args.devices)
-    model = ClassifierModel(model_fn, run['input_shape'], run['num_classes'])
+    model = ClassifierModel(model_fn, run['input_shape'], run['num_classes'],
+                            normalization=run.get('normalization'))
     ema = run.get('ema', False)
     # In the precision it trained in, as its in-training evaluations were, unless asked.
     precision = args.precision or run.get('precision', 'fp32')
@@ -77,6 +78,6 @@ def run_export(args, log):
     """towers export: a SavedModel of one tower that plain TensorFlow can serve."""
     run, model_fn, checkpoint = saved_run(args, log)
     export.export_saved_model(model_fn, run['input_shape'], checkpoint, args.out,
-                              ema=run.get('ema', False))
+                              ema=run.get('ema', False), normalization=run.get('normalization'))
     log('exported %s as a SavedModel (signature %r: images -> probabilities, classes) to %s'
         % (checkpoint, export.SIGNATURE, args.out))

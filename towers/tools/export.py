@@ -14,13 +14,15 @@ import tensorflow as tf
 
 from towers.checkpoints import check_checkpoint, restore_map
 from towers.errors import TowersError
+from towers.model import normalize
 
 tf1 = tf.compat.v1
 
 SIGNATURE = 'serving_default'
 
 
-def export_saved_model(model_fn, input_shape, checkpoint, export_dir, ema=False):
+def export_saved_model(model_fn, input_shape, checkpoint, export_dir, ema=False,
+                       normalization=None):
     """Write a one-tower inference SavedModel from a training checkpoint.
 
     Signature 'serving_default': images [batch, H, W, C] float32 in [0, 1]
@@ -34,6 +36,8 @@ def export_saved_model(model_fn, input_shape, checkpoint, export_dir, ema=False)
       export_dir: must not exist yet.
       ema: export the moving averages of the weights (a run trained with
         --ema) instead of the weights themselves.
+      normalization: (mean, std) per channel the run's training input applied
+        (--mean/--std): the SavedModel applies it to the [0, 1] images it takes.
     """
     if os.path.exists(export_dir):
         raise TowersError('%s already exists; export into a new folder' % export_dir)
@@ -43,7 +47,7 @@ def export_saved_model(model_fn, input_shape, checkpoint, export_dir, ema=False)
     try:
         with tf.Graph().as_default() as graph:
             images = tf1.placeholder(tf.float32, [None] + list(input_shape), name='images')
-            logits = model_fn(images, False)
+            logits = model_fn(normalize(images, normalization), False)
             probabilities = tf.nn.softmax(logits, name='probabilities')
             classes = tf.argmax(logits, axis=1, name='classes')
             # Only the model's variables: optimizer slots and the step stay behind.
