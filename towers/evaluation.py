@@ -13,19 +13,23 @@ def evaluate(sess, graph, dataset, batch_size):
     Args:
       sess: a Session on graph.graph with the variables initialised.
       graph: a TrainGraph or EvalGraph (its inference-mode towers are used).
-      dataset: anything with `images` [N, H, W, C] and `labels` [N] arrays.
+      dataset: anything with `images` [N, H, W, C] and `labels` [N] arrays, or with
+        batches(batch_size) giving them a batch at a time (a split streamed from disk,
+        data.imagenet.StreamedSplit).
       batch_size: global batch per run, spread over the towers.
     Returns:
       {'loss': float, metric name: float, ...}, each the mean over all N.
     """
-    total = len(dataset.labels)
-    if total == 0:
+    if split_size(dataset) == 0:
         raise TowersError('cannot evaluate on an empty dataset')
     fetches = dict(graph.eval_metrics, loss=graph.eval_loss)
-    sums = dict.fromkeys(fetches, 0.0)
-    for start in range(0, total, batch_size):
-        images = dataset.images[start:start + batch_size]
-        labels = dataset.labels[start:start + batch_size]
+    sums, total = dict.fromkeys(fetches, 0.0), 0
+    batches = (dataset.batches(batch_size) if hasattr(dataset, 'batches') else
+               ((dataset.images[start:start + batch_size],
+                 dataset.labels[start:start + batch_size])
+                for start in range(0, len(dataset.labels), batch_size)))
+    for images, labels in batches:
+        total += len(labels)
         values = sess.run(fetches, {graph.eval_images: images, graph.eval_labels: labels})
         # Batch means are re-weighted by batch size so the short last batch
         # counts exactly as much as its examples.
@@ -34,10 +38,13 @@ def evaluate(sess, graph, dataset, batch_size):
     return {name: value / total for name, value in sums.items()}
 
 
-def split_size(datasets, split):
-    """How many examples datasets.<split> holds (0 when there is no such set)."""
-    dataset = getattr(datasets, split, None)
-    return 0 if dataset is None else len(dataset.labels)
+def split_size(datasets, split=None):
+    """How many examples datasets.<split> (or datasets itself) holds (0 when there is no
+    such set)."""
+    dataset = datasets if split is None else getattr(datasets, split, None)
+    if dataset is None:
+        return 0
+    return dataset.num_examples if hasattr(dataset, 'batches') else len(dataset.labels)
 
 
 def format_metrics(values):

@@ -165,17 +165,20 @@ def test_training_on_an_imagenet_folder_streams_the_crops_and_resumes_exactly(tm
         np.testing.assert_array_equal(actual[name], expected[name], err_msg=name)
 
 
-def test_a_validation_split_too_big_to_hold_is_one_line(tmp_path, capsys, monkeypatch):
+def test_a_validation_split_too_big_to_hold_is_streamed_to_the_same_numbers(tmp_path, capsys,
+                                                                           monkeypatch):
     from towers.cli import main
-    folder = _folder(tmp_path)
+    folder, logdir = _folder(tmp_path), str(tmp_path / 'run')
+    _train(folder, logdir, 2, capsys, eval_every=1)
+    assert main(['eval', '--logdir', logdir, '--batch-size', '2']) == 0
+    held = capsys.readouterr().out.splitlines()[-1]
     monkeypatch.setattr('towers.cli.train.EVAL_MEMORY', 10_000)  # 3 images at 32x32: 36,864
-    assert main(['train', '--dataset', 'imagenet:' + folder, '--model', 'small_convnet',
-                 '--image-size', '32', '--steps', '1', '--logdir', str(tmp_path / 'run')]) == 1
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err == ['towers: error: the validation split of %s is 3 images, 0.0 GB in memory at '
-                   '32x32: towers evaluates in memory; train with --eval-every 0 and evaluate '
-                   'apart' % folder]
-    assert not os.path.exists(str(tmp_path / 'run'))
+    assert main(['eval', '--logdir', logdir, '--batch-size', '2']) == 0
+    streamed = capsys.readouterr().out.splitlines()[-1]
+    assert held.startswith('test: loss ') and held.endswith('(3 images)') and streamed == held
+    # Training evaluates a streamed split too, to the numbers towers eval gives.
+    lines = _train(folder, str(tmp_path / 'streamed'), 2, capsys, eval_every=1)
+    assert [line for line in lines if line.startswith('test: ')] == [held]
 
 
 def _write_bad_shard(folder, split='train', total=2, index=1):

@@ -13,7 +13,7 @@ from towers.cli.datasets import SYNTHETIC
 from towers.config import check
 from towers.deviceplan import local_plan
 from towers.errors import TowersError
-from towers.evaluation import evaluate, format_metrics
+from towers.evaluation import evaluate, format_metrics, split_size
 from towers.logdir import in_use_by
 from towers.model import ClassifierModel
 from towers.names import RUN_FILE
@@ -56,9 +56,10 @@ def run_eval(args, log):
     else:
         test_set = data.load_dataset(run['dataset'], data_dir=args.data_dir or run['data_dir'],
                                      validation_size=0).test
-    # The model is rebuilt from run.json: the data found now must fit it.
-    data.check_images(test_set, run['input_shape'], origin=origin,
-                      model='the model in %s' % os.path.join(args.logdir, RUN_FILE))
+    if not hasattr(test_set, 'batches'):  # (a streamed split is read at the run's shape)
+        # The model is rebuilt from run.json: the data found now must fit it.
+        data.check_images(test_set, run['input_shape'], origin=origin,
+                          model='the model in %s' % os.path.join(args.logdir, RUN_FILE))
     plan = local_plan(args.towers, args.param_device, devices=args.devices)
     model = ClassifierModel(model_fn, run['input_shape'], run['num_classes'],
                             normalization=run.get('normalization'))
@@ -71,7 +72,7 @@ def run_eval(args, log):
         values = evaluate(sess, built, test_set, args.batch_size)
     log('checkpoint: %s%s%s' % (checkpoint, ' (moving averages of the weights)' if ema else '',
                                 ', computed in %s' % precision if precision != 'fp32' else ''))
-    log('test: %s (%d images)' % (format_metrics(values), len(test_set.labels)))
+    log('test: %s (%d images)' % (format_metrics(values), split_size(test_set)))
 
 
 def run_export(args, log):

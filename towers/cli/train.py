@@ -87,8 +87,11 @@ def load_data(args, from_records, log):
     return info.input_shape, info.num_classes, datasets
 
 
-def _empty(dataset):
-    return data.DataSet(dataset.images[:0], dataset.labels[:0], num_classes=dataset.num_classes)
+def _empty(like):
+    """An empty split of the images and classes of `like` (a DataSet or a split on disk)."""
+    shape = like.images.shape[1:] if hasattr(like, 'images') else like.input_shape
+    return data.DataSet(np.zeros((0,) + tuple(shape), np.uint8), np.zeros(0, np.int64),
+                        num_classes=like.num_classes)
 
 
 def settings(args, from_records, cluster=None):
@@ -131,7 +134,8 @@ def load_records(args):
     return train_set.input_shape, train_set.num_classes, datasets, skipped
 
 
-# The most memory an evaluation split read in may take (as float32, as a DataSet holds it).
+# The most memory an evaluation split is read into (as float32, as a DataSet holds it);
+# a bigger one is streamed from disk at each evaluation.
 EVAL_MEMORY = 2 ** 31
 
 
@@ -147,15 +151,11 @@ def load_image_records(args):
     if args.image_size and train_set.schema.shape:
         raise SettingError('{image_size} goes with images of any size; %s\'s are all %s',
                            args.dataset, 'x'.join(map(str, train_set.input_shape)))
-    test_set, skipped = data.DataSet(np.zeros((0,) + train_set.input_shape, np.uint8),
-                                     np.zeros(0, np.int64),
-                                     num_classes=train_set.num_classes), []
+    test_set, skipped = _empty(train_set), []
     if args.eval_every != 0 and evaluation_split(args.dataset):
         test_set, skipped = image_test_set(args.dataset, size, train_set.num_classes,
-                                           'train with {eval_every} 0 and evaluate apart',
                                            **options)
-    empty = data.DataSet(test_set.images[:0], test_set.labels[:0],
-                         num_classes=train_set.num_classes)
+    empty = _empty(train_set)
     return (train_set.input_shape, train_set.num_classes,
             data.Datasets(train_set, empty, test_set), train_set.skipped + skipped)
 
@@ -178,21 +178,18 @@ def evaluation_split(dataset):
     return 'validation' if imagenet.has_split(folder, 'validation') else None
 
 
-def image_test_set(dataset, size, num_classes, hint='', **options):
-    """The evaluation split of imagenet:DIR or tfds:DIR in memory, at the evaluation view:
-    (DataSet, skipped shards); SettingError (ending '; ' + hint) if it would take more than
-    EVAL_MEMORY. options: skip_bad_shards, skip_bad_images."""
+def image_test_set(dataset, size, num_classes, **options):
+    """The evaluation split of imagenet:DIR or tfds:DIR at the evaluation view: (split,
+    skipped shards). In memory (a DataSet) up to EVAL_MEMORY, else streamed from disk at
+    each evaluation (data.imagenet.StreamedSplit). options: skip_bad_shards,
+    skip_bad_images."""
     from towers.data import imagenet
     split = evaluation_split(dataset)
     if split is None:
         raise SettingError('%s has no validation or test split to evaluate on', dataset)
     evaluation = open_split(dataset, split, size, **options)
-    needed = evaluation.num_examples * math.prod(evaluation.input_shape) * 4
-    if needed > EVAL_MEMORY:
-        raise SettingError('the %s split of %s is %d images, %.1f GB in memory at %s: towers '
-                           'evaluates in memory' + ('; ' + hint if hint else ''), split,
-                           dataset.split(':', 1)[1], evaluation.num_examples, needed / 1e9,
-                           'x'.join(map(str, evaluation.input_shape[:2])))
+    if evaluation.num_examples * math.prod(evaluation.input_shape) * 4 > EVAL_MEMORY:
+        return imagenet.StreamedSplit(evaluation), evaluation.skipped
     images, labels = imagenet.read_all(evaluation)
     return data.DataSet(images, labels, num_classes=num_classes), evaluation.skipped
 
