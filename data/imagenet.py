@@ -231,7 +231,7 @@ def records(files, cycle_length=8):
 
 def decoded(files, size, training, seed=0, num_classes=1000, shuffle_buffer=10000,
             cycle_length=8, chunk=CHUNK, schema=BUILD_IMAGENET, epoch=None, skip=0,
-            epoch_records=None):
+            epoch_records=None, keep=None):
     """The shards' records decoded, a chunk at a time, whether or not some are bad.
 
     A bad record (not a tf.train.Example, an image that does not decode (or, of a schema
@@ -246,7 +246,9 @@ def decoded(files, size, training, seed=0, num_classes=1000, shuffle_buffer=1000
     files' record count), so any epoch
     can be made without the ones before it, and its first `skip` records are passed over
     before they are decoded (a resumed run's). Without, the records are reshuffled each
-    time the dataset is iterated again.
+    time the dataset is iterated again. keep: None, or a function (positions [n] int64) ->
+    [n] bool of the records to decode; the others come as zeros of class 0, ok (a task that
+    trains on some rows of each batch decodes those alone).
 
     Returns:
       a dataset of (images [k, size, size, 3] uint8, or [k, H, W, C] of the schema's shape
@@ -271,6 +273,13 @@ def decoded(files, size, training, seed=0, num_classes=1000, shuffle_buffer=1000
         schema.image, 'x'.join(map(str, shape)) + ' image' if schema.shape else 'JPEG')
 
     def one(row, position, serialized):
+        if keep is None:
+            return decode_one(row, position, serialized)
+        return tf.cond(keep(position[None])[0],
+                       lambda: decode_one(row, position, serialized),
+                       lambda: (row, tf.zeros([pixels], tf.uint8), tf.constant(0, tf.int64)))
+
+    def decode_one(row, position, serialized):
         encoded, label, boxes = parse(serialized, schema)
         if schema.shape:
             image = tf.io.decode_image(encoded, channels=shape[2], expand_animations=False)
@@ -413,13 +422,14 @@ class ImageRecordSet:
             raise DataError('every %s shard in %s was skipped: nothing to read'
                             % (split, os.path.dirname(files[0])))
 
-    def examples(self, training=None, cycle_length=8, epoch=None, skip=0):
-        """decoded()'s chunks of this split (of one epoch, skip records in), after checked()."""
+    def examples(self, training=None, cycle_length=8, epoch=None, skip=0, keep=None):
+        """decoded()'s chunks of this split (of one epoch, skip records in, decoding those
+        keep keeps), after checked()."""
         training = self.split == 'train' if training is None else training
         return checked(decoded(self.files, self.input_shape[0], training, self.seed,
                                self.num_classes, self.shuffle_buffer, cycle_length,
                                schema=self.schema, epoch=epoch, skip=skip,
-                               epoch_records=self.num_examples),
+                               epoch_records=self.num_examples, keep=keep),
                        self.skip_bad_images)
 
     def source(self, input_shape, cycle_length=8):
@@ -438,8 +448,8 @@ class ImageRecordSet:
             return None
         self.source(input_shape)  # checks the shape
 
-        def epoch_source(epoch, skip):
-            return self._flat(self.examples(epoch=epoch, skip=skip))
+        def epoch_source(epoch, skip, keep=None):
+            return self._flat(self.examples(epoch=epoch, skip=skip, keep=keep))
         return epoch_source, self.num_examples
 
     def _flat(self, chunks):

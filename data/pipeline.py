@@ -188,7 +188,7 @@ def make_pipeline(source, input_shape, num_classes, batch_size, pixel_scale=255.
 
 def epoch_pipeline(epoch_source, records_per_epoch, input_shape, num_classes, batch_size,
                    start=0, pixel_scale=255.0, mean=None, std=None, epochs=None, prefetch=2,
-                   finish=True):
+                   finish=True, parts=None):
     """make_pipeline's pipeline over a source that makes any epoch on its own, started at
     batch `start` without making the batches before it.
 
@@ -201,10 +201,16 @@ def epoch_pipeline(epoch_source, records_per_epoch, input_shape, num_classes, ba
     already trained on.
 
     Args:
-      epoch_source: (epoch int64, records to pass over int64) -> that epoch's source (see
-        the module docstring).
+      epoch_source: (epoch int64, records to pass over int64, keep) -> that epoch's source
+        (see the module docstring), where keep is None or a function (positions in the
+        epoch [n] int64) -> [n] bool: the records to decode; the others may come as zeros
+        of class 0 (a task that keeps some rows of each batch decodes those alone).
       records_per_epoch: what the source holds.
       start: the first batch (an int64 scalar tensor, e.g. a resume's step).
+      parts: None, or (first, end, of): only the rows of parts first..end-1 of each batch
+        cut in `of` parts (towers.tower.split_batch's cut) are used: the others need not be
+        decoded. The last row of a batch is always kept (split_batch's stand-in for an
+        empty part).
       input_shape, num_classes, batch_size, pixel_scale, mean, std, epochs, prefetch,
       finish: as make_pipeline.
     Returns:
@@ -218,10 +224,11 @@ def epoch_pipeline(epoch_source, records_per_epoch, input_shape, num_classes, ba
     start = tf.cast(start, tf.int64)
     first, passed = start // per_epoch, (start % per_epoch) * batch_size
     normalise = finisher(input_shape, pixel_scale, mean, std)
+    keep = None if parts is None else _rows_in(parts, batch_size, records_per_epoch)
 
     def one(epoch):
         skip = tf.where(tf.equal(epoch, first), passed, tf.constant(0, tf.int64))
-        batches = clean(epoch_source(epoch, skip), num_classes, counts).batch(batch_size)
+        batches = clean(epoch_source(epoch, skip, keep), num_classes, counts).batch(batch_size)
         if finish:
             batches = batches.map(lambda pixels, labels: (normalise(pixels), labels),
                                   num_parallel_calls=tf.data.AUTOTUNE)
@@ -229,6 +236,25 @@ def epoch_pipeline(epoch_source, records_per_epoch, input_shape, num_classes, ba
 
     last = tf.constant(2 ** 62 if epochs is None else epochs, tf.int64)
     return tf.data.Dataset.range(first, last).flat_map(one).prefetch(prefetch), counts
+
+
+def _rows_in(parts, batch_size, records_per_epoch):
+    """keep(positions) of epoch_pipeline: whether each position's row of its batch is in
+    parts first..end-1 of `of`, cut as towers.tower.share_of cuts (the first parts larger),
+    or the batch's last row."""
+    first, end, of = parts
+
+    def start_of(size, part):  # share_of's start, on tensors
+        base, extra = size // of, size % of
+        return part * base + tf.minimum(tf.cast(part, tf.int64), extra)
+
+    def keep(positions):
+        batch = positions // batch_size
+        size = tf.minimum(tf.cast(batch_size, tf.int64), records_per_epoch - batch * batch_size)
+        row = positions - batch * batch_size
+        return ((row >= start_of(size, first)) & (row < start_of(size, end))) | tf.equal(
+            row, size - 1)
+    return keep
 
 
 def drain(make_dataset):

@@ -157,6 +157,23 @@ def test_with_the_dataset_input_each_task_reads_its_own_rows(tmp_path, one_proce
     assert _close(one_process_dataset, _variables(logdir)) <= 1e-6
 
 
+def test_on_imagenet_shards_each_worker_decodes_its_rows_and_equals_one_process(tmp_path):
+    """Each worker decodes only its own rows of every global batch (the others stay zeros,
+    unused), and the two train exactly as one process with two towers, past an epoch."""
+    from tests.data.test_imagenet import _write_shards
+    folder = str(tmp_path / 'imagenet')
+    os.makedirs(folder)
+    _write_shards(folder, 'train', [7, 6])
+    flags = ['--dataset', 'imagenet:' + folder, '--image-size', '16', '--steps', '4'] + FLAGS
+    flags[flags.index('--batch-size') + 1] = '5'  # 13 images: 5, 5, the epoch's last 3, 5
+    one = str(tmp_path / 'one')
+    assert main(['train', '--towers', '2', '--logdir', one] + flags) == 0
+    logdir = str(tmp_path / 'run')
+    status, lines = _launch(tmp_path, '--logdir', logdir, *flags, mode='collective')
+    assert status == 0, '\n'.join(lines)
+    assert _close(_variables(one), _variables(logdir)) <= 1e-6
+
+
 def test_two_synchronous_workers_with_two_ps_equal_one_process_on_an_uneven_batch(tmp_path):
     """Shares of 11 and 10, clipping and weight decay on the whole batch's gradient."""
     flags = ['--steps', '6', '--batch-size', '21', '--clip-norm', '0.5', '--weight-decay',

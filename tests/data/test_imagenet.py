@@ -306,13 +306,13 @@ def test_eval_reads_the_validation_split_at_the_evaluation_view(tmp_path, capsys
     assert lines[-1].startswith('test: ') and lines[-1].endswith('(3 images)'), lines
 
 
-def _batches(image_set, start, count, batch_size=4):
+def _batches(image_set, start, count, batch_size=4, parts=None):
     from towers.data import pipeline
     with tf.Graph().as_default():
         epoch_source, records = image_set.epoch_source(image_set.input_shape)
         dataset, _ = pipeline.epoch_pipeline(epoch_source, records, image_set.input_shape,
                                              image_set.num_classes, batch_size,
-                                             start=tf.constant(start, tf.int64))
+                                             start=tf.constant(start, tf.int64), parts=parts)
         iterator = tf1.data.make_initializable_iterator(dataset.take(count))
         batch = iterator.get_next()
         with tf1.Session() as sess:
@@ -349,3 +349,19 @@ def test_a_resumed_pipeline_never_decodes_the_records_it_passes_over(tmp_path):
     assert [list(labels) for _, labels in batches] == [[2, 3], [4, 5]]
     with pytest.raises(tf.errors.InvalidArgumentError, match=r'00001 record 1: not a '):
         _batches(image_set, 1, 3, batch_size=2)
+
+
+def test_a_task_decodes_only_the_rows_its_towers_train_on(tmp_path):
+    """Two workers of one tower each: worker k keeps part k of each batch cut in two, plus
+    the batch's last row (split_batch's stand-in for an empty part); the rest is zeros."""
+    _write_shards(str(tmp_path), 'train', [6, 5])
+    image_set = imagenet.ImageNetSet(str(tmp_path), 'train', 16, seed=4, shuffle_buffer=5)
+    whole = _batches(image_set, 1, 4)  # batches of 4, 3 (the epoch's last), 4, 4
+    for worker, rows in ((0, {4: [0, 1, 3], 3: [0, 1, 2]}), (1, {4: [2, 3], 3: [2]})):
+        for (images, labels), (mine, my_labels) in zip(whole, _batches(
+                image_set, 1, 4, parts=(worker, worker + 1, 2))):
+            kept = rows[len(labels)]
+            np.testing.assert_array_equal(mine[kept], images[kept])
+            np.testing.assert_array_equal(my_labels[kept], labels[kept])
+            others = [r for r in range(len(labels)) if r not in kept]
+            assert not mine[others].any() and not my_labels[others].any()

@@ -113,7 +113,9 @@ class DatasetInput(InputSource):
             host = task + '/device:CPU:0' if task else '/cpu:0'
             # A scope per copy: each its own counts, on its own task.
             with tf.device(host), tf1.variable_scope('task_%d' % index):
-                images, labels = self._pipeline(host, input_shape, options, staged)
+                parts = (index * len(devices), (index + 1) * len(devices),
+                         len(devices) * count)  # the towers' parts this copy keeps
+                images, labels = self._pipeline(host, input_shape, options, staged, parts)
                 everyone = split_batch(images, labels, len(devices) * count)
                 mine = everyone[index * len(devices):(index + 1) * len(devices)]
                 if self.share is not None:  # weights within this worker's share
@@ -122,8 +124,12 @@ class DatasetInput(InputSource):
             slices.extend(mine)
         return slices
 
-    def _pipeline(self, host, input_shape, options, staged):
+    def _pipeline(self, host, input_shape, options, staged, parts=None):
         """(images, labels) of one copy of the pipeline, read on host.
+
+        parts: (first, end, of): this copy keeps the rows of parts first..end-1 of each
+        batch cut in `of` (see split_batch); a source that makes its epochs alone then
+        decodes only those (the others stay zeros), not the whole global batch on every task.
 
         Staged, the images are the batch's flat pixels as the source has them,
         and an exhausted pipeline gives a one-row stand-in that no step trains
@@ -138,7 +144,8 @@ class DatasetInput(InputSource):
                 dataset, counts = pipeline.epoch_pipeline(
                     *by_epoch, input_shape, options['num_classes'], options['batch_size'],
                     start=skip, pixel_scale=self.pixel_scale, mean=options['mean'],
-                    std=options['std'], epochs=options['epochs'], finish=not staged)
+                    std=options['std'], epochs=options['epochs'], finish=not staged,
+                    parts=parts)
                 feed = {}
             else:
                 source, feed = self._source_fn(input_shape)
