@@ -9,6 +9,7 @@ from towers import models
 from towers.deviceplan import local_plan
 from towers.graph import build_training_graph
 from towers.model import ClassifierModel
+from towers.precision import Precision
 from towers.tools.explain import inference_counts
 
 tf1 = tf.compat.v1
@@ -62,12 +63,14 @@ SMALL = {'resnet50': (32, 32, 3), 'inception3': (75, 75, 3), 'vgg16': (32, 32, 3
          'alexnet': (67, 67, 3), 'trivial': (8, 8, 3)}
 
 
-def _train(name, devices, batches, initial=None, **options):
+def _train(name, devices, batches, initial=None, update='parameter_server', precision=None,
+           sync_bn=False, **options):
     shape = SMALL[name]
     model = ClassifierModel(models.build_model(name, shape, 5, **options), shape, 5,
                             optimizer='momentum')
-    graph = build_training_graph(model, local_plan(devices), seed=1, source=fed(batches),
-                                 learning_rate=0.01)
+    graph = build_training_graph(model, local_plan(devices, variable_update=update), seed=1,
+                                 source=fed(batches), learning_rate=0.01, precision=precision,
+                                 sync_bn=sync_bn)
     saved, _, steps = run_graph(graph, len(batches), initial, {'loss': graph.loss})
     return saved, [step['loss'] for step in steps]
 
@@ -95,13 +98,29 @@ def test_two_towers_train_the_nets_without_batch_norm_as_one_device(name):
                                    err_msg=variable)
 
 
-@pytest.mark.parametrize('name', ['inception3', 'resnet50'])
-def test_two_towers_train_the_batch_norm_nets(name):
-    """Each tower's own batch statistics, tower 0's moving averages. (That N towers with
+@pytest.mark.parametrize('name,precision,update,sync_bn', [
+    ('inception3', Precision('fp16', 1.0), 'parameter_server', False),
+    ('resnet50', 'bf16', 'replicated', True)], ids=['inception3-fp16', 'resnet50-bf16-sync'])
+def test_two_towers_train_the_batch_norm_nets(name, precision, update, sync_bn):
+    """Inception v3 in fp16 (a fixed loss scale of 1: at 75x75 its last batch norms see 1x1
+    maps of 3 images, whose gradients overflow float16 when scaled by 128, and a dynamic
+    scale spends the first steps halving down to one that fits), each tower its own batch statistics and tower 0's
+    moving averages; ResNet-50 in bf16, replicated, with --sync-bn. (That N towers with
     --sync-bn equal one device is tested on small nets, tests/test_sync_bn.py: at 32x32
     ResNet-50's last maps are 1x1, and three values per tower make a batch norm chaotic.)"""
     initial, _ = _train(name, ['/cpu:0'], [])
-    trained, losses = _train(name, ['/cpu:0', '/cpu:1'], _batches(name), initial)
+    trained, losses = _train(name, ['/cpu:0', '/cpu:1'], _batches(name), initial, update,
+                             precision, sync_bn)
     assert np.all(np.isfinite(losses)) and losses[1] != losses[0]
-    moved = [v for v in trained if not np.array_equal(trained[v], initial[v])]
-    assert len(moved) == len(trained)  # every variable, the moving averages included
+    moved = [v for v in initial if not np.array_equal(trained[v], initial[v])]
+    assert len(moved) == len(initial)  # every variable, the moving averages included
+
+
+@pytest.mark.parametrize('name,precision,update', [
+    ('vgg16', 'bf16', 'parameter_server'), ('alexnet', 'fp16', 'replicated'),  # (dynamic)
+    ('trivial', 'bf16', 'replicated')])
+def test_the_nets_without_batch_norm_train_in_a_mixed_precision(name, precision, update):
+    """Two steps on two towers in bf16 or fp16 (loss-scaled): finite losses, the second
+    after an update. (The batch norm nets: above.)"""
+    _, losses = _train(name, ['/cpu:0', '/cpu:1'], _batches(name), None, update, precision)
+    assert np.all(np.isfinite(losses)) and losses[1] != losses[0], losses
