@@ -102,12 +102,15 @@ def test_two_towers_train_the_nets_without_batch_norm_as_one_device(name):
     ('inception3', Precision('fp16', 1.0), 'parameter_server', False),
     ('resnet50', 'bf16', 'replicated', True)], ids=['inception3-fp16', 'resnet50-bf16-sync'])
 def test_two_towers_train_the_batch_norm_nets(name, precision, update, sync_bn):
-    """Inception v3 in fp16 (a fixed loss scale of 1: at 75x75 its last batch norms see 1x1
-    maps of 3 images, whose gradients overflow float16 when scaled by 128, and a dynamic
-    scale spends the first steps halving down to one that fits), each tower its own batch
-    statistics and tower 0's moving averages; ResNet-50 in bf16, replicated, with
-    --sync-bn. (That N towers with --sync-bn equal one device is tested on small nets, tests/test_sync_bn.py: at 32x32
-    ResNet-50's last maps are 1x1, and three values per tower make a batch norm chaotic.)"""
+    """Inception v3 in fp16, each tower its own batch statistics and tower 0's moving
+    averages; ResNet-50 in bf16, replicated, with --sync-bn.
+
+    fp16 with a fixed loss scale of 1: at 75x75 the last batch norms see 1x1 maps of three
+    images, whose gradients overflow float16 when scaled by 128, and a dynamic scale spends
+    the first steps halving down to one that fits. (That N towers with --sync-bn equal one
+    device is tested on small nets, tests/test_sync_bn.py: at 32x32 ResNet-50's last maps
+    are 1x1, and three values per tower make a batch norm chaotic.)
+    """
     initial, _ = _train(name, ['/cpu:0'], [])
     trained, losses = _train(name, ['/cpu:0', '/cpu:1'], _batches(name), initial, update,
                              precision, sync_bn)
