@@ -36,7 +36,7 @@ def predicted():
     with redirect_stdout(out):
         assert main(['plan', '--model', 'small_convnet', '--workers', '2,3', '--batch-size',
                      str(BATCH), '--bandwidth', LINK, '--latency', '0', '--cluster-mode',
-                     'collective,parameter-server', '--warmup', '3', '--window', '10',
+                     'collective,parameter-server', '--warmup', '5', '--window', '50',
                      '--json']) == 0
     text = out.getvalue()
     rows = json.loads(text[text.index('\n[') + 1:])
