@@ -236,7 +236,8 @@ def decoded(files, size, training, seed=0, num_classes=1000, shuffle_buffer=1000
 
     A bad record (not a tf.train.Example, an image that does not decode (or, of a schema
     with a shape, is not of that shape), no image, a label outside the classes) does not
-    stop the pipeline here: its row is marked, and
+    stop the pipeline here: its row is marked (as is, rarely, a record whose decoding failed
+    for another reason, such as memory: the ignored errors are not told apart), and
     the message naming it is given, for checked() to stop on or skip. Each chunk decodes in
     a dataset of its own whose errors are ignored, so a reader's errors (a corrupt shard)
     still reach the caller, and the chunks decode in parallel.
@@ -258,17 +259,17 @@ def decoded(files, size, training, seed=0, num_classes=1000, shuffle_buffer=1000
     """
     names = tf.constant(files)
     stream = records(files, cycle_length)
-    first = tf.constant(0, tf.int64)  # the first position's number in the crops' seeds
+    numbered_from = tf.constant(0, tf.int64)  # the epoch's first number in the crops' seeds
     if epoch is not None:
         epoch = tf.cast(epoch, tf.int64)
-        first = epoch * epoch_records
+        numbered_from = epoch * epoch_records
     if training and shuffle_buffer > 1:
         stream = stream.shuffle(
             shuffle_buffer, seed=seed if epoch is None else _epoch_seed(seed, epoch),
             reshuffle_each_iteration=epoch is None)
     shape = schema.shape or (size, size, 3)
     pixels = shape[0] * shape[1] * shape[2]
-    first, last = schema.first_label, schema.first_label + num_classes - 1
+    low, high = schema.first_label, schema.first_label + num_classes - 1
     undecodable = 'not a tf.train.Example whose %s is a decodable %s' % (
         schema.image, 'x'.join(map(str, shape)) + ' image' if schema.shape else 'JPEG')
 
@@ -285,7 +286,7 @@ def decoded(files, size, training, seed=0, num_classes=1000, shuffle_buffer=1000
             image = tf.io.decode_image(encoded, channels=shape[2], expand_animations=False)
         elif training:
             image = train_image(encoded, boxes, size,
-                                tf.stack([tf.cast(seed, tf.int64), first + position]))
+                                tf.stack([tf.cast(seed, tf.int64), numbered_from + position]))
         else:
             image = eval_image(encoded, size)
         return row, tf.reshape(image, [pixels]), label
@@ -310,8 +311,8 @@ def decoded(files, size, training, seed=0, num_classes=1000, shuffle_buffer=1000
             problems = tf.strings.join([
                 tf.gather(names, file_index), ' record ', tf.strings.as_string(record), ': ',
                 tf.where(decoded, tf.strings.join([
-                    'label ', tf.strings.as_string(labels + first), ' is not in %d..%d'
-                    % (first, last)]), undecodable)])
+                    'label ', tf.strings.as_string(labels + low), ' is not in %d..%d'
+                    % (low, high)]), undecodable)])
             ok = decoded & in_range
             return (tf.reshape(images, [k] + list(shape)), ok, tf.where(ok, labels, 0),
                     tf.where(ok, '', problems))
@@ -434,23 +435,24 @@ class ImageRecordSet:
 
     def source(self, input_shape, cycle_length=8):
         """(dataset of chunks (pixels [n, P] uint8, ok [n], labels [n]), {})."""
-        if tuple(input_shape) != self.input_shape:
-            raise DataError('the model takes %s images but this split was opened for %s'
-                            % (input_shape, self.input_shape))
+        self._check(input_shape)
         return self._flat(self.examples(cycle_length=cycle_length)), {}
 
     def epoch_source(self, input_shape):
-        """(a function (epoch, records to pass over) -> that epoch's source, records an
-        epoch), for data.pipeline.make_pipeline to start a resumed run where it stopped
-        without decoding what it already trained on; None when bad images are skipped (an
-        epoch's batch count is then known only once it is read)."""
-        if self.skip_bad_images:
-            return None
-        self.source(input_shape)  # checks the shape
+        """(a function (epoch, records to pass over, keep) -> that epoch's source, records
+        an epoch), for data.pipeline.epoch_pipeline to start a resumed run where it stopped
+        without decoding what it already trained on. The records an epoch are None when bad
+        images are skipped: an epoch's batch count is then known only once it is read."""
+        self._check(input_shape)
 
         def epoch_source(epoch, skip, keep=None):
             return self._flat(self.examples(epoch=epoch, skip=skip, keep=keep))
-        return epoch_source, self.num_examples
+        return epoch_source, None if self.skip_bad_images else self.num_examples
+
+    def _check(self, input_shape):
+        if tuple(input_shape) != self.input_shape:
+            raise DataError('the model takes %s images but this split was opened for %s'
+                            % (input_shape, self.input_shape))
 
     def _flat(self, chunks):
         pixels = self.input_shape[0] * self.input_shape[1] * self.input_shape[2]
@@ -527,7 +529,11 @@ def _in_order(image_set):
 
 
 def _read_error(image_set, error):
-    problem = bad_record(error.message) or error.message.splitlines()[0]
+    """DataError of a TensorFlow error reading a split: its bad record, else the first line
+    of the message that says what went wrong."""
+    lines = [line.strip() for line in error.message.splitlines() if line.strip()
+             and not line.strip().startswith(('Graph execution error', '[[', 'Detected at'))]
+    problem = bad_record(error.message) or (lines[0] if lines else type(error).__name__)
     return DataError('cannot read the %s split: %s' % (image_set.split, problem))
 
 

@@ -205,7 +205,10 @@ def epoch_pipeline(epoch_source, records_per_epoch, input_shape, num_classes, ba
         (see the module docstring), where keep is None or a function (positions in the
         epoch [n] int64) -> [n] bool: the records to decode; the others may come as zeros
         of class 0 (a task that keeps some rows of each batch decodes those alone).
-      records_per_epoch: what the source holds.
+      records_per_epoch: what the source holds; None when that is not what an epoch
+        trains on (a source that leaves bad records out): the pipeline then makes every
+        epoch from the first and skips `start` batches, as make_pipeline's user does, and
+        decodes every row.
       start: the first batch (an int64 scalar tensor, e.g. a resume's step).
       parts: None, or (first, end, of): only the rows of parts first..end-1 of each batch
         cut in `of` parts (towers.tower.split_batch's cut) are used: the others need not be
@@ -220,11 +223,14 @@ def epoch_pipeline(epoch_source, records_per_epoch, input_shape, num_classes, ba
         raise ValueError('give both mean and std, or neither')
     counts = tf1.get_local_variable('records_read_dropped', shape=[2], dtype=tf.int64,
                                     initializer=tf1.zeros_initializer(), use_resource=True)
-    per_epoch = -(-records_per_epoch // batch_size)
     start = tf.cast(start, tf.int64)
-    first, passed = start // per_epoch, (start % per_epoch) * batch_size
+    first = passed = tf.constant(0, tf.int64)
+    if records_per_epoch is not None:
+        per_epoch = -(-records_per_epoch // batch_size)
+        first, passed = start // per_epoch, (start % per_epoch) * batch_size
     normalise = finisher(input_shape, pixel_scale, mean, std)
-    keep = None if parts is None else _rows_in(parts, batch_size, records_per_epoch)
+    keep = (None if parts is None or records_per_epoch is None
+            else _rows_in(parts, batch_size, records_per_epoch))
 
     def one(epoch):
         skip = tf.where(tf.equal(epoch, first), passed, tf.constant(0, tf.int64))
@@ -235,7 +241,10 @@ def epoch_pipeline(epoch_source, records_per_epoch, input_shape, num_classes, ba
         return batches
 
     last = tf.constant(2 ** 62 if epochs is None else epochs, tf.int64)
-    return tf.data.Dataset.range(first, last).flat_map(one).prefetch(prefetch), counts
+    dataset = tf.data.Dataset.range(first, last).flat_map(one)
+    if records_per_epoch is None:
+        dataset = dataset.skip(start)
+    return dataset.prefetch(prefetch), counts
 
 
 def _rows_in(parts, batch_size, records_per_epoch):

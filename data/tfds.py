@@ -44,7 +44,11 @@ def is_tfds_folder(folder):
 def read_info(folder):
     """The TfdsInfo of a prepared folder; DataError naming what is missing or unreadable."""
     info = _json(folder, 'dataset_info.json')
-    features = _features(_json(folder, 'features.json'))
+    try:
+        features = _features(_json(folder, 'features.json'))
+    except (AttributeError, KeyError, TypeError, ValueError) as e:
+        raise DataError('%s: features.json is not in a form towers reads (%s: %s)'
+                        % (folder, type(e).__name__, e)) from None
     name = info.get('name')
     file_format = info.get('fileFormat', 'tfrecord')
     if not name:

@@ -35,6 +35,8 @@ def evaluate(sess, graph, dataset, batch_size):
         # counts exactly as much as its examples.
         for name, value in values.items():
             sums[name] += float(value) * len(labels)
+    if total == 0:  # a streamed split whose every record was skipped
+        raise TowersError('cannot evaluate on an empty dataset')
     return {name: value / total for name, value in sums.items()}
 
 

@@ -139,7 +139,8 @@ def test_the_launcher_itself_never_loads_tensorflow(tmp_path):
                          timeout=120)
     lines = run.stdout.splitlines()
     assert lines[-1] == 'launcher: 0 False', run.stdout + run.stderr
-    assert '[worker 0] datasets: cifar10, fashion_mnist, mnist, mnist_sample, imagenet-synthetic' in lines
+    assert ('[worker 0] datasets: cifar10, fashion_mnist, mnist, mnist_sample, '
+            'imagenet-synthetic') in lines
 
 
 def test_the_host_gpus_come_from_cuda_visible_devices_or_nvidia_smi(monkeypatch):

@@ -58,3 +58,34 @@ def test_a_bad_image_size_is_one_line(tmp_path, capsys, flags, message):
     code, logdir, _, err = _train(tmp_path, capsys, *flags)
     assert code == 1 and err == ['towers: error: ' + message]
     assert not os.path.exists(logdir)
+
+
+@pytest.mark.parametrize('flags, message', [
+    (['--skip-bad-images'], '--skip-bad-images goes with imagenet:DIR or tfds:DIR, whose images '
+                            'are decoded as they are read; not mnist_sample'),
+    (['--model', 'trivial', '--image-size', '8', '--validation-size', '10'],
+     '--validation-size holds out real examples; imagenet-synthetic has none to hold out'),
+])
+def test_settings_that_do_not_apply_to_the_dataset_are_one_line(tmp_path, capsys, flags,
+                                                               message):
+    code, logdir, _, err = _train(tmp_path, capsys, *flags)
+    assert code == 1 and err == ['towers: error: ' + message]
+    assert not os.path.exists(logdir)
+
+
+def test_check_gets_as_many_synthetic_images_as_its_steps_take(capsys):
+    assert main(['check', '--model', 'trivial', '--image-size', '6', '--towers', '2',
+                 '--steps', '3', '--batch-size', '100']) == 0
+    assert 'check: trivial on 2 tower(s)' in capsys.readouterr().out  # 300 distinct images
+
+
+@pytest.mark.parametrize('flags, message', [
+    (['--dataset', 'mnist_sample'], '--input-only times the input of an imagenet:DIR or '
+                                    'tfds:DIR folder; got --dataset mnist_sample'),
+    (['--dataset', 'imagenet:/nowhere', '--towers', '2', '--precision', 'bf16'],
+     '--input-only times the input alone, with no model, towers or precision: drop --towers, '
+     '--precision'),
+])
+def test_bench_input_only_refuses_what_it_would_ignore(capsys, flags, message):
+    assert main(['bench', '--input-only'] + flags) == 1
+    assert capsys.readouterr().err.strip() == 'towers: error: ' + message

@@ -42,11 +42,29 @@ def test_a_large_matmul_reaches_some_gflops():
     assert compare.matmul_gflops(['/cpu:0'], size=128, repeats=2, steps=2) > 0.01
 
 
-def test_keras_twins_exist_for_the_simple_nets_only():
+def test_keras_twins_exist_for_the_simple_nets_and_the_imagenet_ones():
     assert peers.keras_twin('resnet20', (32, 32, 3), 10) is None
     twin = peers.keras_twin('mnist_convnet', SHAPE, 10)()
     # The same parameters as towers' mnist_convnet: 3,274,634.
     assert twin.count_params() == 3_274_634
+
+
+@pytest.mark.parametrize('name', ['resnet50', 'vgg16'])
+def test_the_keras_applications_twins_have_the_nets_parameters(name):
+    """keras.applications' nets, topped as towers' (VGG-16 with its two dense layers). Keras'
+    ResNet50 gives its convolutions biases (which the batch norm after each makes moot):
+    the same parameters besides those."""
+    import keras
+    shape = (32, 32, 3)
+    with tf.Graph().as_default():
+        models.build_model(name, shape, 7)(tf.zeros((1,) + shape), True)
+        ours = sum(v.shape.num_elements() for v in tf.compat.v1.trainable_variables())
+    twin = peers.keras_twin(name, shape, 7)()
+    trainable = sum(int(np.prod(w.shape)) for w in twin.trainable_weights)
+    trunk = twin.layers[0]
+    conv_biases = sum(layer.filters for layer in trunk.layers
+                      if isinstance(layer, keras.layers.Conv2D) and layer.use_bias)
+    assert trainable - (conv_biases if name == 'resnet50' else 0) == ours
 
 
 def test_compare_times_every_row_and_draws_the_plot(tmp_path):

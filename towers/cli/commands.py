@@ -13,7 +13,13 @@ import numpy as np
 from towers import data, models
 from towers.cli.cluster import run_server
 from towers.cli.config import flag, int_list, loss_scale, name_list
-from towers.cli.datasets import SYNTHETIC, check_image_size, dataset_info, load_dataset
+from towers.cli.datasets import (
+    SYNTHETIC,
+    check_image_size,
+    dataset_info,
+    image_side,
+    load_dataset,
+)
 from towers.cli.explain_command import run_explain
 from towers.cli.launcher import run_launch
 from towers.cli.saved import run_eval, run_export
@@ -63,11 +69,11 @@ def run_bench(args, log):
     from towers.names import PRECISIONS
     from towers.tools import bench, compare
     from towers.tools.trace import check_output
-    if args.cluster_mode:
-        run_cluster_bench(args, log)
-        return
     if args.input_only:
         run_input_bench(args, log)
+        return
+    if args.cluster_mode:
+        run_cluster_bench(args, log)
         return
     info = dataset_info(args)
     counts = int_list(args.towers, 'towers')
@@ -110,14 +116,20 @@ def run_input_bench(args, log):
     """towers bench --input-only --dataset imagenet:DIR: the input alone, against bare tf.data."""
     from towers.cli.train import open_split
     from towers.tools import bench, inputbench
-    if not args.dataset.startswith(('imagenet:', 'tfds:')) or args.compare:
+    if not args.dataset.startswith(('imagenet:', 'tfds:')):
         raise SettingError('{input_only} times the input of an imagenet:DIR or tfds:DIR '
-                           'folder, without {compare}; got {dataset} %s', args.dataset)
+                           'folder; got {dataset} %s', args.dataset)
+    unused = [name for name, given in (
+        ('compare', args.compare), ('cluster_mode', args.cluster_mode), ('xla', args.xla),
+        ('trace', args.trace), ('plot', args.plot), ('towers', args.towers != '1,2,4'),
+        ('input', args.input != 'synthetic'), ('precision', args.precision != 'fp32')) if given]
+    if unused:
+        raise SettingError('{input_only} times the input alone, with no model, towers or '
+                           'precision: drop %s' % ', '.join('{%s}' % name for name in unused))
     bench.check_window(args.batch_size, args.warmup, args.window)
     check_image_size(args)
     folder = args.dataset.split(':', 1)[1]
-    design = models.DESIGNS.get(args.model)  # an ImageNet net's size, else ImageNet's 224
-    size = args.image_size or (design[0][0] if design and design[1] == 1000 else 224)
+    size = image_side(args)
     image_set = open_split(args.dataset, 'train', size)
     if image_set.schema.shape:
         raise SettingError('{input_only} times the crops of JPEGs of any size; %s\'s images '

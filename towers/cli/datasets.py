@@ -22,6 +22,13 @@ def default_dataset(model):
     return SYNTHETIC if design and design[1] == 1000 else data.DEFAULT_DATASET
 
 
+def image_side(args):
+    """The side JPEGs of any size are cut to: --image-size, else an ImageNet model's own
+    (299 for inception3), else ImageNet's 224."""
+    design = models.DESIGNS.get(args.model)
+    return args.image_size or (design[0][0] if design and design[1] == 1000 else 224)
+
+
 def check_image_size(args):
     """--image-size: None, or a positive side for a dataset that has no size of its own."""
     size = args.image_size
@@ -49,7 +56,11 @@ def dataset_info(args):
 
 
 def synthetic_count(args):
-    return max(SYNTHETIC_IMAGES, 2 * getattr(args, 'batch_size', 0))
+    """Two global batches, or as many as `towers check` takes distinct batches of, at least
+    SYNTHETIC_IMAGES."""
+    batch = getattr(args, 'batch_size', 0)
+    steps = getattr(args, 'steps', 0) if args.command == 'check' else 0
+    return max(SYNTHETIC_IMAGES, 2 * batch, steps * batch)
 
 
 def load_dataset(args, info, **options):

@@ -13,7 +13,14 @@ import numpy as np
 from towers import data, exactness, models
 from towers.cli.cluster import cluster_of, cluster_run
 from towers.cli.config import config_from_args
-from towers.cli.datasets import FOLDERS, check_image_size, dataset_info, load_dataset
+from towers.cli.datasets import (
+    FOLDERS,
+    SYNTHETIC,
+    check_image_size,
+    dataset_info,
+    image_side,
+    load_dataset,
+)
 from towers.devices import resolve_devices, resolve_param_device
 from towers.errors import SettingError
 from towers.model import ClassifierModel
@@ -65,6 +72,9 @@ def _run_train(args, log):
 
 def load_data(args, from_records, log):
     """(input_shape, num_classes, Datasets) of --dataset: records stream, others load."""
+    if args.skip_bad_images and not args.dataset.startswith(('imagenet:', 'tfds:')):
+        raise SettingError('{skip_bad_images} goes with imagenet:DIR or tfds:DIR, whose images '
+                           'are decoded as they are read; not %s', args.dataset)
     if from_records:
         check_image_size(args)
         if args.input not in (None, 'dataset'):
@@ -78,6 +88,9 @@ def load_data(args, from_records, log):
             log('skipped %s (%d records): %s' % (shard, count, problem))
         return input_shape, num_classes, datasets
     info = dataset_info(args)
+    if args.validation_size is not None and args.dataset == SYNTHETIC:
+        raise SettingError('{validation_size} holds out real examples; %s has none to hold '
+                           'out', SYNTHETIC)
     if args.validation_size is not None and not 0 <= args.validation_size < info.num_train:
         raise SettingError('{validation_size} must be in [0, %d) for %s, got %d',
                            info.num_train, args.dataset, args.validation_size)
@@ -142,8 +155,7 @@ EVAL_MEMORY = 2 ** 31
 def load_image_records(args):
     """--dataset imagenet:DIR or tfds:DIR: the train split streams, the evaluation split (if
     any, and unless --eval-every 0) is read in at the evaluation view."""
-    design = models.DESIGNS.get(args.model)  # (an unknown model is refused when built)
-    size = args.image_size or (design[0][0] if design else 224)
+    size = image_side(args)
     options = dict(skip_bad_shards=args.skip_bad_shards, skip_bad_images=args.skip_bad_images)
     train_set = open_split(args.dataset, 'train', size, seed=args.seed,
                            num_workers=args.num_workers, worker_index=args.worker_index,

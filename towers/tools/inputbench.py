@@ -5,8 +5,9 @@ the model out: each row pulls batches from a pipeline as fast as it gives them, 
 timed as bench times steps (warm-up, fixed window, mean ± stderr, rows in turns).
 
   towers        the pipeline `towers train --input dataset` reads an ImageNet folder
-                through: decoded in chunks that name a bad record (data/imagenet.py),
-                cleaned, batched and normalised (data/pipeline.py)
+                through: each epoch on its own, decoded in chunks that name a bad record
+                (data/imagenet.py), cleaned, batched and normalised
+                (data/pipeline.epoch_pipeline)
   bare tf.data  the same ops as a tf.data tutorial strings them: the shards interleaved,
                 the records shuffled, one parallel map of parse + crop + flip, batch,
                 prefetch; no bad-record check, no cleaning
@@ -40,10 +41,9 @@ def bare_pipeline(files, size, batch_size, seed=0, shuffle_buffer=10000,
 
 def towers_pipeline(image_set, batch_size):
     """The batches `towers train --input dataset` reads on CPU towers, from an ImageNetSet."""
-    source, _ = image_set.source(image_set.input_shape)
-    dataset, _ = pipeline.make_pipeline(source, image_set.input_shape, image_set.num_classes,
-                                        batch_size, augment=False, shuffle_buffer=0,
-                                        seed=image_set.seed)
+    epoch_source, records = image_set.epoch_source(image_set.input_shape)
+    dataset, _ = pipeline.epoch_pipeline(epoch_source, records, image_set.input_shape,
+                                         image_set.num_classes, batch_size)
     return dataset
 
 

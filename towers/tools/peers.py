@@ -78,7 +78,8 @@ def tutorial_average_gradients(tower_grads):
 
 
 # The keras.applications net of each ImageNet model. Keras' ResNet50 is v1 (the stride on the
-# first 1x1 of a block, not the 3x3 as in v1.5): the same parameters, 3.9 GMACs against 4.1.
+# first 1x1 of a block, not the 3x3 as in v1.5: 3.9 GMACs against 4.1) and gives its
+# convolutions biases (26,560 parameters more); the other nets are the same.
 KERAS_APPLICATIONS = {'resnet50': 'ResNet50', 'resnet101': 'ResNet101',
                       'resnet152': 'ResNet152', 'inception3': 'InceptionV3', 'vgg16': 'VGG16'}
 # The Keras mixed-precision policy of each towers precision (fp32: Keras' default).
@@ -106,10 +107,15 @@ def keras_twin(model_name, input_shape, num_classes, policy=None):
                                   layers.MaxPooling2D(2), layers.Flatten()],
     }.get(model_name)
     application = KERAS_APPLICATIONS.get(model_name)
-    if application is not None:  # the trunk, pooled, as keras.applications builds it
+    if application is not None:  # keras.applications' net, its top but the logits as here
         def body():
-            return [getattr(keras.applications, application)(
-                weights=None, include_top=False, pooling='avg', input_shape=tuple(input_shape))]
+            trunk = getattr(keras.applications, application)
+            if model_name == 'vgg16':  # its top is two dense layers of 4096 (fc1, fc2)
+                return [trunk(weights=None, include_top=False, input_shape=tuple(input_shape)),
+                        layers.Flatten(), layers.Dense(4096, activation='relu'),
+                        layers.Dense(4096, activation='relu')]
+            return [trunk(weights=None, include_top=False, pooling='avg',
+                          input_shape=tuple(input_shape))]
     if body is None:
         return None
 
