@@ -29,7 +29,7 @@ import tensorflow as tf
 from towers.cluster.collective import FINGERPRINT_KEYS
 from towers.cluster.server import start_server, wait_for_tasks
 from towers.cluster.spec import ClusterError, check_same, fingerprint
-from towers.cluster.syncreplicas import Readiness, monitored_session
+from towers.cluster.syncreplicas import WITHOUT_A_WORKER, Readiness, monitored_session
 from towers.errors import op_error_summary
 from towers.session import prepare_session
 
@@ -253,6 +253,8 @@ class ClusterRun:
         cause = _op_error(error)
         if isinstance(cause, tf.errors.DeadlineExceededError):
             why = 'the step did not finish within %.0f s' % self.step_timeout_s()
+        elif WITHOUT_A_WORKER in getattr(cause, 'message', ''):  # (cluster/syncreplicas.py)
+            why = 'a step went on without its gradient and was stopped'
         elif isinstance(cause, tf.errors.OpError):
             why = 'TensorFlow %s' % type(cause).__name__
         else:

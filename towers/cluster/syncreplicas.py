@@ -93,6 +93,7 @@ class SyncReplicas(VariableStrategy):
         update = _WholeBatchUpdate(optimizers[0], results, weight_decay, processors)
         self.optimizer = tf1.train.SyncReplicasOptimizer(update, self.num_workers)
         token = self.optimizer.apply_gradients(pushed, global_step=global_step)
+        token = _own_token(token, global_step, count.device)
         # Read by the hook; not an error worth TensorFlow's report when a run fails first.
         self.optimizer.ready_for_local_init_op.mark_used()
         # Tower 0's statistics, as in one process: the chief's, once per step.
@@ -122,6 +123,34 @@ class SyncReplicas(VariableStrategy):
         """The SessionRunHooks of the MonitoredSession: the optimizer's set-up, no initial
         tokens (_SyncHook)."""
         return [_SyncHook(self.optimizer, self.is_chief)]
+
+
+# The mark of a step that went on without a worker's gradient (see _own_token).
+WITHOUT_A_WORKER = 'a step went on without a worker'
+
+
+def _own_token(token, global_step, device):
+    """The step's token op, failing unless the update it waited for took this worker's push.
+
+    SyncReplicasOptimizer hands out its tokens from one queue, N after each update. A
+    worker lost between its push and its take leaves its token there, and the next worker
+    to ask takes it: that worker then runs on without the update having happened, and its
+    next push makes the one after from two gradients of its own (a step of half the batch,
+    twice). A fresh token always follows an update that counted this worker's gradient, so
+    the global step has moved past the one this worker saw after its previous step; a
+    token left behind by another has not: the step fails (and the lost worker is named).
+    """
+    with tf1.device(device), tf1.name_scope(RESULTS_SCOPE + '/'):
+        seen = tf1.get_local_variable('seen_global_step', shape=[], dtype=global_step.dtype,
+                                      initializer=tf.constant_initializer(-1),
+                                      use_resource=True)
+        with tf.control_dependencies([token]):
+            now = tf.identity(global_step)
+            moved = tf.debugging.Assert(tf.greater(now, seen.read_value()), [
+                '%s: it took a token another worker left, after step' % WITHOUT_A_WORKER,
+                now])
+            with tf.control_dependencies([moved]):
+                return tf.group(token, seen.assign(now), name='own_token')
 
 
 class _SyncHook(tf1.train.SessionRunHook):
