@@ -22,11 +22,14 @@ tf1 = tf.compat.v1
 pytestmark = pytest.mark.exact
 
 SHAPES = {'small_convnet': (12, 12, 1), 'mnist_convnet': (12, 12, 1),
-          'cifar_convnet': (24, 24, 3), 'resnet20': (8, 8, 3), 'resnet50': (32, 32, 3),
+          'cifar_convnet': (24, 24, 3), 'resnet20': (8, 8, 3), 'resnet50': (64, 64, 3),
           'inception3': (75, 75, 3), 'alexnet': (67, 67, 3)}
-# At these sizes the deep nets' last maps are 1x1: a batch norm in training over three
-# values turns the layouts' last-bit differences into percents, so they are compared in
-# inference (the batch norm's training path in NCHW is compared on _net below).
+# At these sizes the deep nets' last maps are 1x1 or 2x2: a batch norm in training over a
+# few values turns the layouts' last-bit differences into percents, so they are compared in
+# inference (the batch norm's training path in NCHW is compared on _net below). ResNet-50
+# at 64, not 32: at 32x32 in NCHW this CPU's kernels (TensorFlow 2.21, oneDNN, op
+# determinism on) now and then gave NaN gradients or aborted the process, in about one run
+# of three; at 64x64 none did in twelve (not root-caused: see the README's --data-format).
 INFERENCE = ('resnet50', 'inception3')
 
 
