@@ -165,10 +165,7 @@ def make_pipeline(source, input_shape, num_classes, batch_size, pixel_scale=255.
       records trained on.
       (it counts again on every pass).
     """
-    if (mean is None) != (std is None):
-        raise ValueError('give both mean and std, or neither')
-    counts = tf1.get_local_variable('records_read_dropped', shape=[2], dtype=tf.int64,
-                                    initializer=tf1.zeros_initializer(), use_resource=True)
+    counts = _cleaning_counts(mean, std)
     dataset = clean(source, num_classes, counts)
     if augment:
         def prepare(pixels, label):
@@ -184,6 +181,15 @@ def make_pipeline(source, input_shape, num_classes, batch_size, pixel_scale=255.
                               num_parallel_calls=tf.data.AUTOTUNE)
     dataset = dataset.repeat(epochs)
     return dataset.prefetch(prefetch), counts
+
+
+def _cleaning_counts(mean, std):
+    """The pipeline's (records read, records dropped) variable, once mean and std are
+    checked to come together."""
+    if (mean is None) != (std is None):
+        raise ValueError('give both mean and std, or neither')
+    return tf1.get_local_variable('records_read_dropped', shape=[2], dtype=tf.int64,
+                                  initializer=tf1.zeros_initializer(), use_resource=True)
 
 
 def epoch_pipeline(epoch_source, records_per_epoch, input_shape, num_classes, batch_size,
@@ -219,10 +225,7 @@ def epoch_pipeline(epoch_source, records_per_epoch, input_shape, num_classes, ba
     Returns:
       (dataset, counts) as make_pipeline.
     """
-    if (mean is None) != (std is None):
-        raise ValueError('give both mean and std, or neither')
-    counts = tf1.get_local_variable('records_read_dropped', shape=[2], dtype=tf.int64,
-                                    initializer=tf1.zeros_initializer(), use_resource=True)
+    counts = _cleaning_counts(mean, std)
     start = tf.cast(start, tf.int64)
     first = passed = tf.constant(0, tf.int64)
     if records_per_epoch is not None:

@@ -84,8 +84,8 @@ def evaluation_split(info):
 
 
 def image_set(folder, split, size, info=None, **options):
-    """The split as a data.imagenet.ImageRecordSet (options: seed, num_workers, ...)."""
-    from towers.data import imagenet
+    """The split as a data.image_records.ImageRecordSet (options: seed, num_workers, ...)."""
+    from towers.data import image_records, imagenet
     info = info or read_info(folder)
     if split not in info.splits:
         raise DataError('%s has no %s split (it has: %s)'
@@ -93,7 +93,7 @@ def image_set(folder, split, size, info=None, **options):
     fixed = None not in info.shape
     schema = imagenet.Schema(info.image, info.label, 0, False,
                              tuple(info.shape) if fixed else None)
-    return imagenet.ImageRecordSet(info.splits[split], split, size, info.num_classes, schema,
+    return image_records.ImageRecordSet(info.splits[split], split, size, info.num_classes, schema,
                                    **options)
 
 

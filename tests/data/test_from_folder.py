@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 
 from towers.cli import main
-from towers.data import imagenet
+from towers.data import image_records, imagenet
 
 tf1 = tf.compat.v1
 
@@ -72,7 +72,7 @@ def test_a_folder_becomes_shards_with_a_manifest_and_labels(tmp_path, capsys):
     assert sorted(train_labels) == [0] * 4 + [1] * 4 + [2] * 4
     assert train_labels[:3] != sorted(train_labels[:3]) or len(set(train_labels[:6])) > 1
     assert sorted(_records(out, 'validation')) == [0, 0, 1, 1, 2, 2]
-    assert imagenet.ImageNetSet(out, 'train', 32).num_classes == 3
+    assert image_records.ImageNetSet(out, 'train', 32).num_classes == 3
 
 
 def test_a_bad_image_is_named_or_skipped_and_counted(tmp_path, capsys):

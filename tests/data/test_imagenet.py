@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from towers.data import imagenet
+from towers.data import image_records, imagenet
 from towers.data.errors import DataError
 
 tf1 = tf.compat.v1
@@ -69,7 +69,7 @@ def test_the_training_view_is_a_seeded_crop_and_the_labels_start_at_zero(tmp_pat
     files = imagenet.shard_files(str(tmp_path), 'train')
 
     def view(seed, parallel=8):
-        return _read(lambda: imagenet.examples(files, 32, training=True, seed=seed,
+        return _read(lambda: image_records.examples(files, 32, training=True, seed=seed,
                                                cycle_length=parallel), 8)
     first, again, other = view(1), view(1), view(2)
     assert all(image.shape == (32, 32, 3) and image.dtype == np.uint8 for image, _ in first)
@@ -83,8 +83,8 @@ def test_the_training_view_is_a_seeded_crop_and_the_labels_start_at_zero(tmp_pat
 def test_a_resume_skips_to_the_same_crops(tmp_path):
     _write_shards(str(tmp_path), 'train', [5, 5])
     files = imagenet.shard_files(str(tmp_path), 'train')
-    whole = _read(lambda: imagenet.examples(files, 24, training=True, seed=3), 10)
-    resumed = _read(lambda: imagenet.examples(files, 24, training=True, seed=3).skip(6), 4)
+    whole = _read(lambda: image_records.examples(files, 24, training=True, seed=3), 10)
+    resumed = _read(lambda: image_records.examples(files, 24, training=True, seed=3).skip(6), 4)
     for (a, label_a), (b, label_b) in zip(whole[6:], resumed):
         np.testing.assert_array_equal(a, b)
         assert label_a == label_b
@@ -205,7 +205,7 @@ def _drain(dataset):
 def test_a_bad_record_stops_the_read_naming_its_shard_and_index(tmp_path):
     path = _write_bad_shard(str(tmp_path), total=1, index=0)
     with pytest.raises(tf.errors.InvalidArgumentError) as failure:
-        _drain(lambda: imagenet.examples([path], 16, training=False))
+        _drain(lambda: image_records.examples([path], 16, training=False))
     from towers.data.errors import bad_record
     assert bad_record(failure.value.message) == (
         '%s record 1: not a tf.train.Example whose image/encoded is a decodable JPEG' % path)
@@ -215,7 +215,7 @@ def test_a_bad_record_stops_the_read_naming_its_shard_and_index(tmp_path):
 def test_skipping_bad_records_keeps_the_good_ones_and_names_each_bad_one(tmp_path, capfd,
                                                                          training):
     path = _write_bad_shard(str(tmp_path), total=1, index=0)
-    (images, labels), = _drain(lambda: imagenet.examples(
+    (images, labels), = _drain(lambda: image_records.examples(
         [path], 16, training=training, num_classes=5, skip_bad=True, shuffle_buffer=1))
     assert images.shape == (2, 16, 16, 3) and list(labels) == [0, 2]
     skipped = [line for line in capfd.readouterr().err.splitlines()
@@ -232,7 +232,7 @@ def test_a_label_beyond_the_classes_is_a_bad_record(tmp_path):
     files = imagenet.shard_files(str(tmp_path), 'train')
     with pytest.raises(tf.errors.InvalidArgumentError, match=r'record 3: label 4 is not in '
                                                              r'1\.\.3\]'):
-        _drain(lambda: imagenet.examples(files, 16, training=False, num_classes=3))
+        _drain(lambda: image_records.examples(files, 16, training=False, num_classes=3))
 
 
 def test_bad_records_in_many_chunks_are_each_placed_and_counted(tmp_path):
@@ -243,8 +243,8 @@ def test_bad_records_in_many_chunks_are_each_placed_and_counted(tmp_path):
     os.rename(os.path.join(folder, 'train-00000-of-00001'),
               os.path.join(folder, 'train-00000-of-00002'))
     files = imagenet.shard_files(folder, 'train')
-    plain = _drain(lambda: imagenet.examples(files[:1], 16, training=False))
-    (images, labels), = _drain(lambda: imagenet.examples(files, 16, training=False,
+    plain = _drain(lambda: image_records.examples(files[:1], 16, training=False))
+    (images, labels), = _drain(lambda: image_records.examples(files, 16, training=False,
                                                           skip_bad=True, cycle_length=1))
     assert len(labels) == 42 and list(labels[40:]) == [0, 2]
     np.testing.assert_array_equal(images[:40], plain[0][0])
@@ -258,8 +258,8 @@ def test_a_shard_cut_short_is_skipped_and_listed_when_asked(tmp_path):
         f.truncate(os.path.getsize(path) - 10)
     with pytest.raises(DataError, match=r'train-00001-of-00002 is truncated in record 2 .*; '
                                         r'give --skip-bad-shards to train without it$'):
-        imagenet.ImageNetSet(folder, 'train', 16)
-    kept = imagenet.ImageNetSet(folder, 'train', 16, skip_bad_shards=True)
+        image_records.ImageNetSet(folder, 'train', 16)
+    kept = image_records.ImageNetSet(folder, 'train', 16, skip_bad_shards=True)
     assert kept.num_examples == 3 and [s[:2] for s in kept.skipped] == [
         ('train-00001-of-00002', 2)]
 
@@ -322,7 +322,7 @@ def _batches(image_set, start, count, batch_size=4, parts=None):
 
 def test_an_epoch_pipeline_started_at_a_batch_gives_the_batches_from_there(tmp_path):
     _write_shards(str(tmp_path), 'train', [6, 5])
-    image_set = imagenet.ImageNetSet(str(tmp_path), 'train', 16, seed=4, shuffle_buffer=5)
+    image_set = image_records.ImageNetSet(str(tmp_path), 'train', 16, seed=4, shuffle_buffer=5)
     whole = _batches(image_set, 0, 8)  # 11 records: 3 batches an epoch (4, 4, 3)
     assert [len(labels) for _, labels in whole] == [4, 4, 3] * 2 + [4, 4]
     assert sorted(np.concatenate([labels for _, labels in whole[3:6]])) == list(range(11))
@@ -335,7 +335,7 @@ def test_an_epoch_pipeline_started_at_a_batch_gives_the_batches_from_there(tmp_p
 
 def test_each_epoch_crops_the_same_record_anew(tmp_path):
     _write_shards(str(tmp_path), 'train', [8])
-    image_set = imagenet.ImageNetSet(str(tmp_path), 'train', 16, seed=2, shuffle_buffer=1)
+    image_set = image_records.ImageNetSet(str(tmp_path), 'train', 16, seed=2, shuffle_buffer=1)
     epoch_0, epoch_1 = (np.concatenate([images for images, _ in pair]) for pair in (
         _batches(image_set, 0, 2), _batches(image_set, 2, 2)))  # records 0..7 in file order
     assert all(not np.array_equal(a, b) for a, b in zip(epoch_0, epoch_1))
@@ -347,7 +347,7 @@ def test_a_resumed_pipeline_never_decodes_the_records_it_passes_over(tmp_path):
         for index in range(6):  # record 1 does not decode
             jpeg = b'\xff\xd8 no JPEG' if index == 1 else _jpeg(40, 50, index)
             writer.write(imagenet.make_example(jpeg, index + 1, 40, 50))
-    image_set = imagenet.ImageNetSet(str(tmp_path), 'train', 16, shuffle_buffer=1)
+    image_set = image_records.ImageNetSet(str(tmp_path), 'train', 16, shuffle_buffer=1)
     with pytest.raises(tf.errors.InvalidArgumentError, match=r'00001 record 1: not a '):
         _batches(image_set, 0, 1, batch_size=2)
     # Batch 1 onwards: records 0 and 1 passed over unread, until the next epoch reads them.
@@ -361,7 +361,7 @@ def test_a_task_decodes_only_the_rows_its_towers_train_on(tmp_path):
     """Two workers of one tower each: worker k keeps part k of each batch cut in two, plus
     the batch's last row (split_batch's stand-in for an empty part); the rest is zeros."""
     _write_shards(str(tmp_path), 'train', [6, 5])
-    image_set = imagenet.ImageNetSet(str(tmp_path), 'train', 16, seed=4, shuffle_buffer=5)
+    image_set = image_records.ImageNetSet(str(tmp_path), 'train', 16, seed=4, shuffle_buffer=5)
     whole = _batches(image_set, 1, 4)  # batches of 4, 3 (the epoch's last), 4, 4
     for worker, rows in ((0, {4: [0, 1, 3], 3: [0, 1, 2]}), (1, {4: [2, 3], 3: [2]})):
         for (images, labels), (mine, my_labels) in zip(whole, _batches(

@@ -173,12 +173,12 @@ def load_image_records(args):
 
 
 def open_split(dataset, split, size, **options):
-    """The data.imagenet.ImageRecordSet of a split of imagenet:DIR or tfds:DIR."""
-    from towers.data import imagenet, tfds
+    """The data.image_records.ImageRecordSet of a split of imagenet:DIR or tfds:DIR."""
+    from towers.data import image_records, tfds
     kind, folder = dataset.split(':', 1)
     if kind == 'tfds':
         return tfds.image_set(folder, split, size, **options)
-    return imagenet.ImageNetSet(folder, split, size, **options)
+    return image_records.ImageNetSet(folder, split, size, **options)
 
 
 def evaluation_split(dataset):
@@ -193,16 +193,16 @@ def evaluation_split(dataset):
 def image_test_set(dataset, size, num_classes, **options):
     """The evaluation split of imagenet:DIR or tfds:DIR at the evaluation view: (split,
     skipped shards). In memory (a DataSet) up to EVAL_MEMORY, else streamed from disk at
-    each evaluation (data.imagenet.StreamedSplit). options: skip_bad_shards,
+    each evaluation (data.image_records.StreamedSplit). options: skip_bad_shards,
     skip_bad_images."""
-    from towers.data import imagenet
+    from towers.data import image_records
     split = evaluation_split(dataset)
     if split is None:
         raise SettingError('%s has no validation or test split to evaluate on', dataset)
     evaluation = open_split(dataset, split, size, **options)
     if evaluation.num_examples * math.prod(evaluation.input_shape) * 4 > EVAL_MEMORY:
-        return imagenet.StreamedSplit(evaluation), evaluation.skipped
-    images, labels = imagenet.read_all(evaluation)
+        return image_records.StreamedSplit(evaluation), evaluation.skipped
+    images, labels = image_records.read_all(evaluation)
     return data.DataSet(images, labels, num_classes=num_classes), evaluation.skipped
 
 
