@@ -176,7 +176,7 @@ class Trainer:
                         num_classes=getattr(self.model, 'num_classes', None),
                         ema=self.config.ema is not None, precision=self.config.precision,
                         normalization=getattr(self.model, 'normalization', None),
-                        **self.run_info)
+                        num_steps=self.num_steps, **self.run_info)
                 self.step = int(self.sess.run(self.graph.global_step))
                 self.log('training %d steps on %d tower(s) %s, global batch %d, %s input%s'
                          % (self.num_steps, len(self.tower_devices),
