@@ -41,8 +41,9 @@ def test_a_bad_tf_config_is_one_line(capsys, monkeypatch, tf_config, message, co
 def test_cluster_flags_without_a_cluster_are_one_line(capsys, monkeypatch, tmp_path):
     monkeypatch.delenv('TF_CONFIG', raising=False)
     assert main(['train', '--cluster-mode', 'in-graph', '--steps', '1']) == 1
-    assert _one_line(capsys) == ('--cluster-mode needs a cluster: set TF_CONFIG, or give '
-                                 '--cluster FILE.json --task-type and --task-index')
+    assert _one_line(capsys) == ('--cluster-mode needs a cluster: set TF_CONFIG, give '
+                                 '--cluster FILE.json --task-type and --task-index, or start the '
+                                 'tasks with srun')
     assert main(['train', '--task-index', '1']) == 1
     assert _one_line(capsys) == '--task-type and --task-index go with --cluster'
     assert main(['server']) == 1

@@ -1,10 +1,12 @@
 """`towers server`, and how `towers train` joins a cluster (`towers launch`: launcher.py).
 
-A cluster comes from TF_CONFIG or --cluster FILE --task-type T --task-index K.
-In in-graph mode the chief (worker 0) trains and every other task serves; in
-collective mode every worker trains. Either way the same `towers train`
-command can run on every host (as Kubernetes' TFJob runs one command
-everywhere): on a task that only serves, it serves.
+A cluster comes from TF_CONFIG, --cluster FILE --task-type T --task-index K, or
+a SLURM step (--cluster slurm, or srun of more than one task). In in-graph mode
+the chief (worker 0) trains and every other task serves; in collective and
+parameter-server mode every worker trains, and in parameter-server mode the ps
+tasks serve. Either way the same `towers train` command can run on every host
+(as Kubernetes' TFJob and srun run one command everywhere): on a task that only
+serves, it serves.
 """
 from towers.cluster import modes
 from towers.cluster.server import serve, server_config
@@ -12,8 +14,16 @@ from towers.cluster.spec import ClusterError, resolve
 
 
 def cluster_of(args):
-    """This process's Cluster from its flags or TF_CONFIG, or None."""
-    return resolve(args.cluster, args.task_type, args.task_index)
+    """This process's Cluster from its flags, TF_CONFIG or SLURM's variables, or None."""
+    return resolve(args.cluster, args.task_type, args.task_index,
+                   ps_tasks=getattr(args, 'ps_tasks', None),
+                   port_base=getattr(args, 'port_base', None))
+
+
+def _not_the_evaluator(cluster):
+    if cluster.is_evaluator:
+        raise ClusterError('this task is the evaluator, outside the training cluster: it '
+                           "serves nothing; run towers train there, with the chief's {logdir}")
 
 
 def run_server(args, log):
@@ -22,11 +32,13 @@ def run_server(args, log):
     if cluster is None:
         raise ClusterError('towers server needs a cluster: set TF_CONFIG, or give {cluster} '
                            'FILE.json {task_type} and {task_index}')
+    _not_the_evaluator(cluster)
     serve(cluster, server_config(cluster, args.towers, args.threads), log=log)
 
 
 def cluster_run(args, cluster, log):
     """This task's ClusterRun of a train command, or None once a task that only serves is done."""
+    _not_the_evaluator(cluster)
     mode = args.cluster_mode or 'in-graph'
     towers = args.towers  # None: every GPU the task sees, or one CPU
     if mode == 'collective':
@@ -52,6 +64,10 @@ def cluster_run(args, cluster, log):
             raise ClusterError('{cluster_mode} parameter-server keeps one copy of the '
                                'variables on the ps tasks: leave {variable_update} at '
                                'parameter_server')
+        if cluster.task_type == 'ps':  # the same command on every task: a ps task serves
+            log('parameter-server mode: ps %d serves the variables' % cluster.task_index)
+            serve(cluster, server_config(cluster, 1, args.threads), log=log)
+            return None
         return modes.parameter_server(cluster, towers, args.cluster_timeout, args.threads)
     if args.variable_update != 'parameter_server':
         raise ClusterError('{cluster_mode} in-graph keeps one copy of the variables on the ps '

@@ -4,6 +4,7 @@ TensorFlow-free, as parsers.py, which adds them to its parser.
 """
 import argparse
 
+from towers.cluster.spec import TASK_TYPES
 from towers.names import CLUSTER_MODES
 
 
@@ -23,14 +24,25 @@ def cluster_train_flags(train):
 
 
 def cluster_flags(parser):
-    """Which cluster and which task, besides TF_CONFIG (towers/cluster/spec.py)."""
-    group = parser.add_argument_group('cluster (default: $TF_CONFIG, if set)')
-    group.add_argument('--cluster', default=None, metavar='FILE.json',
-                       help='the cluster: {"worker": ["host:port", ...], "ps": [...]}')
-    group.add_argument('--task-type', default=None, choices=['worker', 'ps'],
-                       help='with --cluster: which job this task is in')
+    """Which cluster and which task, besides TF_CONFIG (towers/cluster/spec.py, slurm.py)."""
+    group = parser.add_argument_group('cluster (default: $TF_CONFIG, if set; else a SLURM step '
+                                      'of more than one task)')
+    group.add_argument('--cluster', default=None, metavar='FILE.json|slurm',
+                       help='the cluster: {"worker": ["host:port", ...], "ps": [...]} (a '
+                            '"chief" or "master" is worker 0), or slurm: from the variables '
+                            'srun sets for each task')
+    group.add_argument('--task-type', default=None, choices=list(TASK_TYPES),
+                       help='with --cluster FILE.json: which job this task is in (chief and '
+                            'master: the chief; evaluator: outside the training cluster)')
     group.add_argument('--task-index', type=int, default=None,
-                       help='with --cluster: its index in that job (worker 0 is the chief)')
+                       help='with --cluster FILE.json: its index in that job (worker 0 is the '
+                            'chief; default 0 for chief and evaluator)')
+    group.add_argument('--ps-tasks', type=int, default=None, metavar='N',
+                       help='in a SLURM step: the first N tasks are ps tasks, the rest workers '
+                            '(default: 0)')
+    group.add_argument('--port-base', type=int, default=None, metavar='PORT',
+                       help="in a SLURM step: the port of each node's first task, the next "
+                            'task PORT+1, and so on (default: 8888)')
     group.add_argument('--threads', type=int, default=None,
                        help="intra- and inter-op threads of this task's server (default: "
                             "TensorFlow's choice)")
@@ -54,6 +66,10 @@ def launch_parser(commands):
                                                 'machine: towers launch --workers N -- train ...')
     launch.add_argument('--workers', type=int, required=True, help='worker tasks')
     launch.add_argument('--ps', type=int, default=0, help='parameter-server tasks (default: 0)')
+    launch.add_argument('--evaluator', action='store_true',
+                        help="also start an evaluator task: it evaluates each of the chief's "
+                             'checkpoints as they come (the command needs --logdir); the job '
+                             'ends when it has evaluated the last')
     launch.add_argument('--logs', default=None, metavar='DIR',
                         help='one log per task here (default: a new temporary folder)')
     launch.add_argument('--gpus-per-worker', type=int, default=None, metavar='G',

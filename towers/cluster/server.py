@@ -87,11 +87,14 @@ def wait_for_tasks(cluster, timeout, poll=0.2):
     """Wait until every other task of the cluster listens; ClusterError naming those that never do.
 
     A Session waits forever for a task that is not there, so the tasks are
-    asked first, at the TCP level, for at most `timeout` seconds.
+    asked first, at the TCP level, for at most `timeout` seconds. A host whose
+    name does not resolve yet (a pod whose DNS record comes late) is asked
+    again like one that does not answer yet; the error tells the two apart.
     """
     waiting = {'%s %d' % (job, i): address for job, addresses in cluster.jobs.items()
                for i, address in enumerate(addresses)
                if (job, i) != (cluster.task_type, cluster.task_index)}
+    resolved = set()  # the tasks whose host name resolved at least once
     deadline = time.monotonic() + timeout
     while waiting:
         for name, address in list(waiting.items()):
@@ -99,15 +102,21 @@ def wait_for_tasks(cluster, timeout, poll=0.2):
             try:
                 socket.create_connection((host.strip('[]'), int(port)), timeout=1).close()
                 del waiting[name]
-            except OSError:
+            except socket.gaierror:
                 pass
+            except OSError:
+                resolved.add(name)
         if not waiting or time.monotonic() > deadline:
             break
         time.sleep(poll)
     if waiting:
-        raise ClusterError('%s never answered within %.0f s: start %s (towers server, or towers '
-                           'train with its TF_CONFIG), or check the address%s' % (
-                               ', '.join('%s (%s)' % item for item in waiting.items()), timeout,
+        silent = ['%s (%s)' % (name, a) for name, a in waiting.items() if name in resolved]
+        unknown = ['%s (%s)' % (name, a) for name, a in waiting.items() if name not in resolved]
+        what = ['%s never answered' % ', '.join(silent)] if silent else []
+        what += ['the host of %s never resolved' % ', '.join(unknown)] if unknown else []
+        raise ClusterError('%s within %.0f s: start %s (towers server, or towers train with its '
+                           'TF_CONFIG), or check the address%s' % (
+                               ', and '.join(what), timeout,
                                'them' if len(waiting) > 1 else 'it',
                                'es' if len(waiting) > 1 else ''))
 
