@@ -162,11 +162,14 @@ def test_the_host_gpus_come_from_cuda_visible_devices_or_nvidia_smi(monkeypatch)
     assert launching.host_gpus({}) == []
 
 
-def test_each_worker_gets_its_share_of_the_gpus_and_a_ps_none():
+def test_each_worker_gets_its_share_of_the_gpus_a_ps_none_and_an_evaluator_the_rest():
     gpus = ['0', '1', '2', '3']
-    assert gpu_shares(gpus, 2, 1) == {('worker', 0): '0,1', ('worker', 1): '2,3', ('ps', 0): ''}
-    assert gpu_shares(gpus, 3, 0) == {('worker', k): str(k) for k in range(3)}
-    assert gpu_shares(gpus, 2, 0, gpus_per_worker=1) == {('worker', 0): '0', ('worker', 1): '1'}
+    assert gpu_shares(gpus, 2, 1) == {('worker', 0): '0,1', ('worker', 1): '2,3', ('ps', 0): '',
+                                      ('evaluator', 0): ''}
+    assert gpu_shares(gpus, 3, 0) == {('worker', 0): '0', ('worker', 1): '1', ('worker', 2): '2',
+                                      ('evaluator', 0): '3'}
+    assert gpu_shares(gpus, 2, 0, gpus_per_worker=1) == {('worker', 0): '0', ('worker', 1): '1',
+                                                         ('evaluator', 0): '2,3'}
     assert gpu_shares([], 2, 1) == {}  # a CPU host: the environment is left alone
     for workers, per in ((5, None), (2, 3)):
         with pytest.raises(ClusterError, match=r'do not fit in the 4 GPU\(s\) of this host'):

@@ -25,20 +25,28 @@ def run_launch(args, log):
              for i in range(args.workers)]
     tasks += [('ps', i, launch.towers_command('server', *_server_flags(command)), True)
               for i in range(args.ps)]
+    if args.evaluator:
+        if command[0] != 'train' or '--logdir' not in command:
+            raise ClusterError('{evaluator} evaluates the checkpoints of a train command with '
+                               '--logdir: towers launch --evaluator --workers N -- train '
+                               '--logdir DIR ...')
+        tasks.append(('evaluator', 0, launch.towers_command(*command), False))
     if args.emulate_link is None:
         jobs = launch.local_cluster(args.workers, args.ps)
         return launch.launch(tasks, jobs, logs=args.logs, grace=args.grace, log=log,
                              gpus_per_worker=args.gpus_per_worker)
     rate, delay = emulate.parse_link(args.emulate_link)
-    with emulate.EmulatedHosts(len(tasks), rate, delay) as hosts:
+    hosts_needed = len([task for task in tasks if task[0] != 'evaluator'])
+    with emulate.EmulatedHosts(hosts_needed, rate, delay) as hosts:
         log('towers launch: %d hosts on bridge %s, each link %s each way after %s'
-            % (len(tasks), hosts.bridge, args.emulate_link.split(',')[0],
+            % (hosts_needed, hosts.bridge, args.emulate_link.split(',')[0],
                (args.emulate_link.split(',') + ['0'])[1]))
         addresses = ['%s:%d' % (a, emulate.PORT) for a in hosts.addresses]
         jobs = {'worker': addresses[:args.workers]}
         if args.ps:
             jobs['ps'] = addresses[args.workers:]
-        tasks = [(kind, index, hosts.command(i, argv), serves)
+        # The evaluator only reads the logdir: it stays outside the emulated network.
+        tasks = [(kind, index, argv if kind == 'evaluator' else hosts.command(i, argv), serves)
                  for i, (kind, index, argv, serves) in enumerate(tasks)]
         return launch.launch(tasks, jobs, logs=args.logs, grace=args.grace, log=log,
                              gpus_per_worker=args.gpus_per_worker)

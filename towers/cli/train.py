@@ -21,6 +21,7 @@ from towers.cli.datasets import (
     image_side,
     load_dataset,
 )
+from towers.deviceplan import local_plan
 from towers.devices import resolve_devices, resolve_param_device
 from towers.errors import SettingError
 from towers.model import ClassifierModel
@@ -41,6 +42,8 @@ def _run_train(args, log):
     from_records = args.dataset.startswith(FOLDERS)
     cluster = cluster_of(args)
     config, callbacks = settings(args, from_records, cluster)  # checked before any data is read
+    if cluster is not None and cluster.is_evaluator:
+        return run_evaluator(args, config.logdir, from_records, log)
     worker = False  # a collective worker but the chief: trains, keeps nothing
     if cluster is not None:
         worker, cluster = not cluster.is_chief, cluster_run(args, cluster, log)
@@ -68,6 +71,34 @@ def _run_train(args, log):
                        stop_requested=stop.requested, callbacks=callbacks, cluster=cluster)
     if result['stopped'] == 'SIGINT':
         raise KeyboardInterrupt  # saved and stopped; exit as an interrupted command does
+
+
+def run_evaluator(args, logdir, from_records, log):
+    """An evaluator task: the chief's checkpoints evaluated as they come (towers/evaluator.py),
+    on the validation set the same flags hold back, else the test set."""
+    from towers.evaluator import Evaluator, wait_for_run
+    if not logdir:
+        raise SettingError("an evaluator task evaluates the chief's checkpoints: give it the "
+                           "chief's {logdir} (a folder both can reach)")
+    wait = args.cluster_timeout or EVALUATOR_WAIT_S
+    run = wait_for_run(logdir, wait)
+    _, _, datasets = load_data(args, from_records, log)
+    split = ('validation' if datasets.validation.num_examples else 'test')
+    model_fn = models.build_model(run['model'], run['input_shape'], run['num_classes'],
+                                  **run.get('model_options', {}))
+    plan = local_plan(args.towers, args.param_device, devices=args.devices)
+    log('evaluator: evaluating each checkpoint of %s on its %s set' % (logdir, split))
+    evaluator = Evaluator(logdir, run, model_fn, (split, getattr(datasets, split)), plan,
+                          args.batch_size, args.best_metric, log=log)
+    try:
+        evaluator.run_until_done(wait)
+    finally:
+        evaluator.close()
+
+
+# How long an evaluator waits for the chief's run.json without --cluster-timeout: the chief
+# loads its data and builds its graph first.
+EVALUATOR_WAIT_S = 600
 
 
 def load_data(args, from_records, log):
@@ -110,8 +141,8 @@ def _empty(like):
 def settings(args, from_records, cluster=None):
     """(the TrainConfig of the flags, the callbacks they add); SettingError for a bad one."""
     if cluster is None and args.cluster_mode:
-        raise SettingError('{cluster_mode} needs a cluster: set TF_CONFIG, or give {cluster} '
-                           'FILE.json {task_type} and {task_index}')
+        raise SettingError('{cluster_mode} needs a cluster: set TF_CONFIG, give {cluster} '
+                           'FILE.json {task_type} and {task_index}, or start the tasks with srun')
     tower_devices = resolve_devices(args.towers, args.devices)
     # On a cluster the towers are per task: the chief places them (towers/cluster/).
     config = config_from_args(args, tower_devices if cluster is None else args.towers or 1,

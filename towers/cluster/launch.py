@@ -93,6 +93,9 @@ def gpu_shares(gpus, workers, ps, gpus_per_worker=None):
                                workers, per, len(gpus), ','.join(gpus)))
     shares = {('worker', k): ','.join(gpus[k * per:(k + 1) * per]) for k in range(workers)}
     shares.update({('ps', k): '' for k in range(ps)})  # a ps task computes on its CPU
+    # An evaluator takes the GPUs the workers leave, else computes on its CPU: it never
+    # takes a worker's memory.
+    shares['evaluator', 0] = ','.join(gpus[per * workers:])
     return shares
 
 
@@ -184,12 +187,14 @@ def launch(tasks, jobs, logs=None, grace=10.0, log=print, poll=0.1, gpus=None,
                        TF_FORCE_GPU_ALLOW_GROWTH='true')
         running.append(Task(task_type, index, argv, serves, env,
                             os.path.join(logs, '%s-%d.log' % (task_type, index)), emit))
-    emit('towers launch: %d task(s) on %s; logs in %s'
-         % (len(running), ', '.join(a for addresses in jobs.values() for a in addresses), logs))
+    emit('towers launch: %d task(s) on %s%s; logs in %s'
+         % (len(running), ', '.join(a for addresses in jobs.values() for a in addresses),
+            ' and an evaluator' if any(t.task_type == 'evaluator' for t in running) else '',
+            logs))
     if shares:
         emit('towers launch: GPUs %s' % '; '.join(
-            '%s %d: %s' % (kind, index, share or 'none') for (kind, index), share in
-            sorted(shares.items(), key=lambda item: (item[0][0] != 'worker', item[0]))))
+            '%s %d: %s' % (t.task_type, t.index, shares[t.task_type, t.index] or 'none')
+            for t in running))
     interrupted = []
     previous = {s: signal.signal(s, lambda signum, frame: interrupted.append(signum))
                 for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}

@@ -1,0 +1,35 @@
+"""An evaluator task beside a real 2-worker job: every kept checkpoint, `towers eval`'s numbers."""
+import json
+import os
+import subprocess
+import sys
+
+from towers.cli import main
+from towers.evaluation import format_metrics
+from towers.evaluator import EVAL_DIR, RESULTS_FILE, listed
+
+ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
+FLAGS = ['--model', 'small_convnet', '--batch-size', '20', '--eval-every', '0', '--quiet',
+         '--log-every', '1', '--checkpoint-every', '2']
+
+
+def test_launch_evaluator_evaluates_every_kept_checkpoint_as_towers_eval_does(tmp_path,
+                                                                               capsys):
+    logdir = str(tmp_path / 'run')
+    process = subprocess.run(
+        [sys.executable, '-m', 'towers', 'launch', '--workers', '2', '--evaluator', '--grace',
+         '5', '--logs', str(tmp_path / 'logs'), '--', 'train', '--threads', '1',
+         '--cluster-mode', 'collective', '--steps', '6', '--logdir', logdir] + FLAGS,
+        env=ENV, cwd=str(tmp_path), capture_output=True, text=True, timeout=150)
+    lines = process.stdout.splitlines()
+    assert process.returncode == 0, process.stdout[-3000:]
+    assert "[evaluator 0] evaluator: the last step's checkpoint (6) is evaluated; done" in lines
+    with open(os.path.join(logdir, EVAL_DIR, RESULTS_FILE)) as f:
+        results = [json.loads(line) for line in f]
+    evaluated = [line['step'] for line in results]
+    kept = [step for step, _ in listed(logdir)]
+    assert kept == [2, 4, 6] and evaluated == sorted(set(evaluated)) and set(kept) <= set(
+        evaluated)
+    assert main(['eval', '--logdir', logdir, '--batch-size', '20']) == 0
+    final = {name: results[-1][name] for name in ('loss', 'accuracy')}
+    assert 'test: %s (1000 images)' % format_metrics(final) in capsys.readouterr().out
