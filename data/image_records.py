@@ -251,20 +251,24 @@ class ImageRecordSet:
             raise DataError('every %s shard in %s was skipped: nothing to read'
                             % (split, os.path.dirname(files[0])))
 
-    def examples(self, training=None, cycle_length=8, epoch=None, skip=0, keep=None):
+    def examples(self, training=None, cycle_length=8, epoch=None, skip=0, keep=None,
+                 seed=None):
         """decoded()'s chunks of this split (of one epoch, skip records in, decoding those
-        keep keeps), after checked()."""
+        keep keeps; shuffled and cropped on seed, an int64 tensor, instead of the set's),
+        after checked()."""
         training = self.split == 'train' if training is None else training
-        return checked(decoded(self.files, self.input_shape[0], training, self.seed,
+        seed = self.seed if seed is None else seed
+        return checked(decoded(self.files, self.input_shape[0], training, seed,
                                self.num_classes, self.shuffle_buffer, cycle_length,
                                schema=self.schema, epoch=epoch, skip=skip,
                                epoch_records=self.num_examples, keep=keep),
                        self.skip_bad_images)
 
-    def source(self, input_shape, cycle_length=8):
-        """(dataset of chunks (pixels [n, P] uint8, ok [n], labels [n]), {})."""
+    def source(self, input_shape, cycle_length=8, seed=None):
+        """(dataset of chunks (pixels [n, P] uint8, ok [n], labels [n]), {}), reshuffled each
+        time it is iterated; seed: as examples'."""
         self._check(input_shape)
-        return self._flat(self.examples(cycle_length=cycle_length)), {}
+        return self._flat(self.examples(cycle_length=cycle_length, seed=seed)), {}
 
     def epoch_source(self, input_shape):
         """(a function (epoch, records to pass over, keep) -> that epoch's source, records

@@ -57,16 +57,17 @@ def clean(chunks, num_classes, counts):
       chunks: a source, see the module docstring.
       num_classes: labels must lie in [0, num_classes).
       counts: an int64 [2] variable, (records read, records dropped), added to
-        as chunks are cleaned.
+        as chunks are cleaned; None counts nothing (a pipeline sent to the tf.data service:
+        a dataset that captures a variable does not run there).
     Returns:
       A dataset of single records (pixels [P], label), bad ones left out.
     """
     def keep(pixels, shape_ok, labels):
         finite = tf.reduce_all(tf.math.is_finite(tf.cast(pixels, tf.float32)), axis=1)
         ok = shape_ok & (labels >= 0) & (labels < num_classes) & finite
-        count = counts.assign_add(tf.stack([tf.size(ok, out_type=tf.int64),
-                                            tf.reduce_sum(1 - tf.cast(ok, tf.int64))]))
-        with tf.control_dependencies([count]):
+        count = [] if counts is None else [counts.assign_add(tf.stack([
+            tf.size(ok, out_type=tf.int64), tf.reduce_sum(1 - tf.cast(ok, tf.int64))]))]
+        with tf.control_dependencies(count):
             return tf.boolean_mask(pixels, ok), tf.boolean_mask(labels, ok)
 
     return chunks.map(keep).unbatch()
@@ -137,7 +138,7 @@ def _unfolded(value):
 
 def make_pipeline(source, input_shape, num_classes, batch_size, pixel_scale=255.0,
                   mean=None, std=None, augment=False, shuffle_buffer=10000, seed=None,
-                  epochs=None, prefetch=2, finish=True):
+                  epochs=None, prefetch=2, finish=True, counted=True, shuffle_seed=None):
     """Build the whole pipeline over a source.
 
     Args:
@@ -150,22 +151,24 @@ def make_pipeline(source, input_shape, num_classes, batch_size, pixel_scale=255.
       mean, std: optional per-channel lists applied after scaling.
       augment: apply augment_color_image.
       shuffle_buffer: examples in the shuffle buffer; 0 or 1 keeps the order.
-      seed: shuffle and augmentation seed.
+      seed: shuffle and augmentation seed (an int).
+      shuffle_seed: the shuffle's instead, an int64 tensor (a seed drawn where the pipeline
+        runs: towers/inputs/dataservice.py), or None.
       epochs: how many passes; None repeats forever.
       prefetch: batches prepared ahead of the step that takes them.
       finish: normalise each batch in the pipeline; False leaves that to the
         caller, on the towers' devices (see finisher): the batches are then
         (pixels [b, H*W*C] in the source's dtype, labels [b] int64), so bytes
         cross to a GPU as bytes.
+      counted: count cleaning's records in a variable; False for none.
     Returns:
       (dataset of (images [b, H, W, C] float32, labels [b] int64), counts):
       counts is an int64 [2] local variable, (records read, records dropped)
-      by cleaning. Reading runs ahead of training (prefetch, the shuffle
-      buffer) and every pass reads again, so both count records read, not
-      records trained on.
-      (it counts again on every pass).
+      by cleaning (None when not counted). Reading runs ahead of training
+      (prefetch, the shuffle buffer) and every pass reads again, so both count
+      records read, not records trained on.
     """
-    counts = _cleaning_counts(mean, std)
+    counts = _cleaning_counts(mean, std) if counted else None
     dataset = clean(source, num_classes, counts)
     if augment:
         def prepare(pixels, label):
@@ -173,7 +176,8 @@ def make_pipeline(source, input_shape, num_classes, batch_size, pixel_scale=255.
             return tf.reshape(image, [-1]), label
         dataset = dataset.map(prepare, num_parallel_calls=tf.data.AUTOTUNE)
     if shuffle_buffer and shuffle_buffer > 1:
-        dataset = dataset.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
+        dataset = dataset.shuffle(shuffle_buffer, seed=seed if shuffle_seed is None
+                                  else shuffle_seed, reshuffle_each_iteration=True)
     dataset = dataset.batch(batch_size)
     if finish:
         normalise = finisher(input_shape, pixel_scale, mean, std, scaled=augment)

@@ -12,6 +12,8 @@ import math
 import numbers
 import re
 
+from towers.cluster.dataservice import MODES as DATA_SERVICE_MODES
+from towers.cluster.dataservice import parse_address
 from towers.errors import SettingError
 from towers.names import (
     CLUSTER_MODES,
@@ -76,6 +78,7 @@ RULES = {
     'data_format': _one_of(DATA_FORMATS, optional=True),
     'cluster_mode': _one_of(CLUSTER_MODES, optional=True),
     'cluster_timeout': _optional(_POSITIVE),
+    'data_service_mode': _one_of(DATA_SERVICE_MODES),
 }
 
 
@@ -177,12 +180,21 @@ class TrainConfig:
     # the step time, once it is known).
     cluster_mode: str = None
     cluster_timeout: float = None
+    # The tf.data service (towers/inputs/dataservice.py): its dispatcher's HOST:PORT (None:
+    # the pipeline runs here), how its workers share the pipeline out, and the name of the job
+    # a distributed_epoch run's trainers share (None: each trainer its own).
+    data_service: str = None
+    data_service_mode: str = 'parallel_epochs'
+    data_service_job: str = None
 
     def __post_init__(self):
         for name in ('towers', 'mean', 'std'):
             value = getattr(self, name)
             if isinstance(value, list):  # a frozen config holds tuples
                 object.__setattr__(self, name, tuple(value))
+        if self.data_service is not None:
+            object.__setattr__(self, 'data_service',
+                               parse_address(self.data_service, 'data_service'))
         for setting in RULES:
             check(setting, getattr(self, setting))
         self._check_pairs()
@@ -199,6 +211,9 @@ class TrainConfig:
                                '{input} dataset')
         if self.std is not None and not all(_is_number(s) and s > 0 for s in self.std):
             raise SettingError('{std} values must be positive, got %s', list(self.std))
+        if self.data_service is not None and self.input != 'dataset':
+            raise SettingError('{data_service} runs the tf.data pipeline of {input} dataset on '
+                               'its workers; not {input} %s', self.input)
 
     @classmethod
     def from_keywords(cls, **settings):

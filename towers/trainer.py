@@ -185,6 +185,8 @@ class Trainer:
                             else ''))
                 self.log('variables: %s; maps %s' % (self.plan.describe(),
                                                      self.plan.data_format))
+                # (The log as it is when said: the progress bar writes around itself.)
+                self.source.announce(lambda line: self.log(line))
                 for callback in self.callbacks:
                     callback.before_train(self)
                 self._loop(fetches, overall)

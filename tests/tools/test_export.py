@@ -32,7 +32,8 @@ def test_train_records_what_made_the_run(run):
         info = json.load(f)
     assert info == {'model': 'small_convnet', 'model_options': {}, 'dataset': 'mnist_sample',
                     'data_dir': None, 'input_shape': [28, 28, 1], 'num_classes': 10,
-                    'ema': False, 'precision': 'fp32', 'normalization': None}
+                    'ema': False, 'precision': 'fp32', 'normalization': None,
+                    'num_steps': 40}
 
 
 @pytest.mark.parametrize('towers', ['1', '3'])

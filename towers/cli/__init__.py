@@ -9,6 +9,7 @@
   saved.py      eval and export: what is done with a trained logdir
   cluster.py    towers server, and train on a cluster
   launcher.py   towers launch (TensorFlow-free: main.py runs it without TensorFlow)
+  dataservice.py  towers data-service dispatcher|worker|bench
   main.py       main(): parse, run, and one line per error
 """
 from towers.cli.main import main

@@ -13,6 +13,7 @@ import numpy as np
 from towers import data, models
 from towers.cli.cluster import run_server
 from towers.cli.config import flag, int_list, loss_scale, name_list
+from towers.cli.dataservice import run_data_service
 from towers.cli.datasets import (
     SYNTHETIC,
     check_image_size,
@@ -326,4 +327,4 @@ def run_check(args, log):
 COMMANDS = {'train': run_train, 'devices': run_devices, 'bench': run_bench,
             'models': run_models, 'data': run_convert, 'eval': run_eval, 'export': run_export,
             'check': run_check, 'explain': run_explain, 'server': run_server,
-            'launch': run_launch, 'plan': run_plan}
+            'launch': run_launch, 'plan': run_plan, 'data-service': run_data_service}

@@ -7,6 +7,8 @@ be at least 1`) reaches a CLI user with the flag to change (`--batch-size
 must be at least 1`).
 """
 import functools
+import hashlib
+import os
 
 from towers.cli.parsers import build_parser
 from towers.config import TrainConfig
@@ -69,7 +71,37 @@ def config_from_args(args, tower_devices, param_device, input_mode):
         keep_checkpoints=args.keep_checkpoints, eval_every=args.eval_every,
         best_metric=args.best_metric, tensorboard=not args.no_tensorboard,
         histograms=args.histograms, log_every=args.log_every, quiet=args.quiet,
-        precision=args.precision, loss_scale=loss_scale(args.loss_scale))
+        precision=args.precision, loss_scale=loss_scale(args.loss_scale),
+        **data_service_settings(args))
+
+
+# Datasets read from shards on disk, which the tf.data service's workers can read too.
+ON_DISK = ('records:', 'imagenet:', 'tfds:')
+
+
+def data_service_settings(args):
+    """The data_service settings of train's flags: the dispatcher, the mode and the job."""
+    if args.data_service is None:
+        if args.data_service_job is not None:
+            raise SettingError('{data_service_job} goes with {data_service}')
+        return {}
+    if args.deterministic:
+        raise SettingError("{deterministic} promises the same numbers from the same run; the "
+                           "batches of {data_service} come in its workers' order: drop one")
+    if not args.dataset.startswith(ON_DISK):
+        raise SettingError('{data_service} sends a pipeline over shards on disk to its workers: '
+                           'give {dataset} records:DIR, imagenet:DIR or tfds:DIR; %s is held '
+                           'in memory', args.dataset)
+    job = args.data_service_job
+    if job is not None and args.data_service_mode != 'distributed_epoch':
+        raise SettingError('{data_service_job} names the job the trainers of {data_service_mode} '
+                           'distributed_epoch share; with %s each trainer has its own',
+                           args.data_service_mode)
+    if job is None and args.logdir and args.data_service_mode == 'distributed_epoch':
+        # Every trainer of the run gives the same --logdir: the same job.
+        job = 'towers-%s' % hashlib.sha1(os.path.abspath(args.logdir).encode()).hexdigest()[:12]
+    return dict(data_service=args.data_service, data_service_mode=args.data_service_mode,
+                data_service_job=job)
 
 
 def loss_scale(text):

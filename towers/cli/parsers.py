@@ -7,7 +7,7 @@ towers/names.py, and towers.data is numpy-only. The flags, by family:
   tool_flags.py     bench, plan, explain, check
   saved_flags.py    eval, export
   cluster_flags.py  server, launch, and train's cluster flags
-and here the small ones (devices, models, data convert). What each command
+and here the small ones (devices, models, data convert, data-service). What each command
 does is in commands.py, train.py, saved.py and cluster.py; the train flags
 become a TrainConfig in config.py.
 """
@@ -30,7 +30,7 @@ def build_parser():
     commands.required = True
     for add in (train_parser, devices_parser, bench_parser, explain_parser, check_parser,
                 models_parser, eval_parser, export_parser, data_parser, server_parser,
-                launch_parser, plan_parser):
+                launch_parser, plan_parser, data_service_parser):
         add(commands)
     return parser
 
@@ -76,3 +76,46 @@ def data_parser(commands):
     convert.add_argument('--shards', type=int, default=4, help='shards per split (default: 4)')
     convert.add_argument('--out', required=True, help='the records folder to create')
     return data_command
+
+
+def data_service_parser(commands):
+    """towers data-service dispatcher|worker|bench: the tf.data service of --data-service."""
+    service = commands.add_parser(
+        'data-service', help="run the tf.data service that `train --data-service` sends its "
+                             'input pipeline to (until SIGTERM or SIGINT)')
+    actions = service.add_subparsers(dest='action', metavar='ACTION')
+    actions.required = True
+    dispatcher = actions.add_parser('dispatcher', help='hand the trainers\' pipelines out to '
+                                                       'the workers; logs them as they come '
+                                                       'and go')
+    dispatcher.add_argument('--port', type=int, required=True, help='the port to serve on')
+    worker = actions.add_parser('worker', help="run trainers' pipelines: read the shards "
+                                               '(at the path the trainers give), decode, '
+                                               'crop, batch')
+    worker.add_argument('--dispatcher', required=True, metavar='HOST:PORT',
+                        help='the dispatcher (grpc://HOST:PORT works too)')
+    worker.add_argument('--port', type=int, default=0,
+                        help='the port to serve on (default: any free one)')
+    worker.add_argument('--host', default='localhost',
+                        help='the name the trainers reach this worker by (default: localhost, '
+                             'for trainers on this machine)')
+    worker.add_argument('--wait', type=float, default=60.0, metavar='SECONDS',
+                        help='how long to wait for the dispatcher to answer (default: 60)')
+    bench = actions.add_parser('bench', help='images/sec of a pipeline read in this process '
+                                             'and through 1, 2, ... local service workers, '
+                                             'in turns')
+    bench.add_argument('--dataset', required=True,
+                       help='records:DIR, imagenet:DIR or tfds:DIR: its training split')
+    bench.add_argument('--workers', default='0,1,2',
+                       help='comma-separated service worker counts; 0: in this process '
+                            '(default: 0,1,2)')
+    bench.add_argument('--image-size', type=int, default=None,
+                       help='the side JPEGs of any size are cropped to (default: 224)')
+    bench.add_argument('--batch-size', type=int, default=64, help='(default: 64)')
+    bench.add_argument('--warmup', type=int, default=10,
+                       help='untimed batches per block (default: 10)')
+    bench.add_argument('--window', type=int, default=50,
+                       help='timed batches per row, in --rounds blocks (default: 50)')
+    bench.add_argument('--rounds', type=int, default=5,
+                       help='blocks per row, the rows in turns (default: 5)')
+    return service

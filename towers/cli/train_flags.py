@@ -4,6 +4,7 @@ TensorFlow-free; config.py turns them into a TrainConfig.
 """
 from towers.cli.cluster_flags import cluster_train_flags
 from towers.cli.flags import device_flags, model_flags, precision_flags
+from towers.cluster.dataservice import MODES as DATA_SERVICE_MODES
 from towers.names import DATA_FORMATS, INPUT_MODES, OPTIMIZERS, VARIABLE_UPDATES
 
 
@@ -24,7 +25,33 @@ def train_parser(commands):
     _train_run_flags(train)
     precision_flags(train)
     cluster_train_flags(train)
+    _data_service_flags(train)
     return train
+
+
+def _data_service_flags(train):
+    """The tf.data service that runs the input pipeline (towers data-service)."""
+    group = train.add_argument_group(
+        'tf.data service (the input pipeline on machines of its own)',
+        "the service's batch order follows its workers' timing: N towers do not equal one "
+        "device, a resume restarts at its epoch's start (the partial epoch's batches are "
+        "seen again), and the workers' cleaning is not counted")
+    group.add_argument('--data-service', default=None, metavar='grpc://HOST:PORT',
+                       help='send the pipeline of records:DIR, imagenet:DIR or tfds:DIR to '
+                            'the workers of this `towers data-service dispatcher` (HOST:PORT '
+                            'works too): they read the shards at the same path (a shared '
+                            'filesystem), decode, crop, augment and batch; a dispatcher silent '
+                            'for --cluster-timeout (default 60 s) stops the run')
+    group.add_argument('--data-service-mode', default='parallel_epochs',
+                       choices=DATA_SERVICE_MODES,
+                       help="parallel_epochs: every service worker makes whole passes of this "
+                            "trainer's pipeline, each on a seed of its own; distributed_epoch: "
+                            "the run's trainers share one job whose shard files the dispatcher "
+                            'hands out one at a time, each example once per pass (default: '
+                            'parallel_epochs)')
+    group.add_argument('--data-service-job', default=None, metavar='NAME',
+                       help="with distributed_epoch: the job the run's trainers share "
+                            '(default: one named after --logdir)')
 
 
 def _train_strategy_flags(train):

@@ -3,6 +3,7 @@
   spec.py        which cluster and which task: TF_CONFIG (TFJob's chief/master/evaluator
                  too), or --cluster FILE (TensorFlow-free)
   slurm.py       the cluster of a SLURM step, from the variables srun sets
+  dataservice.py the tf.data service's servers (`towers data-service`) and the watch on them
   server.py      a task's tf.compat.v1.train.Server, its ConfigProto, `towers server`
   launch.py      every task of a cluster as a process of this machine (`towers launch`)
   placement.py   the device plan of a task in a cluster (in-graph: the whole cluster's)

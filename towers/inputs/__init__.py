@@ -16,7 +16,8 @@ copying happens, which is what decides whether the towers wait for data:
              device: no input cost at all, the upper bound for benchmarks.
   dataset    (dataset.py) an in-graph tf.data pipeline (towers/data/pipeline.py):
              cleaning, normalisation, augmentation, shuffling and batching in
-             TensorFlow's own threads, prefetched ahead of the step.
+             TensorFlow's own threads, prefetched ahead of the step; with a
+             tf.data service (dataservice.py), on the service's workers instead.
 
 base.py says how the Session loop drives a source; make_input picks one by
 its --input name, source_for the one a TrainConfig asks for.
@@ -27,6 +28,7 @@ from towers.config import check
 from towers.data.sampler import EpochSampler
 from towers.errors import SettingError
 from towers.inputs.base import InputSource
+from towers.inputs.dataservice import DataServiceInput
 from towers.inputs.dataset import DatasetInput
 from towers.inputs.feed import FeedInput
 from towers.inputs.python import PythonInput
@@ -35,8 +37,8 @@ from towers.inputs.synthetic import SyntheticInput
 from towers.names import INPUT_MODES
 from towers.tower import share_of
 
-__all__ = ['INPUT_MODES', 'DatasetInput', 'FeedInput', 'InputSource', 'PythonInput',
-           'StagingInput', 'SyntheticInput', 'make_input', 'source_for']
+__all__ = ['INPUT_MODES', 'DataServiceInput', 'DatasetInput', 'FeedInput', 'InputSource',
+           'PythonInput', 'StagingInput', 'SyntheticInput', 'make_input', 'source_for']
 
 
 def make_input(mode, dataset, sampler, batch_size, num_classes, seed=0, epochs=None, mean=None,
@@ -113,6 +115,9 @@ def source_for(config, data, model, source=None, share=None):
                                config.batch_size, shortest, share[1])
         if config.input != 'dataset' and not hasattr(train_set, 'source'):
             return _shared_input(config.input, train_set, sampler, share, num_classes), sampler
+    if config.data_service is not None:
+        return _service_input(config, train_set, num_classes, share,
+                              config.steps_per_epoch or sampler.steps_per_epoch), sampler
     return make_input(config.input, train_set, sampler, config.batch_size, num_classes,
                       seed=config.seed, epochs=epochs, mean=config.mean,
                       std=config.std, share=share), sampler
@@ -134,3 +139,18 @@ def _shared_input(mode, train_set, sampler, share, num_classes):
         mine = indices[start:start + size]
         return train_set.images[mine], train_set.labels[mine]
     return FeedInput(batches=batches) if mode == 'feed' else StagingInput(batches=batches)
+
+
+def _service_input(config, train_set, num_classes, share, steps_per_epoch):
+    """The DataServiceInput of a run with config.data_service, over a split on disk."""
+    if not hasattr(train_set, 'source'):
+        raise SettingError('{data_service} sends a pipeline over shards on disk to its workers: '
+                           'train on records:DIR, imagenet:DIR or tfds:DIR, not an in-memory '
+                           'dataset')
+    # An ImageNet set shuffles and crops its records itself (data/image_records.py).
+    done = (dict(augment=False, shuffle_buffer=0) if getattr(train_set, 'shuffled', False)
+            else {})
+    return DataServiceInput(train_set, config.data_service, config.data_service_mode,
+                            steps_per_epoch, num_classes, config.batch_size, seed=config.seed,
+                            mean=config.mean, std=config.std, job=config.data_service_job,
+                            timeout=config.cluster_timeout, share=share, **done)

@@ -5,6 +5,7 @@ the same model the same way; they differ in where the copying happens. The
 Session loop (towers/session.py run_steps) drives a source through:
 
   build(input_shape, tower_devices) -> [TowerSlice]   while the graph is built
+  announce(log)                                       in the run's first log lines
   start(sess, start_step, num_steps)                  once variables exist
   step(step) -> (extra fetches, feed_dict)            for each train step
   fetched(values)                                     with the extra fetches' values
@@ -35,6 +36,10 @@ class InputSource:
 
     def build(self, input_shape, tower_devices):
         raise NotImplementedError
+
+    def announce(self, log):
+        """Say in the run's first lines what this input promises, where it differs from the
+        others; log (callable taking a line) also takes what the source says later."""
 
     def start(self, sess, start_step, num_steps):
         pass

@@ -80,13 +80,7 @@ class DatasetInput(InputSource):
                             mean=mean, std=std)
 
     def build(self, input_shape, tower_devices):
-        options = dict(self.options)
-        for name in ('mean', 'std'):
-            if options[name] is not None and len(options[name]) != input_shape[-1]:
-                raise SettingError('{%s} needs one value per channel (%%d), got %%s' % name,
-                                   input_shape[-1], list(options[name]))
-        if options['augment'] is None:
-            options['augment'] = pipeline.should_augment(input_shape)
+        options = self._options(input_shape)
         staged = self.staged
         if staged is None:
             staged = device_kind(tower_devices) != 'CPU'
@@ -99,6 +93,17 @@ class DatasetInput(InputSource):
                                    options['std'], scaled=options['augment'])
         self._puts, slices = stage(slices, tower_devices, finish)
         return slices
+
+    def _options(self, input_shape):
+        """The pipeline's options for input_shape: mean and std checked, augment decided."""
+        options = dict(self.options)
+        for name in ('mean', 'std'):
+            if options[name] is not None and len(options[name]) != input_shape[-1]:
+                raise SettingError('{%s} needs one value per channel (%%d), got %%s' % name,
+                                   input_shape[-1], list(options[name]))
+        if options['augment'] is None:
+            options['augment'] = pipeline.should_augment(input_shape)
+        return options
 
     def _host_slices(self, input_shape, tower_devices, options, staged):
         """One TowerSlice per tower, read and split on the host (on each task's own)."""
