@@ -168,8 +168,9 @@ def test_memory_stays_flat_whatever_the_number_of_records(tmp_path):
         del images
         seen, peaks[count] = _peak_rss_reading(folder)
         assert seen == count
-    # Holding the larger set would add 55 MB; streaming adds at most buffers.
-    assert peaks[20000] - peaks[2000] < 20 * 1024, peaks
+    # Holding the larger set would add 55 MB; streaming adds at most buffers and the
+    # allocator's growth over a ten times longer read (up to 24 MB measured under CI's load).
+    assert peaks[20000] - peaks[2000] < 32 * 1024, peaks
 
 
 def test_cli_converts_the_sample_and_trains_from_the_records(tmp_path, capsys):
