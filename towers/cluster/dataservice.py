@@ -18,6 +18,7 @@ import socket
 import threading
 import time
 
+from towers.cluster.launch import bind_error
 from towers.errors import SettingError, TowersError
 
 # --data-service-mode: how the service's workers share out a trainer's pipeline.
@@ -180,15 +181,11 @@ class Watch:
 
 
 def _check_port(port):
-    """TowersError unless port can be bound on every interface now."""
-    probe = socket.socket()
-    try:
-        probe.bind(('', port))
-    except OSError as e:
+    """TowersError unless port can be bound on every interface now (as gRPC binds it)."""
+    error = bind_error(port)
+    if error is not None:
         raise TowersError('cannot serve on port %d: %s; choose another {port}'
-                          % (port, e.strerror or e)) from None
-    finally:
-        probe.close()
+                          % (port, error.strerror or error))
 
 
 def serve_dispatcher(port, log, stopped, every=POLL_S):

@@ -51,6 +51,23 @@ def free_ports(count, host='127.0.0.1'):
             probe.close()
 
 
+def bind_error(port, ipv6=False):
+    """The OSError of binding port on every interface now, or None when it can be bound.
+
+    As gRPC binds (SO_REUSEADDR): a port left in TIME_WAIT by a server just stopped is free
+    to it, so it is free here too. What every towers server checks before it starts.
+    """
+    probe = socket.socket(socket.AF_INET6 if ipv6 else socket.AF_INET)
+    probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        probe.bind(('', int(port)))
+    except OSError as e:
+        return e
+    finally:
+        probe.close()
+    return None
+
+
 def local_cluster(workers, ps=0, host='127.0.0.1'):
     """{'worker': [host:port, ...], 'ps': [...]} on free ports of this machine."""
     ports = free_ports(workers + ps, host)

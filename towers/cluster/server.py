@@ -15,6 +15,7 @@ import time
 
 import tensorflow as tf
 
+from towers.cluster.launch import bind_error
 from towers.cluster.spec import ClusterError
 from towers.devices import device_config, visible_gpus
 from towers.errors import op_error_summary
@@ -68,19 +69,12 @@ def server_config(cluster, devices_per_task=1, threads=None, timeout_ms=None, nu
 def check_port_free(address):
     """Raise ClusterError when this machine cannot listen on address's port (it is taken)."""
     host, _, port = address.rpartition(':')
-    probe = socket.socket(socket.AF_INET6 if host.startswith('[') else socket.AF_INET)
-    # As gRPC binds: a port left in TIME_WAIT by a job just stopped is free to it.
-    probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        probe.bind(('', int(port)))
-    except OSError as e:
-        if e.errno == errno.EADDRINUSE:
-            raise ClusterError('port %s of %s is already taken on this machine: stop what '
-                               'holds it, or give this task another port' % (port, address)) \
-                from None
-        raise ClusterError('cannot listen on %s: %s' % (address, e.strerror)) from None
-    finally:
-        probe.close()
+    error = bind_error(port, ipv6=host.startswith('['))
+    if error is not None and error.errno == errno.EADDRINUSE:
+        raise ClusterError('port %s of %s is already taken on this machine: stop what '
+                           'holds it, or give this task another port' % (port, address))
+    if error is not None:
+        raise ClusterError('cannot listen on %s: %s' % (address, error.strerror))
 
 
 def wait_for_tasks(cluster, timeout, poll=0.2):
