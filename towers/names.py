@@ -33,6 +33,10 @@ DATA_FORMATS = ('NHWC', 'NCHW')
 
 DEFAULT_MODEL = 'mnist_convnet'
 
+# The --dataset kinds that are folders of shards streamed from disk (DIR after the colon):
+# `towers train` streams them, and the tf.data service's workers can read them too.
+FOLDERS = ('records:', 'imagenet:', 'tfds:')
+
 # What a training logdir holds (towers/checkpoints.py).
 CHECKPOINT_NAME = 'model.ckpt'
 RUN_FILE = 'run.json'

@@ -13,6 +13,7 @@ import os
 from towers.cli.parsers import build_parser
 from towers.config import TrainConfig
 from towers.errors import SettingError
+from towers.names import FOLDERS
 
 # Settings whose flag is not '--' + the name with dashes.
 FLAGS = {
@@ -75,10 +76,6 @@ def config_from_args(args, tower_devices, param_device, input_mode):
         **data_service_settings(args))
 
 
-# Datasets read from shards on disk, which the tf.data service's workers can read too.
-ON_DISK = ('records:', 'imagenet:', 'tfds:')
-
-
 def data_service_settings(args):
     """The data_service settings of train's flags: the dispatcher, the mode and the job."""
     if args.data_service is None:
@@ -88,7 +85,7 @@ def data_service_settings(args):
     if args.deterministic:
         raise SettingError("{deterministic} promises the same numbers from the same run; the "
                            "batches of {data_service} come in its workers' order: drop one")
-    if not args.dataset.startswith(ON_DISK):
+    if not args.dataset.startswith(FOLDERS):
         raise SettingError('{data_service} sends a pipeline over shards on disk to its workers: '
                            'give {dataset} records:DIR, imagenet:DIR or tfds:DIR; %s is held '
                            'in memory', args.dataset)

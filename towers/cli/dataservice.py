@@ -11,6 +11,7 @@ import threading
 
 from towers.cluster import dataservice
 from towers.errors import SettingError
+from towers.names import FOLDERS
 
 
 class _Stop:
@@ -61,7 +62,6 @@ def run_data_service(args, log):
 
 def run_service_bench(args, log):
     """towers data-service bench: one pipeline in this process and through local workers."""
-    from towers.cli.config import ON_DISK
     from towers.cli.datasets import image_side
     from towers.cli.train import open_split
     from towers.data import records
@@ -71,7 +71,7 @@ def run_service_bench(args, log):
         counts = [int(count) for count in args.workers.split(',') if count.strip()]
     except ValueError:
         counts = []
-    if not counts or min(counts) < 0 or not args.dataset.startswith(ON_DISK):
+    if not counts or min(counts) < 0 or not args.dataset.startswith(FOLDERS):
         raise SettingError('{workers} wants worker counts like 0,1,2 (0: in this process) and '
                            '{dataset} records:DIR, imagenet:DIR or tfds:DIR; got %r, %r',
                            args.workers, args.dataset)

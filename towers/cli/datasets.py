@@ -9,8 +9,6 @@ from towers.data.registry import DatasetInfo
 from towers.data.synthetic import NAME as SYNTHETIC
 from towers.errors import SettingError
 
-# The --dataset kinds that are folders streamed from disk (DIR after the colon).
-FOLDERS = ('records:', 'imagenet:', 'tfds:')
 # imagenet-synthetic's images: at least this many, and two global batches.
 SYNTHETIC_IMAGES = 256
 

@@ -14,7 +14,6 @@ from towers import data, exactness, models
 from towers.cli.cluster import cluster_of, cluster_run
 from towers.cli.config import config_from_args
 from towers.cli.datasets import (
-    FOLDERS,
     SYNTHETIC,
     check_image_size,
     dataset_info,
@@ -25,6 +24,7 @@ from towers.deviceplan import local_plan
 from towers.devices import resolve_devices, resolve_param_device
 from towers.errors import SettingError
 from towers.model import ClassifierModel
+from towers.names import FOLDERS
 from towers.tools.hardware import check_compute_capability, slow_warning
 from towers.tools.trace import Trace, check_trace_step
 from towers.trainer import train
