@@ -81,6 +81,17 @@ class Reader:
         self.sess.close()
 
 
+def time_in_turns(readers, warmup, window, rounds, clock):
+    """Time Readers taking turns: `window` timed batches each, split into `rounds` blocks
+    (at least 2, each of at least 2 batches), every block after `warmup` untimed ones;
+    [(mean, stderr) images/sec over a reader's blocks] in order. The caller closes them."""
+    rounds = max(2, min(rounds, window // 2))
+    for _ in range(rounds):
+        for reader in readers:
+            reader.block(warmup, window // rounds, clock)
+    return [mean_stderr(reader.rates) for reader in readers]
+
+
 def cores():
     """The CPU cores this process may run on."""
     try:
@@ -100,23 +111,20 @@ def run_input_bench(image_set, batch_size, warmup_steps=10, timed_steps=50, roun
       list of dicts: input, mean, stderr (images/sec), per_core, vs_bare.
     """
     size = image_set.input_shape[0]
-    rounds = max(2, min(rounds, timed_steps // 2))
     rows = [{'input': 'towers', 'reader': Reader(lambda: towers_pipeline(image_set,
                                                                          batch_size))},
             {'input': 'bare tf.data', 'reader': Reader(lambda: bare_pipeline(
                 image_set.files, size, batch_size, image_set.seed,
                 schema=image_set.schema))}]
     try:
-        for r in range(rounds):
-            for row in rows:
-                row['reader'].block(warmup_steps, timed_steps // rounds, clock)
+        rates = time_in_turns([row['reader'] for row in rows], warmup_steps, timed_steps,
+                              rounds, clock)
     finally:
         for row in rows:
-            row['reader'].close()
+            row.pop('reader').close()
     n = cores()
-    for row in rows:
-        row['mean'], row['stderr'] = mean_stderr(row.pop('reader').rates)
-        row['per_core'] = row['mean'] / n
+    for row, (mean, stderr) in zip(rows, rates):
+        row.update(mean=mean, stderr=stderr, per_core=mean / n)
     for row in rows:
         row['vs_bare'] = row['mean'] / rows[1]['mean']
     log('%-14s %-20s %-16s %s' % ('input', 'images/sec', 'per core (%d)' % n, 'vs bare'))

@@ -20,8 +20,7 @@ from towers.cluster.launch import towers_command
 from towers.data import pipeline
 from towers.errors import TowersError
 from towers.inputs.dataservice import distributed, service_pipeline
-from towers.tools.bench import mean_stderr
-from towers.tools.inputbench import Reader, cores
+from towers.tools.inputbench import Reader, cores, time_in_turns
 
 START_S = 120.0  # for a row's workers to start and register
 
@@ -78,7 +77,6 @@ def run_service_bench(train_set, counts, batch_size, warmup=10, window=50, round
     Returns:
       list of dicts: workers, mean, stderr (images/sec), per_core, vs_local (the first row).
     """
-    rounds = max(2, min(rounds, window // 2))
     rows = []
     try:
         for count in counts:
@@ -92,18 +90,15 @@ def run_service_bench(train_set, counts, batch_size, warmup=10, window=50, round
                 return dataset.map(finish)
             row['reader'] = Reader(make)
             rows.append(row)
-        for _ in range(rounds):
-            for row in rows:
-                row['reader'].block(warmup, window // rounds, clock)
+        rates = time_in_turns([row['reader'] for row in rows], warmup, window, rounds, clock)
     finally:
         for row in rows:
-            row['reader'].close()
+            row.pop('reader').close()
             if row['service'] is not None:
                 row['service'].close()
     n = cores()
-    for row in rows:
-        row['mean'], row['stderr'] = mean_stderr(row.pop('reader').rates)
-        row['per_core'] = row['mean'] / n
+    for row, (mean, stderr) in zip(rows, rates):
+        row.update(mean=mean, stderr=stderr, per_core=mean / n)
         row.pop('service')
     for row in rows:
         row['vs_local'] = row['mean'] / rows[0]['mean']
