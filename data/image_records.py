@@ -3,8 +3,8 @@ and TFDS folders (data/tfds.py) alike, described by an imagenet.Schema.
 
 The records are read interleaved, shuffled as serialised bytes, and decoded a chunk at a
 time in parallel (decoded), each bad record named or skipped (checked); ImageRecordSet is
-one split of them, ImageNetSet one split of an ImageNet folder, StreamedSplit an
-evaluation split read from disk at each evaluation.
+one split of them, ImageNetSet one split of an ImageNet folder (a whole split read for
+evaluation: data/image_splits.py).
 
 Seeded per epoch and per example, so a resumed run crops as the uninterrupted one: each
 epoch's records are shuffled in a buffer of the serialised records seeded by (seed, epoch),
@@ -20,10 +20,9 @@ This module imports TensorFlow; `import data` does not import it.
 import os
 import sys
 
-import numpy as np
 import tensorflow as tf
 
-from towers.data.errors import BAD_RECORD, DataError, bad_record
+from towers.data.errors import BAD_RECORD, DataError
 from towers.data.imagenet import (
     BUILD_IMAGENET,
     TruncatedShard,
@@ -34,7 +33,6 @@ from towers.data.imagenet import (
     shard_files,
     train_image,
 )
-from towers.data.pipeline import drain
 
 tf1 = tf.compat.v1
 
@@ -187,11 +185,11 @@ def examples(files, size, training, seed=0, shuffle_buffer=10000, cycle_length=8
     parallel; the order out is the order in, whatever the parallelism. A bad record stops
     it (see checked), or with skip_bad is left out.
     """
-    return _kept(checked(decoded(files, size, training, seed, num_classes, shuffle_buffer,
+    return kept(checked(decoded(files, size, training, seed, num_classes, shuffle_buffer,
                                  cycle_length), skip_bad))
 
 
-def _kept(chunks):
+def kept(chunks):
     """(image, label) of the records checked() kept, one at a time."""
     return chunks.map(lambda images, ok, labels: (tf.boolean_mask(images, ok),
                                                   tf.boolean_mask(labels, ok))).unbatch()
@@ -307,67 +305,3 @@ class ImageNetSet(ImageRecordSet):
     def __init__(self, folder, split, size, **options):
         super().__init__(shard_files(folder, split), split, size, class_count(folder),
                          **options)
-
-
-class StreamedSplit:
-    """An evaluation split read from disk as it is evaluated, at the evaluation view: for a
-    split too big to hold (ImageNet's 50,000 validation images at 224 are 7.5 GB as float32).
-
-    towers.evaluation.evaluate reads it through batches(). Each pass decodes the split
-    again, in a Session of its own, a few batches ahead of the evaluation.
-
-    Attributes:
-      num_examples, num_classes, input_shape: the ImageRecordSet's.
-    """
-
-    def __init__(self, image_set):
-        self.image_set = image_set
-        self.num_examples, self.num_classes = image_set.num_examples, image_set.num_classes
-        self.input_shape = image_set.input_shape
-
-    def batches(self, batch_size):
-        """(images [b, H, W, C] float32 in [0, 1], labels [b] int64), in file order; the
-        last batch short. A bad record: DataError naming it."""
-        with tf.Graph().as_default() as graph:
-            dataset = _in_order(self.image_set).batch(batch_size).map(
-                lambda images, labels: (tf.cast(images, tf.float32) / 255.0, labels))
-            iterator = tf1.data.make_initializable_iterator(dataset.prefetch(2))
-            batch = iterator.get_next()
-        with tf1.Session(graph=graph) as sess:
-            sess.run(iterator.initializer)
-            while True:
-                try:
-                    yield sess.run(batch)
-                except tf.errors.OutOfRangeError:
-                    return
-                except tf.errors.InvalidArgumentError as e:
-                    raise _read_error(self.image_set, e) from None
-
-
-def _in_order(image_set):
-    """(image, label) of a split's good records, in file order, at the evaluation view."""
-    return _kept(image_set.examples(training=False))
-
-
-def _read_error(image_set, error):
-    """DataError of a TensorFlow error reading a split: its bad record, else the first line
-    of the message that says what went wrong."""
-    lines = [line.strip() for line in error.message.splitlines() if line.strip()
-             and not line.strip().startswith(('Graph execution error', '[[', 'Detected at'))]
-    problem = bad_record(error.message) or (lines[0] if lines else type(error).__name__)
-    return DataError('cannot read the %s split: %s' % (image_set.split, problem))
-
-
-def read_all(image_set):
-    """Every image of an ImageRecordSet in memory, at the evaluation view: (images uint8
-    [N, H, W, C], labels [N]).
-
-    For a small evaluation split (ImageNet's 50,000 at 224 would be 7.5 GB: stream those).
-    """
-    try:
-        chunks = drain(lambda: _in_order(image_set).batch(256))
-    except tf.errors.InvalidArgumentError as e:
-        raise _read_error(image_set, e) from None
-    if not chunks:
-        return (np.zeros((0,) + image_set.input_shape, np.uint8), np.zeros([0], np.int64))
-    return (np.concatenate([c[0] for c in chunks]), np.concatenate([c[1] for c in chunks]))

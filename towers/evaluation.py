@@ -15,7 +15,7 @@ def evaluate(sess, graph, dataset, batch_size):
       graph: a TrainGraph or EvalGraph (its inference-mode towers are used).
       dataset: anything with `images` [N, H, W, C] and `labels` [N] arrays, or with
         batches(batch_size) giving them a batch at a time (a split streamed from disk,
-        data.image_records.StreamedSplit).
+        data.image_splits.StreamedSplit).
       batch_size: global batch per run, spread over the towers.
     Returns:
       {'loss': float, metric name: float, ...}, each the mean over all N.

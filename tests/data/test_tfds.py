@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from towers.data import image_records, imagenet, tfds
+from towers.data import image_splits, imagenet, tfds
 from towers.data.errors import DataError
 
 IMAGE = 'tensorflow_datasets.core.features.image_feature.Image'
@@ -98,7 +98,7 @@ def test_each_form_of_features_json_reads_the_same(tmp_path, form):
 def test_images_of_a_fixed_shape_are_read_exactly_and_labels_as_they_are(tmp_path):
     test = _digits(5, 7)
     folder = _write(str(tmp_path), {'train': [_digits(3, 0)], 'test': [test]})
-    images, labels = image_records.read_all(tfds.image_set(folder, 'test', 224))
+    images, labels = image_splits.read_all(tfds.image_set(folder, 'test', 224))
     np.testing.assert_array_equal(images, np.stack([image for image, _ in test]))
     assert list(labels) == [label for _, label in test]
 
@@ -115,7 +115,7 @@ def test_jpegs_of_any_size_get_the_imagenet_views(tmp_path):
     assert info.shape == (None, None, 3) and info.class_names is None
     validation = tfds.image_set(folder, 'validation', 16, info)
     assert validation.input_shape == (16, 16, 3) and validation.num_examples == 3
-    images, labels = image_records.read_all(validation)
+    images, labels = image_splits.read_all(validation)
     assert images.shape == (3, 16, 16, 3) and list(labels) == [0, 1, 2]
     stored = [tf.train.Example.FromString(record.numpy()).features.feature['image']
               .bytes_list.value[0] for record in tf.data.TFRecordDataset(
@@ -183,7 +183,7 @@ def test_folders_that_tensorflow_datasets_wrote_read_as_it_wrote_them():
     info = tfds.read_info(tiny)
     assert (info.name, info.shape, info.encoding, info.num_classes, info.class_names) == (
         'tiny', (8, 8, 1), None, 3, ('a', 'b', 'c'))
-    images, labels = image_records.read_all(tfds.image_set(tiny, 'test', 224, info))
+    images, labels = image_splits.read_all(tfds.image_set(tiny, 'test', 224, info))
     rng = np.random.RandomState(1)  # make.py's test split: 6 examples from seed 1
     made = [(rng.randint(0, 256, (8, 8, 1)).astype(np.uint8), int(rng.randint(3)))
             for _ in range(6)]
@@ -195,5 +195,5 @@ def test_folders_that_tensorflow_datasets_wrote_read_as_it_wrote_them():
     info = tfds.read_info(jpegs)
     assert (info.shape, info.encoding, info.num_classes, tfds.evaluation_split(info)) == (
         (None, None, 3), 'jpeg', 4, 'validation')
-    images, labels = image_records.read_all(tfds.image_set(jpegs, 'validation', 16, info))
+    images, labels = image_splits.read_all(tfds.image_set(jpegs, 'validation', 16, info))
     assert images.shape == (4, 16, 16, 3) and sorted(labels) == [0, 1, 2, 3]

@@ -224,16 +224,16 @@ def evaluation_split(dataset):
 def image_test_set(dataset, size, num_classes, **options):
     """The evaluation split of imagenet:DIR or tfds:DIR at the evaluation view: (split,
     skipped shards). In memory (a DataSet) up to EVAL_MEMORY, else streamed from disk at
-    each evaluation (data.image_records.StreamedSplit). options: skip_bad_shards,
+    each evaluation (data.image_splits.StreamedSplit). options: skip_bad_shards,
     skip_bad_images."""
-    from towers.data import image_records
+    from towers.data import image_splits
     split = evaluation_split(dataset)
     if split is None:
         raise SettingError('%s has no validation or test split to evaluate on', dataset)
     evaluation = open_split(dataset, split, size, **options)
     if evaluation.num_examples * math.prod(evaluation.input_shape) * 4 > EVAL_MEMORY:
-        return image_records.StreamedSplit(evaluation), evaluation.skipped
-    images, labels = image_records.read_all(evaluation)
+        return image_splits.StreamedSplit(evaluation), evaluation.skipped
+    images, labels = image_splits.read_all(evaluation)
     return data.DataSet(images, labels, num_classes=num_classes), evaluation.skipped
 
 
