@@ -233,8 +233,12 @@ def build_towers_from_slices(loss_fn, slices, plan, optimizer=None, training=Tru
                 # A tower with copies of its own differentiates only those.
                 own = ([v for v in tf1.trainable_variables() if v not in before]
                        if plan.copies else None)
+                # No gating: each gradient is ready as soon as it is computed, so the
+                # next layer's backward pass runs beside this layer's weight gradient
+                # (GATE_OP, the default, holds it back; the values are the same).
                 grads_and_vars = optimizer.compute_gradients(
-                    loss, var_list=own, colocate_gradients_with_ops=True)
+                    loss, var_list=own, colocate_gradients_with_ops=True,
+                    gate_gradients=tf1.train.Optimizer.GATE_NONE)
         towers.append(Tower(device, scope, piece.images, piece.labels, loss, metrics,
                             piece.count, weight, grads_and_vars))
     return towers
