@@ -14,6 +14,7 @@ import math
 import zlib
 
 import tensorflow as tf
+from tensorflow.python.util import _pywrap_util_port
 
 from towers.models import layout
 from towers.models.errors import check_training, static_channels
@@ -83,20 +84,27 @@ def conv2d(x, filters, kernel_size, strides=1, padding='SAME', activation=tf.nn.
         # otherwise. (Gradients on an empty batch still fail in oneDNN kernels.)
         y = tf.reshape(y, _conv_output_shape(x, (kh, kw), strides, padding, filters))
         if use_bias:
-            y = _add_bias(y, biases)
+            y = _add_bias(y, biases, after_conv=True)
         return activation(y) if activation is not None else y
 
 
-def _add_bias(y, biases):
+def _add_bias(y, biases, after_conv=False):
     """y + biases over the last axis; in bfloat16 or float16, the bias gradient summed in float32.
 
     TensorFlow's BiasAddGrad sums a bfloat16 gradient over the batch and every
     position in bfloat16: over a 50x28x28 conv output that loses a third of
     conv1's bias gradient (towers check --precision bf16 showed it). Summed in
     float32 and rounded once, it is off by one rounding.
+
+    Except after a bfloat16 conv on a CPU where TensorFlow uses oneDNN: there
+    it fuses BiasAddGrad into the conv's weight gradient
+    (_MklNativeConv2DBackpropFilterWithBias), whose sum is float32's rounded
+    once, bit for bit (tests/models/test_layers.py), and free; the wide sum
+    here would cost mnist_convnet 3.5% of its bf16 step. (A conv whose weights
+    are not trained keeps TensorFlow's unfused, bfloat16 sum.)
     """
     data_format = layout.format_of(y)
-    if y.dtype == tf.float32:
+    if y.dtype == tf.float32 or (after_conv and fuses_bias_gradient(y)):
         return tf.nn.bias_add(y, biases, data_format=data_format)
     axes = layout.other_axes(y)  # read now: the gradient is built outside the layout scope
 
@@ -107,6 +115,13 @@ def _add_bias(y, biases):
             return upstream, tf.cast(summed, biases.dtype)
         return tf.nn.bias_add(y, biases, data_format=data_format), grad
     return bias_add_wide_gradient(y, biases)
+
+
+def fuses_bias_gradient(y):
+    """Whether TensorFlow sums the bias gradient of conv output `y` in float32 inside the
+    conv's weight gradient: bfloat16 on a CPU (by its op's device) with oneDNN's ops on."""
+    return (y.dtype == tf.bfloat16 and 'CPU' in y.op.device.upper()
+            and _pywrap_util_port.IsMklEnabled())
 
 
 def flatten(x):

@@ -2,8 +2,10 @@
 import numpy as np
 import pytest
 import tensorflow as tf
+from tensorflow.python.util import _pywrap_util_port
 
 from towers.models import layers
+from towers.precision import Precision
 
 tf1 = tf.compat.v1
 
@@ -251,3 +253,42 @@ def test_dropout_in_a_training_graph_is_stateless_and_each_call_draws_its_own_ma
     assert not np.array_equal(a1 == 0, b1 == 0)
     np.testing.assert_array_equal(a1, a2)
     assert not np.array_equal(a1, a3)
+
+
+def _bias_gradient_in(device):
+    """(gradient of a bf16 conv's bias as towers reads it, float32's sum rounded once,
+    whether the bias add is plain TensorFlow's) of conv2d on `device`."""
+    rng = np.random.RandomState(0)
+    with tf.Graph().as_default() as graph, tf1.device(device):
+        images = tf.constant(rng.randn(64, 28, 28, 4).astype(np.float32))
+        getter = Precision('bf16').getter()
+        with tf1.variable_scope('net', custom_getter=getter):
+            maps = layers.conv2d(tf.cast(images, tf.bfloat16), 16, 5, name='conv',
+                                 bias_initializer=tf1.constant_initializer(0.1))
+        weights, biases = tf1.trainable_variables()
+        upstream = tf.constant(rng.randn(64, 28, 28, 16).astype(np.float32))
+        loss = tf.reduce_sum(tf.cast(maps, tf.float32) * upstream)
+        grads = tf.gradients(loss, [weights, biases])
+        pre_activation = maps.op.inputs[0]  # relu(bias_add(...))
+        wide = tf.reduce_sum(tf.cast(tf.gradients(loss, pre_activation)[0], tf.float32),
+                             [0, 1, 2])
+        with tf1.Session(graph=graph) as sess:
+            sess.run(tf1.global_variables_initializer())
+            _, got, expected = sess.run(grads + [wide])
+    once = expected.astype(tf.bfloat16.as_numpy_dtype).astype(np.float32)
+    return got, once, pre_activation.op.type == 'BiasAdd'
+
+
+def test_bf16_conv_bias_gradient_is_float32s_sum_rounded_once_on_cpu():
+    # On a oneDNN CPU TensorFlow's own bias gradient, fused into the conv's weight
+    # gradient, is used: it must be float32's sum rounded once, bit for bit, or the
+    # wide sum (layers._add_bias) has to come back.
+    got, once, plain = _bias_gradient_in('/cpu:0')
+    assert plain == _pywrap_util_port.IsMklEnabled()
+    np.testing.assert_array_equal(got, once)
+
+
+def test_bf16_conv_off_the_cpu_keeps_the_wide_bias_gradient():
+    with tf.Graph().as_default(), tf1.device('/gpu:0'):
+        maps = layers.conv2d(tf.zeros([2, 8, 8, 3], tf.bfloat16), 4, 3, name='conv')
+    assert maps.op.inputs[0].op.type == 'IdentityN'  # tf.custom_gradient's
