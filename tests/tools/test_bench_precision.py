@@ -5,7 +5,7 @@ import tensorflow as tf
 from towers import data, models
 from towers.cli import main
 from towers.errors import SettingError
-from towers.tools import bench, clusterbench, compare, peers
+from towers.tools import bench, clusterbench, compare, peers, rates
 from towers.tools.bench import precisions_of, run_bench
 from towers.tools.hardware import precision_support
 
@@ -59,7 +59,8 @@ def test_the_keras_twin_is_built_under_its_policy_and_leaves_the_global_one_alon
 
 
 def test_compare_gives_keras_a_row_in_each_precision(monkeypatch):
-    monkeypatch.setattr(compare, 'matmul_gflops', lambda devices: 1.0)  # test_compare's part
+    monkeypatch.setattr(rates, 'kernel_rates',  # test_rates' part
+                        lambda devices, dtype: {'conv': 1.0, 'matmul': 1.0})
     train = data.load_dataset('mnist_sample').train
     tf.config.list_logical_devices()  # eager on one CPU device, as in test_compare
     lines = []
@@ -70,6 +71,7 @@ def test_compare_gives_keras_a_row_in_each_precision(monkeypatch):
     assert [(r['config'], r['precision']) for r in rows] == [
         ('towers parameter_server/synthetic', 'fp32'),
         ('towers parameter_server/synthetic bf16', 'bf16'), ('textbook', 'fp32'),
+        ('plain graph', 'fp32'), ('plain graph bf16', 'bf16'),
         ('keras mirrored', 'fp32'), ('keras mirrored mixed_bfloat16', 'bf16')]
     best = {r['precision']: r['mean'] for r in rows[:2]}
     for row in rows:  # each against towers in its own precision
@@ -78,6 +80,7 @@ def test_compare_gives_keras_a_row_in_each_precision(monkeypatch):
     assert any(line.startswith('towers best bf16 vs keras mirrored mixed_bfloat16: 1: ')
                for line in lines)
     assert any(line.startswith('towers best bf16 vs fp32: 1: ') for line in lines)
+    assert any(line.startswith('towers best bf16 vs plain graph bf16: 1: ') for line in lines)
 
 
 @pytest.mark.parametrize('argv,message', [

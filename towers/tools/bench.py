@@ -30,6 +30,7 @@ from towers.model import ClassifierModel
 from towers.names import INPUT_MODES
 from towers.precision import Precision
 from towers.session import open_session, run_steps, trace_options
+from towers.tools import stepgraph
 from towers.tools import trace as tracing
 from towers.tools.hardware import precision_support
 
@@ -52,7 +53,7 @@ class _Trainer:
         model = ClassifierModel(model_fn, input_shape, num_classes=None, optimizer=optimizer)
         self.graph = build_training_graph(model, plan, seed=0, source=source,
                                           learning_rate=0.01, precision=precision)
-        self.rates, self._trace_next = [], False
+        self.rates, self._options_next = [], None
         config = tf1.ConfigProto()
         config.CopyFrom(plan.config)
         if xla:  # XLA's auto-clustering of the whole step (tf_cnn_benchmarks' --xla)
@@ -64,15 +65,25 @@ class _Trainer:
         self.steps.__enter__()  # the source runs until close()
 
     def _run_options(self, step):
-        return trace_options() if self._trace_next else None
+        return self._options_next
+
+    def _run_with(self, options):
+        """Run one step under RunOptions; its RunMetadata."""
+        self._options_next = options
+        try:
+            return self.steps.run_one()['run_metadata']
+        finally:
+            self._options_next = None
 
     def trace(self, path, log):
         """Run one step fully traced; write it to path and log where the time went."""
-        self._trace_next = True
-        values = self.steps.run_one()
-        self._trace_next = False
-        for line in tracing.report(values['run_metadata'], path, self.steps.step):
+        metadata = self._run_with(trace_options())
+        for line in tracing.report(metadata, path, self.steps.step):
             log(line)
+
+    def step_graph(self):
+        """Run one step; the StepGraph of what TensorFlow ran (fusions, casts)."""
+        return stepgraph.summarize(self._run_with(stepgraph.graph_options()).partition_graphs)
 
     def run(self, steps, clock, timed=True):
         self.steps.clock = clock
@@ -89,7 +100,7 @@ class _Trainer:
 
 
 def measure_interleaved(configs, warmup_steps=10, timed_steps=50, rounds=5,
-                        clock=time.perf_counter, trace_path=None, log=print):
+                        clock=time.perf_counter, trace_path=None, log=print, graphs=None):
     """Time several configurations in turns, so drift hits them all alike.
 
     Every configuration is built and warmed up first; then the timed steps run
@@ -102,6 +113,8 @@ def measure_interleaved(configs, warmup_steps=10, timed_steps=50, rounds=5,
         close() (e.g. a peer's training loop).
       trace_path: trace one step of the first configuration, after its
         warm-up and before any timing, into this Chrome-trace file.
+      graphs: a list to receive, per configuration, the StepGraph of one
+        step run after its warm-up (None for a runner without step_graph()).
     Returns:
       one (mean, stderr) of images/sec per configuration.
     """
@@ -110,11 +123,16 @@ def measure_interleaved(configs, warmup_steps=10, timed_steps=50, rounds=5,
     trainers = []
     try:
         for config in configs:
-            # The traced step is one more (a staged input is started for every step).
-            num_steps = warmup_steps + timed_steps + (1 if trace_path else 0)
+            # The traced step and the inspected one are more (a staged input is
+            # started for every step).
+            num_steps = warmup_steps + timed_steps + (trace_path is not None) + (
+                graphs is not None)
             trainers.append(config(num_steps) if callable(config)
                             else _Trainer(num_steps=num_steps, **config))
             trainers[-1].run(warmup_steps, clock, timed=False)
+            if graphs is not None:
+                inspect = getattr(trainers[-1], 'step_graph', None)
+                graphs.append(inspect() if inspect else None)
         if trace_path:
             trainers[0].trace(trace_path, log)
         for block in blocks:

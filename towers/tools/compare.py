@@ -10,32 +10,39 @@ where there are some), at each tower count:
   textbook                  the classic CIFAR-10 multi-GPU tutorial's loop:
                             feed_dict, tf.split, variables on /cpu:0, the
                             expand_dims/concat/reduce_mean average, one apply
+  plain graph               a careful hand-written TF1 graph of the same net
+                            (plain.py: tf.data of ready batches, tf.nn layers,
+                            add_n average on the variables' device, mixed
+                            precision by casting), in each precision
   keras mirrored            tf.distribute.MirroredStrategy with Keras
                             model.fit on the same net (tf.data input)
 
 With --precision, every towers row runs in each precision ('towers
-parameter_server/synthetic bf16'), and each mixed precision gets its own Keras
-row under the matching Keras policy ('keras mirrored mixed_bfloat16'), so that
-towers in bf16 is held against Keras in bf16; a row's "vs best" is to towers'
-best in its own precision. The textbook row stays float32, as printed.
+parameter_server/synthetic bf16'), and each mixed precision gets its own plain
+and Keras rows (Keras under the matching policy: 'keras mirrored
+mixed_bfloat16'), so that towers in bf16 is held against its peers in bf16; a
+row's "vs best" is to towers' best in its own precision. The textbook row
+stays float32, as printed.
 
-The peers are in peers.py. Every row is timed in turns with the others
-(bench.measure_interleaved), and given as a ratio to towers' best at that
-tower count, and as training GFLOP/s: the model's FLOPs per image, counted by
-TensorFlow's profiler on the real graph, times images/sec, next to what a
-large matmul reaches on the same devices: how close the training gets to what
-the hardware gives TensorFlow.
+The peers are in peers.py and plain.py. Every row is timed in turns with the
+others (bench.measure_interleaved), and given as a ratio to towers' best at
+that tower count, and as training GFLOP/s: the model's FLOPs per image,
+counted by TensorFlow's profiler on the real graph, times images/sec, and as
+a share of the conv rate the same devices reach in the row's precision
+(rates.py, measured after the rows): how close the training gets to what the
+hardware gives TensorFlow. Last, what TensorFlow ran for one step of each
+row: its fusions and casts (stepgraph.py), so that a broken fusion shows.
 """
 import functools
-import time
 
 import tensorflow as tf
 
 from towers.data.sampler import EpochSampler
 from towers.deviceplan import local_plan
-from towers.devices import resolve_devices, session_config
+from towers.devices import resolve_devices
 from towers.inputs import make_input
-from towers.tools import peers
+from towers.precision import DTYPES
+from towers.tools import peers, plain, rates
 from towers.tools.bench import check_window, measure_interleaved, precisions_of
 from towers.tools.hardware import precision_support
 from towers.tools.trace import pyplot_for, save_png
@@ -66,30 +73,6 @@ def training_flops_per_image(model_fn, input_shape, num_classes, batch=8):
     return profile.total_float_ops / batch
 
 
-def matmul_gflops(devices, size=2048, repeats=3, steps=3):
-    """GFLOP/s of `repeats` chained size x size matmuls on every device at once."""
-    graph = tf.Graph()
-    with graph.as_default():
-        outputs = []
-        for device in devices:
-            with tf.device(device):
-                a = tf1.get_variable('a' + device.replace('/', '_').replace(':', ''),
-                                     [size, size], initializer=tf1.random_normal_initializer())
-                x = a
-                for _ in range(repeats):
-                    x = tf.matmul(x, a) * (1.0 / size)
-                outputs.append(tf.reduce_sum(x))
-        init = tf1.global_variables_initializer()
-    with tf1.Session(graph=graph, config=session_config(devices)) as sess:
-        sess.run(init)
-        sess.run(outputs)
-        start = time.perf_counter()
-        for _ in range(steps):
-            sess.run(outputs)
-        seconds = (time.perf_counter() - start) / steps
-    return 2.0 * size ** 3 * repeats * len(devices) / seconds / 1e9
-
-
 def run_compare(model_name, model_fn, input_shape, num_classes, tower_counts, batch_size,
                 dataset, modes=('synthetic',), variable_updates=('parameter_server', 'replicated'),
                 xla=False, warmup_steps=10, timed_steps=50, plot=None, trace=None, log=print,
@@ -108,6 +91,9 @@ def run_compare(model_name, model_fn, input_shape, num_classes, tower_counts, ba
     twins = {p.name: peers.keras_twin(model_name, input_shape, num_classes,
                                       peers.KERAS_POLICIES[p.name]) for p in chosen}
     has_twin = None not in twins.values()
+    plain_net = plain.plain_twin(model_name)
+    if not plain_net:
+        log('plain graph: skipped (%s has no hand-written twin here)' % model_name)
     _logical_cpus(max(tower_counts))
     sampler = EpochSampler(dataset.num_examples, batch_size)
     rows, configs = [], []
@@ -134,9 +120,14 @@ def run_compare(model_name, model_fn, input_shape, num_classes, tower_counts, ba
             rows.append({'config': 'textbook', 'towers': count, 'precision': 'fp32'})
             configs.append(functools.partial(peers.Textbook, model_fn, input_shape, devices,
                                              dataset, batch_size))
+            for precision in chosen if plain_net else ():
+                rows.append({'config': _label('plain graph', precision), 'towers': count,
+                             'precision': precision.name})
+                configs.append(functools.partial(plain.Plain, plain_net, num_classes, devices,
+                                                 dataset, batch_size, precision.dtype))
         else:
-            log('textbook at %d towers: skipped (tf.split needs the batch to divide evenly)'
-                % count)
+            log('textbook and plain graph at %d towers: skipped (tf.split needs the batch to '
+                'divide evenly)' % count)
         if has_twin and not _eager_has(devices):
             log('keras mirrored at %d towers: skipped (TensorFlow started with fewer logical '
                 'devices; run the bench in a fresh process)' % count)
@@ -153,11 +144,21 @@ def run_compare(model_name, model_fn, input_shape, num_classes, tower_counts, ba
         if precision.mixed:
             log(precision_support(precision.name, devices))
     flops = training_flops_per_image(model_fn, input_shape, num_classes)
-    for row, (mean, stderr) in zip(rows, measure_interleaved(configs, warmup_steps,
-                                                             timed_steps, trace_path=trace,
-                                                             log=log)):
-        row.update(mean=mean, stderr=stderr, gflops=mean * flops / 1e9)
-    _report(rows, flops, tower_counts, [p.name for p in chosen], log)
+    graphs = []
+    for row, (mean, stderr), graph in zip(rows, measure_interleaved(
+            configs, warmup_steps, timed_steps, trace_path=trace, log=log, graphs=graphs),
+            graphs):
+        row.update(mean=mean, stderr=stderr, gflops=mean * flops / 1e9, graph=graph)
+    # What the devices reach on a conv and a matmul, in each precision, after the rows:
+    # measured on the same devices in the same process.
+    # (The textbook row is float32 whatever the precisions asked.)
+    yardsticks = {key: rates.kernel_rates(resolve_devices(num_towers=key[0]), DTYPES[key[1]])
+                  for key in dict.fromkeys((count, p.name) for count in tower_counts
+                                           for p in chosen)
+                  | dict.fromkeys((r['towers'], r['precision']) for r in rows)}
+    for row in rows:
+        row['conv_share'] = row['gflops'] / yardsticks[row['towers'], row['precision']]['conv']
+    _report(rows, flops, tower_counts, [p.name for p in chosen], yardsticks, log)
     if plot:
         plot_rows(rows, plot, '%s, global batch %d' % (model_name, batch_size))
         log('plot: %s' % plot)
@@ -191,7 +192,7 @@ def _eager_has(devices):
     return all(d.lower() in have for d in devices)
 
 
-def _report(rows, flops, tower_counts, precisions, log):
+def _report(rows, flops, tower_counts, precisions, yardsticks, log):
     best = {}  # (towers, precision) -> towers' best images/sec, +xla rows aside
     for row in rows:
         if row['config'].startswith('towers') and not row['config'].endswith('+xla'):
@@ -201,20 +202,30 @@ def _report(rows, flops, tower_counts, precisions, log):
     def best_of(count, precision):  # the textbook's fp32 when fp32 was not asked for
         return best.get((count, precision), best[count, precisions[0]])
     log('training FLOPs per image: %.2f MFLOP (counted on the graph)' % (flops / 1e6))
-    log('%-40s %-7s %-20s %-9s %s' % ('config', 'towers', 'images/sec', 'vs best', 'GFLOP/s'))
+    log('%-40s %-7s %-20s %-9s %-9s %s' % ('config', 'towers', 'images/sec', 'vs best',
+                                            'GFLOP/s', 'of conv'))
     for row in rows:
         row['vs_best'] = row['mean'] / best_of(row['towers'], row['precision'])
-        log('%-40s %-7d %-20s %-9.3f %.1f' % (row['config'], row['towers'], '%.1f ± %.1f' % (
-            row['mean'], row['stderr']), row['vs_best'], row['gflops']))
+        log('%-40s %-7d %-20s %-9.3f %-9.1f %.0f%%' % (
+            row['config'], row['towers'], '%.1f ± %.1f' % (row['mean'], row['stderr']),
+            row['vs_best'], row['gflops'], 100 * row['conv_share']))
     several = len(precisions) > 1
     for count in tower_counts:
-        devices = resolve_devices(num_towers=count)
-        log('%d tower(s): towers best %s GFLOP/s, a large matmul on the same devices '
-            '%.1f GFLOP/s' % (count, ', '.join(
-                '%.1f%s' % (best[count, p] * flops / 1e9, ' (%s)' % p if several else '')
-                for p in precisions), matmul_gflops(devices)))
-    peer_names = ['textbook', 'keras mirrored'] + [_keras_label(p) for p in precisions
-                                                   if p != 'fp32']
+        log('%d tower(s): conv / matmul on the same devices %s GFLOP/s; towers best %s' % (
+            count, ', '.join('%.1f / %.1f%s' % (
+                yardsticks[count, p]['conv'], yardsticks[count, p]['matmul'],
+                ' (%s)' % p if several else '') for p in precisions),
+            ', '.join('%.1f GFLOP/s%s, %.0f%% of conv' % (
+                best[count, p] * flops / 1e9, ' (%s)' % p if several else '',
+                100 * best[count, p] * flops / 1e9 / yardsticks[count, p]['conv'])
+                for p in precisions)))
+    log('what TensorFlow ran for one step of each row (fusions and casts):')
+    for row in rows:
+        if row['graph'] is not None:
+            log('  %s, %d tower(s): %s' % (row['config'], row['towers'], row['graph'].text()))
+    peer_names = ['textbook', 'plain graph', 'keras mirrored'] + [
+        label for p in precisions if p != 'fp32'
+        for label in ('plain graph %s' % p, _keras_label(p))]
     for peer in peer_names:
         mine = [r for r in rows if r['config'] == peer]
         if mine:

@@ -14,6 +14,7 @@ import tensorflow as tf
 
 from towers.data.sampler import EpochSampler
 from towers.devices import session_config
+from towers.tools import stepgraph
 from towers.tower import variables_on
 
 tf1 = tf.compat.v1
@@ -50,18 +51,23 @@ class Textbook:
         self.sess.run(init)
         self.step, self.rates, self.batch_size = 0, [], batch_size
 
+    def _feed(self):
+        index = self.sampler.indices(self.step)
+        if len(index) < self.batch_size:  # tf.split needs the full batch
+            index = self.sampler.indices(self.step + 1)
+        self.step += 1
+        return {self.images: self.dataset.images[index], self.labels: self.dataset.labels[index]}
+
     def run(self, steps, clock, timed=True):
         for _ in range(steps):
             start = clock()
-            index = self.sampler.indices(self.step)
-            if len(index) < self.batch_size:  # tf.split needs the full batch
-                index = self.sampler.indices(self.step + 1)
-            self.sess.run(self.train_op, {self.images: self.dataset.images[index],
-                                          self.labels: self.dataset.labels[index]})
+            self.sess.run(self.train_op, self._feed())
             elapsed = clock() - start
-            self.step += 1
             if timed:
                 self.rates.append(self.batch_size / elapsed)
+
+    def step_graph(self):
+        return stepgraph.of_run(self.sess, self.train_op, self._feed())
 
     def close(self):
         self.sess.close()
