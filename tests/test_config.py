@@ -17,6 +17,7 @@ def test_the_defaults_are_a_valid_run():
     assert (config.batch_size, config.epochs, config.steps, config.input) == (100, 10.0, None,
                                                                                'feed')
     assert config.schedule().describe() == 'constant 0.001'
+    assert config.xla is False  # XLA's auto-clustering only when asked
 
 
 @pytest.mark.parametrize('settings,message', [
@@ -35,6 +36,7 @@ def test_the_defaults_are_a_valid_run():
     (dict(clip_norm=0.0), 'clip_norm must be positive, got 0.0'),
     (dict(ema=1.0), 'ema must lie between 0 and 1 (e.g. 0.999), got 1.0'),
     (dict(seed=-1), 'seed must be 0 or more, got -1'),
+    (dict(xla='yes'), 'xla must be True or False, got yes'),
     (dict(variable_update='ring'), "unknown variable_update 'ring'; choose one of: "
      'parameter_server, replicated, independent'),
     (dict(input='disk'), "unknown input 'disk'; choose one of: feed, staging, dataset, synthetic"),

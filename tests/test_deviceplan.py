@@ -5,7 +5,14 @@ import tensorflow as tf
 from towers.cli import main
 from towers.cluster.placement import in_graph_plan
 from towers.cluster.spec import Cluster
-from towers.deviceplan import DevicePlan, Spread, device_kind, local_plan, make_plan
+from towers.deviceplan import (
+    DevicePlan,
+    Spread,
+    device_kind,
+    local_plan,
+    make_plan,
+    xla_reaches,
+)
 from towers.errors import DeviceError
 from towers.tower import variables_on
 
@@ -79,6 +86,27 @@ def test_device_kinds():
     assert device_kind(GPUS) == 'GPU' and device_kind(THREE) == 'CPU'
     assert device_kind(['/job:worker/task:1/device:GPU:0']) == 'GPU'
     assert device_kind(['/cpu:0', '/gpu:0']) == 'mixed'
+
+
+def test_with_xla_asks_the_sessions_config_for_auto_clustering_in_a_copy():
+    plan = local_plan(THREE)
+    assert plan.with_xla(False) is plan
+    jit = plan.with_xla(True)
+    assert jit.config.graph_options.optimizer_options.global_jit_level == (
+        tf1.OptimizerOptions.ON_1)
+    assert jit.config.device_count['CPU'] == 3 and jit.towers == plan.towers
+    # The plan it came from (a cluster task's, shared) is left as it was.
+    assert plan.config.graph_options.optimizer_options.global_jit_level == (
+        tf1.OptimizerOptions.DEFAULT)
+    assert DevicePlan(GPUS).with_xla(True).config.graph_options.optimizer_options \
+        .global_jit_level == tf1.OptimizerOptions.ON_1  # a plan with no config of its own
+
+
+def test_xla_reaches_cpus_only_with_the_tf_xla_flag(monkeypatch):
+    monkeypatch.setenv('TF_XLA_FLAGS', '--tf_xla_min_cluster_size=2')
+    assert xla_reaches(GPUS) and not xla_reaches(THREE)
+    monkeypatch.setenv('TF_XLA_FLAGS', '--tf_xla_min_cluster_size=2 --tf_xla_cpu_global_jit')
+    assert xla_reaches(THREE)
 
 
 def test_a_plan_can_name_gpus_that_a_local_plan_would_refuse():

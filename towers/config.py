@@ -79,6 +79,7 @@ RULES = {
     'cluster_mode': _one_of(CLUSTER_MODES, optional=True),
     'cluster_timeout': _optional(_POSITIVE),
     'data_service_mode': _one_of(DATA_SERVICE_MODES),
+    'xla': ((lambda v: isinstance(v, bool)), 'must be True or False'),
 }
 
 
@@ -144,6 +145,10 @@ class TrainConfig:
     # variables; fp16's loss scale: None or 'dynamic' (the default), or a fixed number.
     precision: str = 'fp32'
     loss_scale: object = None
+    # XLA's auto-clustering of the training step (the Session's global_jit_level ON_1), as
+    # tf_cnn_benchmarks' --xla. On CPU towers TensorFlow clusters only when TF_XLA_FLAGS holds
+    # --tf_xla_cpu_global_jit before its first Session (`towers train --xla` sets it).
+    xla: bool = False
     # The data (towers/inputs/).
     input: str = 'feed'
     batch_size: int = 100

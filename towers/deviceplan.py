@@ -28,18 +28,19 @@ graph reads it (towers, strategies, the graph builder, the cluster modes):
   data_format the layout the towers' maps are built in (towers/models/layout.py):
               NCHW on GPU towers (cuDNN's float32 kernels prefer it, as
               tf_cnn_benchmarks' default), NHWC elsewhere, unless asked
-  config      the Session's ConfigProto
+  config      the Session's ConfigProto (with_xla: asking for XLA's auto-clustering)
 
 A --param-device (cpu, gpu, spread, a device name) is an input to the plan,
 never something a module re-interprets.
 """
 import dataclasses
+import os
 import weakref
 
 import tensorflow as tf
 
 from towers.devices import resolve_devices, resolve_param_device, session_config
-from towers.names import SPREAD
+from towers.names import SPREAD, XLA_CPU_FLAG
 
 # --variable-update names whose towers hold copies of their own.
 COPIES = ('replicated', 'independent')
@@ -125,6 +126,18 @@ class DevicePlan:
         """This plan with its maps in data_format; None keeps its own."""
         return dataclasses.replace(self, data_format=data_format) if data_format else self
 
+    def with_xla(self, xla):
+        """This plan with its Session's config asking for XLA's auto-clustering (global_jit_level
+        ON_1, as tf_cnn_benchmarks' --xla) when xla, in a copy; False keeps its own."""
+        if not xla:
+            return self
+        config = tf.compat.v1.ConfigProto()
+        if self.config is not None:
+            config.CopyFrom(self.config)
+        config.graph_options.optimizer_options.global_jit_level = (
+            tf.compat.v1.OptimizerOptions.ON_1)
+        return dataclasses.replace(self, config=config)
+
     @property
     def num_towers(self):
         return len(self.towers)
@@ -167,6 +180,12 @@ def device_kind(devices):
     # A device that names no type (a task's) is placed on its CPU, as the host ops are.
     kinds = {(tf.DeviceSpec.from_string(d).device_type or 'CPU').upper() for d in devices}
     return kinds.pop() if len(kinds) == 1 else 'mixed'
+
+
+def xla_reaches(devices):
+    """Whether XLA's auto-clustering reaches these devices: GPUs, or CPUs in a process whose
+    TF_XLA_FLAGS holds --tf_xla_cpu_global_jit (TensorFlow reads it once, at its first Session)."""
+    return device_kind(devices) == 'GPU' or XLA_CPU_FLAG in os.environ.get('TF_XLA_FLAGS', '')
 
 
 def replica_scope(index):

@@ -31,6 +31,10 @@ PRECISIONS = ('fp32', 'bf16', 'fp16')
 # --data-format: the layout of the towers' maps (towers/models/layout.py).
 DATA_FORMATS = ('NHWC', 'NCHW')
 
+# The TF_XLA_FLAGS flag without which TensorFlow's XLA auto-clustering (train --xla, bench
+# --xla) leaves CPU devices alone; read when TensorFlow first needs it, in its first Session.
+XLA_CPU_FLAG = '--tf_xla_cpu_global_jit'
+
 DEFAULT_MODEL = 'mnist_convnet'
 
 # The --dataset kinds that are folders of shards streamed from disk (DIR after the colon):

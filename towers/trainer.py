@@ -18,12 +18,13 @@ from towers import checkpoints, evaluation
 from towers.callbacks import Checkpoint, Throughput, default_callbacks
 from towers.config import TrainConfig
 from towers.dataorder import DataOrder
-from towers.deviceplan import local_plan
+from towers.deviceplan import local_plan, xla_reaches
 from towers.errors import TowersError
 from towers.graph import build_training_graph, finalize_graph
 from towers.inputs import source_for
 from towers.logdir import LogdirLock, prepare_logdir
 from towers.model import ClassifierModel
+from towers.names import XLA_CPU_FLAG
 from towers.precision import Precision
 from towers.session import open_session, run_steps, trace_options
 
@@ -71,7 +72,7 @@ class Trainer:
         self.model, self.data, self.config, self.cluster = model, data, config, cluster
         self.plan = (cluster.plan if cluster is not None else local_plan(
             config.towers, config.param_device, config.variable_update)).with_data_format(
-                config.data_format)
+                config.data_format).with_xla(config.xla)
         self.tower_devices = list(self.plan.towers)
         self.logdir, self.batch_size = config.logdir, config.batch_size
         self.warmup_steps = config.warmup_steps
@@ -178,11 +179,15 @@ class Trainer:
                         normalization=getattr(self.model, 'normalization', None),
                         num_steps=self.num_steps, **self.run_info)
                 self.step = int(self.sess.run(self.graph.global_step))
-                self.log('training %d steps on %d tower(s) %s, global batch %d, %s input%s'
+                self.log('training %d steps on %d tower(s) %s, global batch %d, %s input%s%s'
                          % (self.num_steps, len(self.tower_devices),
                             ','.join(self.tower_devices), self.batch_size, self.source.name,
                             ', ' + self.graph.precision.name if self.graph.precision.mixed
-                            else ''))
+                            else '', ', XLA auto-clustering on' if self.config.xla else ''))
+                if self.config.xla and not xla_reaches(self.tower_devices):
+                    self.log('XLA: TensorFlow clusters nothing on CPU towers unless TF_XLA_FLAGS '
+                             'holds %s before its first Session (towers train --xla sets it)'
+                             % XLA_CPU_FLAG)
                 self.log('variables: %s; maps %s' % (self.plan.describe(),
                                                      self.plan.data_format))
                 # (The log as it is when said: the progress bar writes around itself.)

@@ -11,6 +11,8 @@ import tensorflow as tf
 
 from towers import data, models
 from towers.cli import main
+from towers.cli.main import _set_xla_flag
+from towers.cli.parsers import build_parser
 
 tf1 = tf.compat.v1
 
@@ -143,6 +145,29 @@ def test_bad_input_is_one_line_and_status_1(capsys, tmp_path, argv, message):
     assert len(lines) == 1, err
     assert lines[0].startswith('towers: error: ') and message in lines[0], lines[0]
     assert 'training' not in out  # nothing was trained
+
+
+def test_train_xla_sets_tf_xla_flags_for_the_cpus_before_tensorflow_starts(monkeypatch):
+    parse = build_parser().parse_args
+    monkeypatch.setenv('TF_XLA_FLAGS', '')  # put back as it was after the test
+    _set_xla_flag(parse(['train']))
+    assert os.environ['TF_XLA_FLAGS'] == ''
+    _set_xla_flag(parse(['train', '--xla']))
+    assert os.environ['TF_XLA_FLAGS'] == '--tf_xla_cpu_global_jit'
+    monkeypatch.setenv('TF_XLA_FLAGS', '--tf_xla_min_cluster_size=2')  # a user's own stay
+    for _ in range(2):  # added once
+        _set_xla_flag(parse(['train', '--xla']))
+    assert os.environ['TF_XLA_FLAGS'] == '--tf_xla_min_cluster_size=2 --tf_xla_cpu_global_jit'
+
+
+def test_train_refuses_xla_with_deterministic_in_one_line(capsys, monkeypatch):
+    monkeypatch.setenv('TF_XLA_FLAGS', '')  # main sets it: put back as it was after the test
+    assert main(['train', '--xla', '--deterministic', '--steps', '1']) == 1
+    out, err = capsys.readouterr()
+    assert err.splitlines() == [
+        "towers: error: --xla and --deterministic do not go together: under op determinism "
+        "TensorFlow's XLA has no max-pool gradient and the step would run uncompiled: drop one"]
+    assert 'training' not in out
 
 
 def test_debug_lets_the_exception_through(capsys):

@@ -57,6 +57,10 @@ def config_from_args(args, tower_devices, param_device, input_mode):
     Raises:
       SettingError: a flag's value no run can use.
     """
+    if args.xla and args.deterministic:
+        raise SettingError("{xla} and {deterministic} do not go together: under op determinism "
+                           "TensorFlow's XLA has no max-pool gradient and the step would run "
+                           'uncompiled: drop one')
     return TrainConfig(
         towers=tuple(tower_devices) if isinstance(tower_devices, list) else tower_devices,
         param_device=param_device, cluster_mode=args.cluster_mode,
@@ -72,7 +76,7 @@ def config_from_args(args, tower_devices, param_device, input_mode):
         keep_checkpoints=args.keep_checkpoints, eval_every=args.eval_every,
         best_metric=args.best_metric, tensorboard=not args.no_tensorboard,
         histograms=args.histograms, log_every=args.log_every, quiet=args.quiet,
-        precision=args.precision, loss_scale=loss_scale(args.loss_scale),
+        precision=args.precision, loss_scale=loss_scale(args.loss_scale), xla=args.xla,
         **data_service_settings(args))
 
 

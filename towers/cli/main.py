@@ -10,6 +10,7 @@ import sys
 import traceback
 
 from towers.cli.parsers import build_parser
+from towers.names import XLA_CPU_FLAG
 from towers.quiet import native_stderr_silenced
 
 
@@ -28,12 +29,11 @@ def _import_tensorflow_quietly():
 
 
 def _set_xla_flag(args):
-    if getattr(args, 'xla', False) and 'tf_xla_cpu_global_jit' not in os.environ.get(
-            'TF_XLA_FLAGS', ''):
+    if getattr(args, 'xla', False) and XLA_CPU_FLAG not in os.environ.get('TF_XLA_FLAGS', ''):
         # On a CPU, TensorFlow clusters for XLA only with this flag, read once
         # when TensorFlow starts: it must be set before TensorFlow is imported.
         os.environ['TF_XLA_FLAGS'] = (os.environ.get('TF_XLA_FLAGS', '')
-                                      + ' --tf_xla_cpu_global_jit').strip()
+                                      + ' ' + XLA_CPU_FLAG).strip()
 
 
 # Commands that never need TensorFlow, run without loading it: `towers launch` only

@@ -160,3 +160,9 @@ def _train_run_flags(train):
                        help='op determinism on and TF32 off (on GPUs from Ampere float32 '
                             'convs and matmuls run in TF32 by default): the same run gives the '
                             'same numbers, N towers equal one device to float32 precision')
+    train.add_argument('--xla', action='store_true',
+                       help="XLA auto-clustering of the training step (the Session's "
+                            "global_jit_level ON_1, as tf_cnn_benchmarks' --xla): TensorFlow "
+                            'compiles clusters of ops into fused kernels; also sets '
+                            'TF_XLA_FLAGS=--tf_xla_cpu_global_jit, without which TensorFlow '
+                            'clusters nothing on CPUs')

@@ -102,7 +102,8 @@ class ClusterRun:
         becomes a LostTaskError naming it, and the Session is abandoned.
 
         Args:
-          built: the TrainGraph.
+          built: the TrainGraph; its plan's config is the Session's (this task's plan's, with
+            the run's own settings: XLA).
           load: callable(sess) run after init and before the replicas sync.
           steps_done: callable() -> the steps done, for the message.
         """
@@ -110,10 +111,10 @@ class ClusterRun:
         if self.monitored:
             with built.graph.as_default():
                 monitored, sess = monitored_session(
-                    target, built, self.plan.config, self.strategy, self._readiness,
+                    target, built, built.plan.config, self.strategy, self._readiness,
                     load, self.timeout or FIRST_STEPS_S)
         else:
-            sess = tf1.Session(target, graph=built.graph, config=self.plan.config)
+            sess = tf1.Session(target, graph=built.graph, config=built.plan.config)
         try:
             with sess.as_default(), built.graph.as_default():
                 self.check_devices(sess)
@@ -179,7 +180,7 @@ class ClusterRun:
                 'batch_size': trainer.batch_size, 'seed': config.seed,
                 'steps': trainer.num_steps, 'steps_per_epoch': trainer.steps_per_epoch,
                 'learning_rate': config.schedule().describe(), 'ema': config.ema,
-                'input': trainer.source.name,
+                'input': trainer.source.name, 'xla': config.xla,
                 'precision': repr(trainer.graph.precision)}  # 'dynamic' and None alike
 
     def check_fingerprint(self, sess):
