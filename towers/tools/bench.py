@@ -54,11 +54,8 @@ class _Trainer:
         self.graph = build_training_graph(model, plan, seed=0, source=source,
                                           learning_rate=0.01, precision=precision)
         self.rates, self._options_next = [], None
-        config = tf1.ConfigProto()
-        config.CopyFrom(plan.config)
-        if xla:  # XLA's auto-clustering of the whole step (tf_cnn_benchmarks' --xla)
-            config.graph_options.optimizer_options.global_jit_level = tf1.OptimizerOptions.ON_1
-        self.sess = open_session(self.graph, config)
+        # XLA's auto-clustering of the whole step (tf_cnn_benchmarks' --xla), as train's.
+        self.sess = open_session(self.graph, plan.with_xla(xla).config)
         self.steps = run_steps(self.sess, source,
                                {'batch': self.graph.batch, 'train_op': self.graph.train_op},
                                0, num_steps, run_options=self._run_options)
