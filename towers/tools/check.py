@@ -26,13 +26,14 @@ from towers.gradients import average_gradients
 from towers.inputs import FeedInput
 from towers.precision import Precision, check_kernels
 from towers.session import load_variables, open_session, run_steps
+from towers.tools import stepgraph
 from towers.tower import build_towers_from_slices, split_sizes, tower_loss, tower_update_ops
 
 tf1 = tf.compat.v1
 
 CheckResult = collections.namedtuple(
     'CheckResult', ['gradient_diff', 'gradient_var', 'variable_diff', 'variable_var', 'scale',
-                    'gradient_scale'])
+                    'gradient_scale', 'graphs'], defaults=(None,))
 CheckResult.__doc__ = """Largest absolute differences between N towers and one device.
 
   gradient_diff, gradient_var: over the first batch's averaged gradients, and
@@ -40,6 +41,8 @@ CheckResult.__doc__ = """Largest absolute differences between N towers and one d
   variable_diff, variable_var: over the variables after all steps.
   scale: the largest absolute variable value, to read variable_diff against.
   gradient_scale: the largest absolute gradient value, to read gradient_diff against.
+  graphs: (one device's, N towers') StepGraph of the first batch's gradients:
+    what TensorFlow fused (a fused kernel rounds as it rounds, in both runs).
 """
 
 
@@ -101,8 +104,13 @@ def check_towers(model_fn, input_shape, num_towers, batches, learning_rate=0.01,
     with one.open() as one_sess:
         # The same starting point: the one-device graph's initial weights, copied.
         with many.open(initial=one_sess.run(one.variables)) as many_sess:
-            grads = [sess.run(run.grads, run.source.step(0)[1])
-                     for run, sess in ((one, one_sess), (many, many_sess))]
+            grads, graphs = [], []
+            for run, sess in ((one, one_sess), (many, many_sess)):
+                metadata = tf1.RunMetadata()
+                grads.append(sess.run(run.grads, run.source.step(0)[1],
+                                      options=stepgraph.graph_options(),
+                                      run_metadata=metadata))
+                graphs.append(stepgraph.summarize(metadata.partition_graphs))
             after = []
             for run, sess in ((one, one_sess), (many, many_sess)):
                 with run_steps(sess, run.source, {'train': run.train_op}, 0,
@@ -115,7 +123,7 @@ def check_towers(model_fn, input_shape, num_towers, batches, learning_rate=0.01,
     scale = max(float(np.max(np.abs(v))) for v in after[0].values())
     gradient_scale = max(float(np.max(np.abs(g))) for g in grads[0].values())
     return (CheckResult(gradient_diff, gradient_var, variable_diff, variable_var, scale,
-                        gradient_scale),
+                        gradient_scale, tuple(graphs)),
             one.has_batch_norm)
 
 
@@ -186,6 +194,11 @@ def run_check(model_name, model_fn, dataset_name, train_set, num_towers, batch_s
     result, has_batch_norm = check_towers(model_fn, train_set.images.shape[1:], num_towers,
                                           batches, learning_rate, sync_bn=sync_bn,
                                           precision=precision)
+    for run, graph in zip(('1 device', '%d towers' % num_towers), result.graphs):
+        log('fused by TensorFlow in the %s run: %s' % (run, ', '.join(
+            '%s x%d' % kv for kv in sorted(graph.fusions.items())) or 'nothing'))
+    if any(graph.fusions for graph in result.graphs):
+        log("(a fused kernel rounds as TensorFlow's own does: the differences below include it)")
     log('largest gradient difference: %.3g (%s); gradients reach %.3g'
         % (result.gradient_diff, result.gradient_var, result.gradient_scale))
     log('largest variable difference after %d steps: %.3g (%s); variables reach %.3g'
