@@ -7,7 +7,7 @@ row reads as a share of what the hardware reaches on the same kind of work
   conv    a 5x5 convolution, 32 -> 64 channels on 14x14 maps at batch 128
           (mnist_convnet's second, the bulk of its step), forward and both
           gradients, NHWC, as a tower runs it;
-  matmul  chained 2048 x 2048 matmuls.
+  matmul  a 2048 x 2048 matmul.
 
 Every device runs its own copy at once (virtual CPUs share the cores, as the
 towers do); variables are float32, cast on read to the precision, as in a
@@ -32,7 +32,7 @@ def conv_flops(batch, side, channels, filters, kernel):
 
 
 def kernel_rates(devices, dtype=tf.float32, runs=3, conv=None, matmul_size=MATMUL_SIZE,
-                 repeats=3):
+                 repeats=1):
     """{'conv': GFLOP/s, 'matmul': GFLOP/s} of every device at once, in `dtype`.
 
     Args:
@@ -40,7 +40,7 @@ def kernel_rates(devices, dtype=tf.float32, runs=3, conv=None, matmul_size=MATMU
       dtype: tf.float32, tf.bfloat16 or tf.float16.
       runs: timed runs of each kind (the best is kept).
       conv: CONV's keys, to time another shape (tests use a small one).
-      matmul_size, repeats: the chained matmuls' side and count.
+      matmul_size, repeats: the matmul's side, and how many are chained.
     """
     conv = dict(CONV, **(conv or {}))
     graph = tf.Graph()
