@@ -237,6 +237,23 @@ def test_resnet_option_a_shortcut_subsamples_and_zero_pads():
     assert not out[..., :2].any() and not out[..., 4:].any()
 
 
+@pytest.mark.parametrize('dtype', [tf.float32, tf.bfloat16])
+def test_resnet_shortcut_is_the_strided_slice_forward_and_back_on_odd_maps_too(dtype):
+    # It subsamples with a 1x1 pool of stride 2 (ten times faster than the slice here):
+    # the same numbers both ways, a 5x5 map to 3x3 as x[:, ::2, ::2] takes it.
+    from towers.models.resnet import _shortcut
+    rng = np.random.RandomState(0)
+    x = tf.cast(tf.constant(rng.randn(2, 5, 5, 3).astype(np.float32)), dtype)
+    upstream = tf.cast(tf.constant(rng.randn(2, 3, 3, 3).astype(np.float32)), dtype)
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch(x)
+        pooled = _shortcut(x, 3, 2)  # the same filters: no padding, the subsample alone
+        sliced = x[:, ::2, ::2, :]
+    np.testing.assert_array_equal(pooled.numpy(), sliced.numpy())
+    np.testing.assert_array_equal(tape.gradient(pooled, x, upstream).numpy(),
+                                  tape.gradient(sliced, x, upstream).numpy())
+
+
 def test_resnet_refuses_images_too_small_to_halve_twice():
     with pytest.raises(ModelError, match='resnet20 halves the image twice'):
         build_model('resnet20', (4, 4, 3), 10)
