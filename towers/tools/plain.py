@@ -103,7 +103,7 @@ class Plain:
                     tower_grads.append(tf.gradients(loss, variables))
             averaged = []
             for grads, var in zip(zip(*tower_grads), variables):
-                with tf1.colocate_with(var):
+                with tf.device(var.device):  # on the variable's device
                     total = grads[0] if len(grads) == 1 else tf.add_n(list(grads))
                     averaged.append((total * (1.0 / len(grads)), var))
             self.train_op = opt.apply_gradients(averaged)
