@@ -14,9 +14,9 @@ import math
 import zlib
 
 import tensorflow as tf
-from tensorflow.python.util import _pywrap_util_port
 
 from towers.models import layout
+from towers.models.bias_gradient import fused_bias_gradient_sums_wide
 from towers.models.errors import check_training, static_channels
 from towers.models.normalization import MIN_EPSILON, batch_norm
 
@@ -96,12 +96,12 @@ def _add_bias(y, biases, after_conv=False):
     conv1's bias gradient (towers check --precision bf16 showed it). Summed in
     float32 and rounded once, it is off by one rounding.
 
-    Except after a bfloat16 conv on a CPU where TensorFlow uses oneDNN: there
-    it fuses BiasAddGrad into the conv's weight gradient
-    (_MklNativeConv2DBackpropFilterWithBias), whose sum is float32's rounded
-    once, bit for bit (tests/models/test_layers.py), and free; the wide sum
-    here would cost mnist_convnet 3.5% of its bf16 step. (A conv whose weights
-    are not trained keeps TensorFlow's unfused, bfloat16 sum.)
+    Except after a bfloat16 conv on a CPU where TensorFlow hands bfloat16 to
+    oneDNN, as measured once (bias_gradient.py): there it fuses BiasAddGrad into
+    the conv's weight gradient (_MklNativeConv2DBackpropFilterWithBias), whose
+    sum is float32's rounded once, bit for bit, and free; the wide sum here
+    would cost mnist_convnet 3.5% of its bf16 step. (A conv whose weights are
+    not trained keeps TensorFlow's unfused, bfloat16 sum.)
     """
     data_format = layout.format_of(y)
     if y.dtype == tf.float32 or (after_conv and fuses_bias_gradient(y)):
@@ -119,9 +119,11 @@ def _add_bias(y, biases, after_conv=False):
 
 def fuses_bias_gradient(y):
     """Whether TensorFlow sums the bias gradient of conv output `y` in float32 inside the
-    conv's weight gradient: bfloat16 on a CPU (by its op's device) with oneDNN's ops on."""
-    return (y.dtype == tf.bfloat16 and 'CPU' in y.op.device.upper()
-            and _pywrap_util_port.IsMklEnabled())
+    conv's weight gradient: bfloat16 on a CPU tower (by its op's device; no device says
+    nothing) where bias_gradient.py measured it so."""
+    return (y.dtype == tf.bfloat16
+            and tf.DeviceSpec.from_string(y.op.device).device_type == 'CPU'
+            and fused_bias_gradient_sums_wide())
 
 
 def flatten(x):

@@ -2,9 +2,9 @@
 import numpy as np
 import pytest
 import tensorflow as tf
-from tensorflow.python.util import _pywrap_util_port
 
 from towers.models import layers
+from towers.models.bias_gradient import fused_bias_gradient_sums_wide
 from towers.precision import Precision
 
 tf1 = tf.compat.v1
@@ -280,11 +280,11 @@ def _bias_gradient_in(device):
 
 
 def test_bf16_conv_bias_gradient_is_float32s_sum_rounded_once_on_cpu():
-    # On a oneDNN CPU TensorFlow's own bias gradient, fused into the conv's weight
-    # gradient, is used: it must be float32's sum rounded once, bit for bit, or the
-    # wide sum (layers._add_bias) has to come back.
+    # Where the probe found TensorFlow's own bias gradient fused into the conv's weight
+    # gradient, towers uses it: it must be float32's sum rounded once, bit for bit, as the
+    # wide sum (layers._add_bias) is, which stays everywhere else.
     got, once, plain = _bias_gradient_in('/cpu:0')
-    assert plain == _pywrap_util_port.IsMklEnabled()
+    assert plain == fused_bias_gradient_sums_wide()
     np.testing.assert_array_equal(got, once)
 
 
