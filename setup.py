@@ -26,8 +26,9 @@ setup(
         'gpu': ['tensorflow[and-cuda]>=2.16'],
         'plot': ['matplotlib'],  # towers bench --compare --plot
         'tensorboard': ['tensorboard>=2.16'],  # tensorboard --logdir (TF 2.21 lacks it)
-        # pytest-xdist: the suite runs on two workers (.ci/run, README's Tests)
-        'test': ['pytest', 'pytest-xdist', 'matplotlib', 'ruff', 'tensorboard>=2.16'],
+        # pytest-xdist: the suite runs on two workers (.ci/run, README's Tests); 3.2 brought
+        # --dist worksteal
+        'test': ['pytest', 'pytest-xdist>=3.2', 'matplotlib', 'ruff', 'tensorboard>=2.16'],
     },
     entry_points={'console_scripts': ['towers = towers.cli:main']},
 )

@@ -1,7 +1,6 @@
 """towers check: N towers against one device, and a check that can fail."""
 import pytest
 import tensorflow as tf
-from tensorflow.python.util import _pywrap_util_port
 
 from towers import data, models
 from towers.cli import main
@@ -63,10 +62,10 @@ def test_the_command_reports_and_passes(capsys):
     assert out[0] == ('check: small_convnet on 3 tower(s) /cpu:0,/cpu:1,/cpu:2 against 1 '
                       'device, global batch 10 (4/3/3), 2 SGD steps')
     # What TensorFlow fused in each run, since the differences include its rounding.
-    fused = 'Conv2DBackpropFilter+BiasAddGrad x3, ' if _pywrap_util_port.IsMklEnabled() else ''
     assert out[1].startswith('fused by TensorFlow in the 1 device run: ')
-    assert out[2].startswith('fused by TensorFlow in the 3 towers run: %s' % fused)
-    assert out[2].endswith('MatMul+BiasAdd x3')  # grappler's remapper, on any CPU
+    assert out[1].endswith('MatMul+BiasAdd x1')  # grappler's remapper, on any CPU
+    assert out[2].startswith('fused by TensorFlow in the 3 towers run: ')
+    assert out[2].endswith('MatMul+BiasAdd x3')
     assert out[3] == "(a fused kernel rounds as TensorFlow's own does: the differences below " \
         'include it)'
     assert out[4].startswith('largest gradient difference: ')

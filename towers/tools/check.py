@@ -104,13 +104,8 @@ def check_towers(model_fn, input_shape, num_towers, batches, learning_rate=0.01,
     with one.open() as one_sess:
         # The same starting point: the one-device graph's initial weights, copied.
         with many.open(initial=one_sess.run(one.variables)) as many_sess:
-            grads, graphs = [], []
-            for run, sess in ((one, one_sess), (many, many_sess)):
-                metadata = tf1.RunMetadata()
-                grads.append(sess.run(run.grads, run.source.step(0)[1],
-                                      options=stepgraph.graph_options(),
-                                      run_metadata=metadata))
-                graphs.append(stepgraph.summarize(metadata.partition_graphs))
+            grads, graphs = zip(*(stepgraph.of_run(sess, run.grads, run.source.step(0)[1])
+                                  for run, sess in ((one, one_sess), (many, many_sess))))
             after = []
             for run, sess in ((one, one_sess), (many, many_sess)):
                 with run_steps(sess, run.source, {'train': run.train_op}, 0,
@@ -123,7 +118,7 @@ def check_towers(model_fn, input_shape, num_towers, batches, learning_rate=0.01,
     scale = max(float(np.max(np.abs(v))) for v in after[0].values())
     gradient_scale = max(float(np.max(np.abs(g))) for g in grads[0].values())
     return (CheckResult(gradient_diff, gradient_var, variable_diff, variable_var, scale,
-                        gradient_scale, tuple(graphs)),
+                        gradient_scale, graphs),
             one.has_batch_norm)
 
 
@@ -195,8 +190,7 @@ def run_check(model_name, model_fn, dataset_name, train_set, num_towers, batch_s
                                           batches, learning_rate, sync_bn=sync_bn,
                                           precision=precision)
     for run, graph in zip(('1 device', '%d towers' % num_towers), result.graphs):
-        log('fused by TensorFlow in the %s run: %s' % (run, ', '.join(
-            '%s x%d' % kv for kv in sorted(graph.fusions.items())) or 'nothing'))
+        log('fused by TensorFlow in the %s run: %s' % (run, graph.fusion_text() or 'nothing'))
     if any(graph.fusions for graph in result.graphs):
         log("(a fused kernel rounds as TensorFlow's own does: the differences below include it)")
     log('largest gradient difference: %.3g (%s); gradients reach %.3g'

@@ -79,12 +79,14 @@ def run_compare(model_name, model_fn, input_shape, num_classes, tower_counts, ba
                 param_device='cpu', precisions=('fp32',), loss_scale=None):
     """Measure towers and its peers at each tower count; print one table.
 
-    precisions, loss_scale: as bench.run_bench takes them; Keras gets a row in
-    each, under its mixed-precision policy.
+    precisions, loss_scale: as bench.run_bench takes them; the plain graph and
+    Keras get a row in each (Keras under its mixed-precision policy).
     Returns:
       list of dicts: config, towers, precision, mean, stderr, vs_best
       (images/sec over towers' best at that count in that precision, +xla rows
-      aside) and gflops (training GFLOP/s).
+      aside), gflops (training GFLOP/s), conv_share (gflops over the conv rate
+      of the same devices in that precision) and graph (the StepGraph of one of
+      its steps; None for Keras).
     """
     check_window(batch_size, warmup_steps, timed_steps)
     chosen = precisions_of(precisions, loss_scale)
@@ -152,7 +154,8 @@ def run_compare(model_name, model_fn, input_shape, num_classes, tower_counts, ba
     # What the devices reach on a conv and a matmul, in each precision, after the rows:
     # measured on the same devices in the same process.
     # (The textbook row is float32 whatever the precisions asked.)
-    yardsticks = {key: rates.kernel_rates(resolve_devices(num_towers=key[0]), DTYPES[key[1]])
+    yardsticks = {key: rates.kernel_rates(resolve_devices(num_towers=key[0]), DTYPES[key[1]],
+                                          data_format=local_plan(key[0]).data_format)
                   for key in dict.fromkeys((count, p.name) for count in tower_counts
                                            for p in chosen)
                   | dict.fromkeys((r['towers'], r['precision']) for r in rows)}

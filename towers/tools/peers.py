@@ -67,7 +67,7 @@ class Textbook:
                 self.rates.append(self.batch_size / elapsed)
 
     def step_graph(self):
-        return stepgraph.of_run(self.sess, self.train_op, self._feed())
+        return stepgraph.of_run(self.sess, self.train_op, self._feed())[1]
 
     def close(self):
         self.sess.close()

@@ -120,7 +120,7 @@ class Plain:
                 self.rates.append(self.batch_size / (clock() - start))
 
     def step_graph(self):
-        return stepgraph.of_run(self.sess, self.train_op)
+        return stepgraph.of_run(self.sess, self.train_op)[1]
 
     def close(self):
         self.sess.close()

@@ -6,7 +6,7 @@ row reads as a share of what the hardware reaches on the same kind of work
 
   conv    a 5x5 convolution, 32 -> 64 channels on 14x14 maps at batch 128
           (mnist_convnet's second, the bulk of its step), forward and both
-          gradients, NHWC, as a tower runs it;
+          gradients, in the towers' layout (NHWC on CPUs, NCHW on GPUs);
   matmul  a 2048 x 2048 matmul.
 
 Every device runs its own copy at once (virtual CPUs share the cores, as the
@@ -32,7 +32,7 @@ def conv_flops(batch, side, channels, filters, kernel):
 
 
 def kernel_rates(devices, dtype=tf.float32, runs=3, conv=None, matmul_size=MATMUL_SIZE,
-                 repeats=1):
+                 repeats=1, data_format='NHWC'):
     """{'conv': GFLOP/s, 'matmul': GFLOP/s} of every device at once, in `dtype`.
 
     Args:
@@ -41,6 +41,7 @@ def kernel_rates(devices, dtype=tf.float32, runs=3, conv=None, matmul_size=MATMU
       runs: timed runs of each kind (the best is kept).
       conv: CONV's keys, to time another shape (tests use a small one).
       matmul_size, repeats: the matmul's side, and how many are chained.
+      data_format: the conv's layout, 'NHWC' or 'NCHW' (as the towers' DevicePlan).
     """
     conv = dict(CONV, **(conv or {}))
     graph = tf.Graph()
@@ -49,17 +50,19 @@ def kernel_rates(devices, dtype=tf.float32, runs=3, conv=None, matmul_size=MATMU
         fetches = {'conv': [], 'matmul': []}
         for i, device in enumerate(devices):
             with tf.device(device), tf1.variable_scope('device_%d' % i):
-                images = tf1.get_variable('images', [conv['batch'], conv['side'], conv['side'],
-                                                     conv['channels']], initializer=uniform)
+                maps = [conv['side'], conv['side']]
+                images = tf1.get_variable('images', [conv['batch']] + (
+                    [conv['channels']] + maps if data_format == 'NCHW'
+                    else maps + [conv['channels']]), initializer=uniform)
                 weights = tf1.get_variable('weights', [conv['kernel'], conv['kernel'],
                                                        conv['channels'], conv['filters']],
                                            initializer=uniform)
                 square = tf1.get_variable('square', [matmul_size] * 2, initializer=uniform)
                 x, w = tf.cast(images, dtype), tf.cast(weights, dtype)
-                maps = tf.nn.conv2d(x, w, 1, 'SAME')
+                out = tf.nn.conv2d(x, w, 1, 'SAME', data_format=data_format)
                 # Every result summed: grappler prunes what nothing reads.
-                fetches['conv'].append(tf.add_n([_sum(t) for t in [maps] + tf.gradients(
-                    maps, [x, w], grad_ys=maps)]))
+                fetches['conv'].append(tf.add_n([_sum(t) for t in [out] + tf.gradients(
+                    out, [x, w], grad_ys=out)]))
                 a = product = tf.cast(square, dtype)
                 for _ in range(repeats):
                     product = tf.matmul(product, a) * tf.constant(1.0 / matmul_size, dtype)

@@ -36,12 +36,15 @@ class StepGraph:
     casts: dict = dataclasses.field(default_factory=dict)
     xla_clusters: int = 0
 
+    def fusion_text(self):
+        """'Conv2D+BiasAdd+Relu x2, MatMul+BiasAdd x1', or '' with none."""
+        return ', '.join('%s x%d' % kv for kv in sorted(self.fusions.items()))
+
     def text(self):
         """'113 ops; fusions Conv2D+BiasAdd+Relu x2, ...; casts 19 (float32->bfloat16 10, ...)'."""
-        fusions = ', '.join('%s x%d' % kv for kv in sorted(self.fusions.items())) or 'none'
         casts = sum(self.casts.values())
         text = '%d ops; fusions %s; casts %d%s' % (
-            self.ops, fusions, casts, ' (%s)' % ', '.join(
+            self.ops, self.fusion_text() or 'none', casts, ' (%s)' % ', '.join(
                 '%s %d' % kv for kv in sorted(self.casts.items())) if casts else '')
         return text + ('; %d XLA cluster(s)' % self.xla_clusters if self.xla_clusters else '')
 
@@ -54,11 +57,9 @@ def summarize(graph_defs):
         for node in graph_def.node:
             ops += 1
             base = _PREFIX.sub('', node.op)
-            if 'fused_ops' in node.attr and node.attr['fused_ops'].list.s:
-                fusions['+'.join([base] + [s.decode() for s in node.attr['fused_ops'].list.s])] \
-                    += 1
-            elif base.endswith('WithBias'):  # a weight gradient that sums the bias's too
-                fusions[base[:-len('WithBias')] + '+BiasAddGrad'] += 1
+            fused = _fused(node, base)
+            if fused:
+                fusions[fused] += 1
             elif base == 'Cast':
                 casts['%s->%s' % (tf.dtypes.as_dtype(node.attr['SrcT'].type).name,
                                   tf.dtypes.as_dtype(node.attr['DstT'].type).name)] += 1
@@ -67,13 +68,29 @@ def summarize(graph_defs):
     return StepGraph(ops, dict(fusions), dict(casts), xla)
 
 
+def _fused(node, base):
+    """The ops a fused node stands for ('Conv2D+BiasAdd+Relu'), or None."""
+    if 'fused_ops' in node.attr and node.attr['fused_ops'].list.s:
+        return '+'.join([base] + [s.decode() for s in node.attr['fused_ops'].list.s])
+    if base.endswith('BackpropFilterWithBias'):  # a weight gradient that sums the bias's too
+        return base[:-len('WithBias')] + '+BiasAddGrad'
+    if base.endswith('WithBias'):  # oneDNN's layout pass: a conv and its bias add
+        return base[:-len('WithBias')] + '+BiasAdd'
+    if base.startswith('BatchNorm') and 'activation_mode' in node.attr:  # _FusedBatchNormEx
+        side = node.attr['num_side_inputs'].i if 'num_side_inputs' in node.attr else 0
+        activation = node.attr['activation_mode'].s.decode()
+        return '+'.join(['FusedBatchNorm'] + ['Add'] * bool(side)
+                        + [activation] * (activation != 'Identity'))
+    return None
+
+
 def graph_options():
     """RunOptions that ask a sess.run for its partition graphs, and nothing slower."""
     return tf1.RunOptions(output_partition_graphs=True)
 
 
 def of_run(sess, fetches, feed=None):
-    """Run fetches once with the partition graphs asked back; their StepGraph."""
+    """Run fetches once with the partition graphs asked back: (their values, StepGraph)."""
     metadata = tf1.RunMetadata()
-    sess.run(fetches, feed, options=graph_options(), run_metadata=metadata)
-    return summarize(metadata.partition_graphs)
+    values = sess.run(fetches, feed, options=graph_options(), run_metadata=metadata)
+    return values, summarize(metadata.partition_graphs)
