@@ -60,7 +60,7 @@ def test_the_keras_twin_is_built_under_its_policy_and_leaves_the_global_one_alon
 
 def test_compare_gives_keras_a_row_in_each_precision(monkeypatch):
     monkeypatch.setattr(rates, 'kernel_rates',  # test_rates' part
-                        lambda devices, dtype: {'conv': 1.0, 'matmul': 1.0})
+                        lambda devices, dtype, data_format: {'conv': 1.0, 'matmul': 1.0})
     train = data.load_dataset('mnist_sample').train
     tf.config.list_logical_devices()  # eager on one CPU device, as in test_compare
     lines = []
