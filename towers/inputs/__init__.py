@@ -62,13 +62,11 @@ def make_input(mode, dataset, sampler, batch_size, num_classes, seed=0, epochs=N
     if hasattr(dataset, 'source'):  # records on disk (a RecordSet, an ImageNetSet)
         if mode != 'dataset':
             raise SettingError('records stream through {input} dataset, not %s', mode)
-        # An ImageNet set shuffles and crops its records itself (data/imagenet.py).
-        done = (dict(augment=False, shuffle_buffer=0) if getattr(dataset, 'shuffled', False)
-                else {})
         return DatasetInput(num_classes=num_classes, batch_size=batch_size, seed=seed,
                             pixel_scale=255.0, source_fn=dataset.source, epochs=epochs,
                             mean=mean, std=std, share=share,
-                            epoch_source_fn=getattr(dataset, 'epoch_source', None), **done)
+                            epoch_source_fn=getattr(dataset, 'epoch_source', None),
+                            **_done_by_the_set(dataset))
     if mode == 'feed':
         return FeedInput(dataset, sampler)
     if mode == 'staging':
@@ -147,10 +145,16 @@ def _service_input(config, train_set, num_classes, share, steps_per_epoch):
         raise SettingError('{data_service} sends a pipeline over shards on disk to its workers: '
                            'train on records:DIR, imagenet:DIR or tfds:DIR, not an in-memory '
                            'dataset')
-    # An ImageNet set shuffles and crops its records itself (data/image_records.py).
-    done = (dict(augment=False, shuffle_buffer=0) if getattr(train_set, 'shuffled', False)
-            else {})
     return DataServiceInput(train_set, config.data_service, config.data_service_mode,
                             steps_per_epoch, num_classes, config.batch_size, seed=config.seed,
                             mean=config.mean, std=config.std, job=config.data_service_job,
-                            timeout=config.cluster_timeout, share=share, **done)
+                            timeout=config.cluster_timeout, share=share,
+                            **_done_by_the_set(train_set))
+
+
+def _done_by_the_set(train_set):
+    """The pipeline options a split on disk takes over: an ImageNet set shuffles and crops
+    its records itself (data/image_records.py), so the pipeline neither augments nor
+    shuffles them again; {} for the others."""
+    return dict(augment=False, shuffle_buffer=0) if getattr(train_set, 'shuffled', False) \
+        else {}
