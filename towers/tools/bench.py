@@ -122,8 +122,7 @@ def measure_interleaved(configs, warmup_steps=10, timed_steps=50, rounds=5,
         for config in configs:
             # The traced step and the inspected one are more (a staged input is
             # started for every step).
-            num_steps = warmup_steps + timed_steps + (trace_path is not None) + (
-                graphs is not None)
+            num_steps = warmup_steps + timed_steps + bool(trace_path) + (graphs is not None)
             trainers.append(config(num_steps) if callable(config)
                             else _Trainer(num_steps=num_steps, **config))
             trainers[-1].run(warmup_steps, clock, timed=False)

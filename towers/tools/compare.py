@@ -153,12 +153,11 @@ def run_compare(model_name, model_fn, input_shape, num_classes, tower_counts, ba
         row.update(mean=mean, stderr=stderr, gflops=mean * flops / 1e9, graph=graph)
     # What the devices reach on a conv and a matmul, in each precision, after the rows:
     # measured on the same devices in the same process.
-    # (The textbook row is float32 whatever the precisions asked.)
+    # Once per (tower count, precision) of the rows: towers' in every one asked, and the
+    # textbook's float32 whatever was asked.
     yardsticks = {key: rates.kernel_rates(resolve_devices(num_towers=key[0]), DTYPES[key[1]],
                                           data_format=local_plan(key[0]).data_format)
-                  for key in dict.fromkeys((count, p.name) for count in tower_counts
-                                           for p in chosen)
-                  | dict.fromkeys((r['towers'], r['precision']) for r in rows)}
+                  for key in dict.fromkeys((r['towers'], r['precision']) for r in rows)}
     for row in rows:
         row['conv_share'] = row['gflops'] / yardsticks[row['towers'], row['precision']]['conv']
     _report(rows, flops, tower_counts, [p.name for p in chosen], yardsticks, log)
