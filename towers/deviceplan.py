@@ -256,18 +256,19 @@ def uses_variable(op):
 
 
 def planned_device(op):
-    """Where the plan puts op: its device, that of the op it is colocated with, or, for an
-    op that reads a variable (a read clears the device scope), the variable's, as
-    TensorFlow's placer puts every op that uses a resource with it."""
+    """Where the plan puts op: for an op that uses a variable (reads it, or assigns to it
+    under a tower's device scope), the variable's, as TensorFlow's placer puts every op
+    that uses a resource with it; else its device, or that of the op it is colocated
+    with."""
+    for tensor in op.inputs:
+        if tensor.dtype == tf.resource:
+            return planned_device(tensor.op)
     if op.device:
         return canonical_device(op.device)
     for group in op.colocation_groups():
         name = group.decode()[len('loc:@'):]
         if name != op.name:
             return planned_device(op.graph.get_operation_by_name(name))
-    for tensor in op.inputs:
-        if tensor.dtype == tf.resource:
-            return planned_device(tensor.op)
     return ''
 
 

@@ -8,7 +8,7 @@ from towers import models
 from towers.callbacks import PlacementAudit, default_callbacks
 from towers.callbacks.placement import moved_ops
 from towers.config import TrainConfig
-from towers.deviceplan import DevicePlan
+from towers.deviceplan import DevicePlan, planned_device
 from towers.errors import TowersError
 from towers.graph import build_training_graph
 from towers.inputs import SyntheticInput
@@ -71,3 +71,16 @@ def test_every_run_audits_its_first_step():
     assert len(audits) == 1 and not audits[0].allow_soft_placement
     allowed = default_callbacks(TrainConfig(allow_soft_placement=True))
     assert [c.allow_soft_placement for c in allowed if isinstance(c, PlacementAudit)] == [True]
+
+
+def test_an_op_that_uses_a_variable_is_planned_where_the_variable_is():
+    """A batch norm's moving-average update is built under its tower's device scope; the
+    placer puts it with the variable (here a ps task's), and so does the plan."""
+    with tf.Graph().as_default():
+        with tf1.device('/job:ps/task:0/device:CPU:0'):
+            moving = tf1.get_variable('moving', [3], use_resource=True)
+        with tf1.device('/job:worker/task:0/device:CPU:0'):
+            update = tf1.assign(moving, moving * 0.5)
+            decayed = moving * 0.5
+    assert planned_device(update.op) == '/job:ps/task:0/device:CPU:0'
+    assert planned_device(decayed.op) == '/job:worker/task:0/device:CPU:0'
