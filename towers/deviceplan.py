@@ -101,6 +101,10 @@ class DevicePlan:
       copies: each tower has copies of its own, on its own device.
       host: the device of the single ops.
       default_device: completes every device of the graph, or None.
+      read_cache: where the towers read the shared variables through, once a step (the
+        variable scope's caching_device), or None: each tower reads each variable itself.
+        A parameter-server worker's CPU: its G towers then take one copy of each variable
+        off the network instead of G, as tf_cnn_benchmarks' distributed parameter_server.
       all_reduce: how the copies' gradients meet ('nccl', 'host', 'ring'), or None.
       variable_update: the --variable-update the plan was made for.
       data_format: 'NHWC' or 'NCHW'; None: NCHW where the towers are GPUs.
@@ -111,6 +115,7 @@ class DevicePlan:
     copies: bool = False
     host: str = '/cpu:0'
     default_device: object = None
+    read_cache: str = None
     all_reduce: str = None
     variable_update: str = 'parameter_server'
     data_format: str = None

@@ -62,7 +62,7 @@ def combine(grads, weights):
     return tf.add_n(terms) if len(terms) > 1 else terms[0]
 
 
-def average_gradients(tower_grads, weights=None):
+def average_gradients(tower_grads, weights=None, device=None):
     """Average gradients across towers, one result per shared variable.
 
     Args:
@@ -74,10 +74,13 @@ def average_gradients(tower_grads, weights=None):
       weights: num_towers scalars (floats or scalar tensors) summing to 1, each
         tower's share of the global batch. None means equal shares (1/N), the
         classic tutorial's plain mean.
+      device: where every sum is formed; None: on each variable's own device, as
+        in the classic tutorial. A parameter-server worker sums its towers on its
+        own device: summed on the ps, each gradient would cross the network to it and
+        back before the worker pushes the sum (towers/cluster/syncreplicas.py).
 
     Returns:
-      num_vars x (grad, var): the weighted sum per variable, computed on the
-      variable's own device. grad is a dense tensor, or tf.IndexedSlices when
+      num_vars x (grad, var): the weighted sum per variable. grad is a dense tensor, or tf.IndexedSlices when
       every tower's grad is sparse, or None when no tower has a gradient.
 
     Raises:
@@ -96,8 +99,8 @@ def average_gradients(tower_grads, weights=None):
         for grads_and_vars in zip(*tower_grads):
             var = grads_and_vars[0][1]
             # The sum lands where the variable lives, as in the classic tutorial
-            # (there, /cpu:0): each tower's gradient crosses once.
-            with tf.device(var.device):
+            # (there, /cpu:0), unless told otherwise: each tower's gradient crosses once.
+            with tf.device(device or var.device):
                 grad = combine([g for g, _ in grads_and_vars], weights)
             average.append((grad, var))
     return average

@@ -216,6 +216,7 @@ def build_towers_from_slices(loss_fn, slices, plan, optimizer=None, training=Tru
         with tf1.variable_scope(own_scope or tf1.get_variable_scope(),
                                 reuse=True if (shares or reuse) else None,
                                 custom_getter=precision.getter(),
+                                caching_device=plan.read_cache,
                                 auxiliary_name_scope=False), \
                 tf1.device(variables_on(variable_device, device)), \
                 layout.prefer(plan.data_format), \

@@ -17,8 +17,8 @@ def test_gradient_bytes_are_the_models_trainable_variables():
     ('collective', 1, 0, 'one task'),
     ('collective', 2, 2 * 1000, 'ring: 2(n-1)/n*S per worker'),  # each of 2 workers sends S
     ('collective', 4, 6 * 1000, 'ring: 2(n-1)/n*S per worker'),  # each sends 3/2 S
-    ('parameter-server', 1, 2 * 1000, 'per worker: S read per tower, S pushed'),
-    ('parameter-server', 3, 6 * 1000, 'per worker: S read per tower, S pushed'),
+    ('parameter-server', 1, 2 * 1000, 'per worker: S read, S pushed'),
+    ('parameter-server', 3, 6 * 1000, 'per worker: S read, S pushed'),
     ('in-graph', 2, 1234, 'counted by explain'),
     ('in-graph', 1, 1234, 'counted by explain'),  # with a ps: the chief reads from it
 ])

@@ -73,8 +73,11 @@ def parameter_server(cluster, towers_per_task=None, timeout=None, threads=None, 
     # The ps tasks and the workers (whose pings name a lost one); never another job.
     config.device_filters.extend(['/job:ps', '/job:worker'])
     # The variables go where the ps tasks' device setter puts them, as in the classic recipe.
+    # Each tower reads the variables through the worker's CPU: one copy of each off the
+    # network a step, whatever the tower count.
     plan = DevicePlan(tower_devices, variables=None,
                       default_device=ps_device_setter(cluster, cluster.task_index),
+                      read_cache=task + '/device:CPU:0',
                       variable_update='parameter-server', config=config)
     strategy = SyncReplicas(plan, cluster.num_workers, cluster.is_chief)
     return ClusterRun('parameter-server', cluster, plan, timeout, strategy,

@@ -75,21 +75,26 @@ class SyncReplicas(VariableStrategy):
     def build_train_op(self, towers, optimizers, global_step, weight_decay=None,
                        processors=()):
         """b_k * (this worker's average), and its step results -> the mean over the workers."""
+        # The worker's own towers meet on its first tower's device: it pushes one sum of
+        # each gradient to the ps, b_k * g_k, formed there too.
+        mine = self.plan.towers[0]
         local = [(g, v) for g, v in average_gradients([t.grads_and_vars for t in towers],
-                                                      weights=[t.weight for t in towers])
+                                                      [t.weight for t in towers], mine)
                  if g is not None]
         metrics = weighted_metrics(towers)
         with tf1.name_scope(RESULTS_SCOPE + '/'):  # one scope, however often opened
             count = tf.cast(tf.add_n([t.count for t in towers]), tf.float64)
             self.vote = tf1.placeholder_with_default(0.0, [], name='stop_vote')
             # float64: exact counts, and accuracies that print exact.
-            mine = tf.stack([tf.cast(weighted_loss(towers), tf.float64) * count]
-                            + [metrics[n] * count for n in sorted(metrics)]
-                            + [count, tf.cast(self.vote, tf.float64)])
-            results = tf1.Variable(tf.zeros(mine.shape, tf.float64), trainable=False,
+            results_now = tf.stack([tf.cast(weighted_loss(towers), tf.float64) * count]
+                                   + [metrics[n] * count for n in sorted(metrics)]
+                                   + [count, tf.cast(self.vote, tf.float64)])
+            results = tf1.Variable(tf.zeros(results_now.shape, tf.float64), trainable=False,
                                    name='step_results')
-        share = tf.cast(count, tf.float32)
-        pushed = [(tf.convert_to_tensor(g) * share, v) for g, v in local] + [(mine, results)]
+        with tf.device(mine):
+            share = tf.cast(count, tf.float32)
+            pushed = [(tf.convert_to_tensor(g) * share, v) for g, v in local] + [
+                (results_now, results)]
         update = _WholeBatchUpdate(optimizers[0], results, weight_decay, processors)
         self.optimizer = tf1.train.SyncReplicasOptimizer(update, self.num_workers)
         token = self.optimizer.apply_gradients(pushed, global_step=global_step)

@@ -14,7 +14,7 @@ cores. The bytes each step sends between tasks are the model's: in-graph, as
 variables read and the gradients sent back by every task but the one holding
 them, and the fed slices); collective, the ring all-reduce's 2(n-1)/n * S per
 worker for S bytes of gradients; parameter-server, each worker's S of
-gradients pushed and S of variables read.
+gradients pushed and S of variables read (once, whatever its towers).
 
 Every run trains in the one --precision (and --loss-scale) of the bench: the
 train flags pass them on. The variables and so the gradients stay float32 in
@@ -50,7 +50,7 @@ def between_tasks(mode, workers, size, explained=None, towers=1, ps=0):
     if mode == 'in-graph':
         return explained, 'counted by explain'
     how = 'ring: 2(n-1)/n*S per worker' if mode == 'collective' else \
-        'per worker: S read per tower, S pushed'
+        'per worker: S read, S pushed'
     return bytes_between_tasks(mode, workers, size, towers, ps), how
 
 

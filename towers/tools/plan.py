@@ -22,10 +22,10 @@ precision); S_p the share of them on ps task p, placed as towers places them
 (each variable to the least loaded ps task).
 
   parameter-server  the pull, then the push, each bound by its busiest link:
-                    a worker reads every variable for each of its G towers
-                    (G*S in) and pushes its towers' average (S out); ps task
-                    p sends N*G*S_p and receives N*S_p:
-                    (max(G*S, N*G*max S_p) + max(S, N*max S_p)) / B + 4a
+                    a worker reads every variable once, whatever its G towers
+                    (through its CPU: S in), and pushes its towers' sum (S
+                    out); ps task p sends N*S_p and receives N*S_p:
+                    2 * max(S, N*max S_p) / B + 4a
   collective        a ring all-reduce of each buffer of gradients (packed up
                     to 32 MB, towers/cluster/collective.py), then one of the
                     step's loss and metrics:
@@ -104,15 +104,17 @@ def communication(mode, workers, sizes, bandwidth, latency, towers=1, ps=0, inpu
         raise SettingError('{cluster_mode} parameter-server needs {ps} of at least 1')
     # Without ps tasks (in-graph only) the chief holds every variable and reads its own.
     shard = max(shard_bytes(sizes, ps)) if ps else size
+    if mode == 'parameter-server':  # each worker's one read and one push
+        pull = push = max(size, n * shard)
+        seconds = (pull + push) / b + 4 * a
+        return seconds, '2*max(S, N*S_p)/B + 4a = (%s + %s)/B + 4a' % (bytes_text(pull),
+                                                                         bytes_text(push))
     holders = n if ps else n - 1
-    pull = max(g * size if holders else 0, holders * g * shard)
-    push = (max(size, n * shard) if mode == 'parameter-server'
-            else max(g * size if holders else 0, holders * g * shard))
-    fed = (n - 1) * input_bytes if mode == 'in-graph' else 0
+    pull = push = max(g * size if holders else 0, holders * g * shard)
+    fed = (n - 1) * input_bytes
     seconds = (pull + push + fed) / b + (4 * a if holders else 0)
-    what = 'max(G*S, N*G*S_p)' if mode == 'in-graph' else 'max(S, N*S_p)'
-    formula = 'max(G*S, N*G*S_p)/B + %s/B%s + 4a = (%s + %s%s)/B + 4a' % (
-        what, ' + (N-1)*I/B' if fed else '', bytes_text(pull), bytes_text(push),
+    formula = '2*max(G*S, N*G*S_p)/B%s + 4a = (%s + %s%s)/B + 4a' % (
+        ' + (N-1)*I/B' if fed else '', bytes_text(pull), bytes_text(push),
         ' + %s' % bytes_text(fed) if fed else '')
     return seconds, formula
 
@@ -123,14 +125,14 @@ def bytes_between_tasks(mode, workers, size, towers=1, ps=0, input_bytes=0):
     in-graph: every tower reads S and sends back S (between tasks when a ps task
     holds them; the chief's own towers read locally without one), and the chief
     feeds the other workers their slices; parameter-server: each worker reads S
-    per tower and pushes S; collective: the ring's 2(N-1)/N * S per worker.
+    once and pushes S; collective: the ring's 2(N-1)/N * S per worker.
     """
     n, g = workers, towers
     if mode == 'collective':
         return int(round(2 * (n - 1) * size))
     remote = n if ps else n - 1  # the workers whose towers read across the network
     if mode == 'parameter-server':
-        return int(n * g * size + n * size)
+        return int(2 * n * size)
     return int(2 * remote * g * size + (n - 1) * input_bytes)
 
 
