@@ -40,22 +40,29 @@ def packs(tensors, max_bytes=BUFFER_BYTES):
 
     A tensor larger than max_bytes is a pack of its own.
     """
+    return byte_packs([(t.dtype, t.shape.num_elements() * t.dtype.size) for t in tensors],
+                      max_bytes)
+
+
+def byte_packs(kinds_and_sizes, max_bytes):
+    """packs() of [(dtype, bytes)]: what towers plan cuts from a model's sizes alone."""
     groups, current, size = [], [], 0
-    for i, tensor in enumerate(tensors):
-        if current and (tensor.dtype != tensors[current[0]].dtype or size >= max_bytes):
+    for i, (kind, nbytes) in enumerate(kinds_and_sizes):
+        if current and (kind != kinds_and_sizes[current[0]][0] or size >= max_bytes):
             groups.append(current)
             current, size = [], 0
         current.append(i)
-        size += tensor.shape.num_elements() * tensor.dtype.size
+        size += nbytes
     if current:
         groups.append(current)
     return groups
 
 
-def sum_packed(tensors, reduce_pack):
-    """Each of `tensors` reduced, through reduce_pack(flat buffer) -> reduced buffer per pack."""
+def sum_packed(tensors, reduce_pack, max_bytes=BUFFER_BYTES):
+    """Each of `tensors` reduced, through reduce_pack(flat buffer) -> reduced buffer per pack
+    of at most max_bytes (see packs)."""
     out = [None] * len(tensors)
-    for indices in packs(tensors):
+    for indices in packs(tensors, max_bytes):
         for i, piece in _unpacked(reduce_pack(_packed(tensors, indices)), tensors, indices):
             out[i] = piece
     return out

@@ -80,8 +80,9 @@ def average_gradients(tower_grads, weights=None, device=None):
         back before the worker pushes the sum (towers/cluster/syncreplicas.py).
 
     Returns:
-      num_vars x (grad, var): the weighted sum per variable. grad is a dense tensor, or tf.IndexedSlices when
-      every tower's grad is sparse, or None when no tower has a gradient.
+      num_vars x (grad, var): the weighted sum per variable. grad is a dense
+      tensor, or tf.IndexedSlices when every tower's grad is sparse, or None when
+      no tower has a gradient.
 
     Raises:
       GradientError: the towers disagree on their variables, or weights has the

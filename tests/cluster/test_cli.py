@@ -123,3 +123,13 @@ def test_parameter_server_mode_needs_ps_tasks_and_one_copy(capsys, monkeypatch):
              'parameter-server does not pool it across workers')):
         assert main(['train', '--cluster-mode', 'parameter-server'] + flags) == 1
         assert _one_line(capsys) == message
+
+
+def test_the_all_reduce_bucket_is_collective_modes_and_a_size(capsys, monkeypatch):
+    monkeypatch.setenv('TF_CONFIG', _tf_config(['127.0.0.1:1']))
+    assert main(['train', '--cluster-mode', 'collective', '--all-reduce-bucket', 'big']) == 1
+    assert _one_line(capsys) == ("--all-reduce-bucket is auto, a positive size such as 256kB "
+                                 "or 4MB, or 0, not 'big'")
+    assert main(['train', '--all-reduce-bucket', '1MB']) == 1  # in-graph, the default
+    assert _one_line(capsys) == ('--all-reduce-bucket sizes the all-reduce of --cluster-mode '
+                                 'collective; in-graph mode has none')

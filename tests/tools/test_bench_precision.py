@@ -103,7 +103,7 @@ def test_the_cluster_bench_passes_its_precision_to_every_run(monkeypatch, capsys
     def towers(command, timeout):
         commands.append(command)
         return 'trained to step 4: 100.0 images/sec after warm-up\n'
-    monkeypatch.setattr(clusterbench, '_towers', towers)
+    monkeypatch.setattr(clusterbench, 'run_towers', towers)
     assert main(['bench', '--cluster-mode', 'collective', '--towers', '1', '--workers', '1',
                  '--rounds', '2', '--warmup', '1', '--window', '3', '--model', 'small_convnet',
                  '--precision', 'fp16', '--loss-scale', '256']) == 0

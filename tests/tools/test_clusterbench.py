@@ -37,7 +37,7 @@ def test_runs_in_turns_and_compares_each_cluster_with_one_process(monkeypatch):
         return ('[worker 1] trained to step 20: 1.0 images/sec after warm-up\n'
                 '[worker 0] trained to step 20: %.1f images/sec after warm-up\n'
                 'towers launch: every training task finished\n' % rate)
-    monkeypatch.setattr(clusterbench, '_towers', towers)
+    monkeypatch.setattr(clusterbench, 'run_towers', towers)
     rows = clusterbench.run_cluster_bench('collective', [1, 2], ['--steps', '20'], rounds=2,
                                           log=lambda line: None)
     assert made[:4] == [
@@ -60,7 +60,7 @@ def test_runs_in_turns_and_compares_each_cluster_with_one_process(monkeypatch):
 
 
 def test_a_run_without_a_rate_or_a_failing_run_is_one_error(monkeypatch):
-    monkeypatch.setattr(clusterbench, '_towers', lambda command, timeout: 'step 3/3\n')
+    monkeypatch.setattr(clusterbench, 'run_towers', lambda command, timeout: 'step 3/3\n')
     with pytest.raises(TowersError, match='no images/sec from `towers train --towers`'):
         clusterbench.run_cluster_bench('collective', [1], [], rounds=2, log=print)
     with pytest.raises(TowersError, match='cluster_mode parameter-server needs ps of at least 1'):

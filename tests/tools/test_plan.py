@@ -60,16 +60,36 @@ def test_a_ps_step_pulls_then_pushes_through_its_busiest_link():
 def test_plan_prints_each_worker_count_from_the_device_flops(capsys):
     assert main(['plan', '--model', 'small_convnet', '--workers', '1,4', '--batch-size', '64',
                  '--bandwidth', '1GB', '--latency', '0', '--cluster-mode', 'collective',
-                 '--device-flops', '1T', '--json']) == 0
+                 '--device-flops', '1T', '--all-reduce-bucket', '0', '--json']) == 0
     out = capsys.readouterr().out
     rows = json.loads(out[out.index('\n[') + 1:])
     compute = rows[0]['compute_s']
     assert [(r['workers'], r['network_s']) for r in rows] == [
-        (1, 0.0), (4, pytest.approx(1.5 * 217640 / 1e9 + 0))]
+        (1, 0.0), (4, pytest.approx(1.5 * 217640 * 1514 / 1448 / 1e9 + 0))]  # TCP/IP framing
     for row in rows:
         assert row['step_s'] == pytest.approx(compute + row['network_s'])
         assert row['images_per_sec'] == pytest.approx(row['workers'] * 64 / row['step_s'])
         assert row['efficiency'] == pytest.approx(compute / row['step_s'])
+
+
+def test_an_overlapped_all_reduce_waits_for_the_forward_pass_and_the_last_bucket():
+    # Gradients of 300, 100, 200 and 50 kB in build order: reversed, with the batch size's
+    # 4 bytes first, each bucket closed once it holds 256 kB: [4 + 50 + 200 + 100 kB], then
+    # [300 kB].
+    sizes = [300e3, 100e3, 200e3, 50e3]
+    step, network, formula = plan.overlapped(0.3, 2, sizes, 1e6, 1e-3, 256e3)
+    first, last = 350004 / 1e6 + 2e-3, 300e3 / 1e6 + 2e-3  # each bucket: S_j/B + 2(N-1)a
+    assert network == pytest.approx(first + last + 2e-3)  # and the step's results
+    assert step == pytest.approx(max(0.3 + last, 0.1 + network))  # the network's: 0.756
+    assert formula.startswith('2 buckets; max(C + t_last, C/3 + W)')
+    # Compute-bound: only the last bucket's all-reduce is left after the backward pass.
+    assert plan.overlapped(2.0, 2, sizes, 1e6, 1e-3, 256e3)[0] == pytest.approx(2.0 + last)
+    # One bucket: nothing to overlap, the whole all-reduce after the backward pass.
+    assert plan.overlapped(2.0, 2, sizes, 1e6, 0.0, 1e9)[0] == pytest.approx(2.0 + 0.650004)
+    # predict() gives the link's bandwidth; the payload gets 1448 bytes of every 1514.
+    rows = plan.predict('collective', [1, 2], 0.3, 64, sizes, 1514 / 1448 * 1e6, 1e-3,
+                        bucket_bytes=256e3)
+    assert [row['step_s'] for row in rows] == [0.3, pytest.approx(step)]
 
 
 @pytest.mark.parametrize('flags,message', [

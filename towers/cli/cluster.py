@@ -9,8 +9,10 @@ tasks serve. Either way the same `towers train` command can run on every host
 serves, it serves.
 """
 from towers.cluster import modes
+from towers.cluster.collective import bucket_bytes
 from towers.cluster.server import serve, server_config
 from towers.cluster.spec import ClusterError, resolve
+from towers.names import ALL_REDUCE_BUCKET
 
 
 def cluster_of(args):
@@ -51,7 +53,13 @@ def cluster_run(args, cluster, log):
         if args.variable_update != 'parameter_server':
             raise ClusterError('{cluster_mode} collective keeps one copy of the variables per '
                                'worker: leave {variable_update} at parameter_server')
-        return modes.collective(cluster, towers, args.cluster_timeout, args.threads)
+        bucket = args.all_reduce_bucket or ALL_REDUCE_BUCKET
+        bucket_bytes(bucket, [])  # a bad size is refused before any server starts
+        return modes.collective(cluster, towers, args.cluster_timeout, args.threads,
+                                bucket=bucket)
+    if args.all_reduce_bucket is not None:
+        raise ClusterError('{all_reduce_bucket} sizes the all-reduce of {cluster_mode} '
+                           'collective; %s mode has none' % mode)
     if mode == 'parameter-server':
         if args.ema is not None:
             raise ClusterError('{ema} is not kept in {cluster_mode} parameter-server yet: the '

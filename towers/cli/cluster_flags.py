@@ -5,7 +5,7 @@ TensorFlow-free, as parsers.py, which adds them to its parser.
 import argparse
 
 from towers.cluster.spec import TASK_TYPES
-from towers.names import CLUSTER_MODES
+from towers.names import ALL_REDUCE_BUCKET, CLUSTER_MODES
 
 
 def cluster_train_flags(train):
@@ -17,6 +17,12 @@ def cluster_train_flags(train):
                             'variables on the ps tasks; collective, every worker its own '
                             'towers and a copy of the variables, gradients all-reduced over '
                             'the workers (default: in-graph)')
+    train.add_argument('--all-reduce-bucket', default=None, metavar='SIZE',
+                       help='collective mode: all-reduce the gradients in buckets of about SIZE '
+                            '(e.g. 256kB, 4MB; auto: an eighth of them), last layer first, each '
+                            'as soon as the backward pass has made it, so that the network '
+                            'runs while the first layers still compute; 0: all of them after '
+                            'the backward pass (default: %s)' % ALL_REDUCE_BUCKET)
     train.add_argument('--cluster-timeout', type=float, default=None, metavar='SECONDS',
                        help='with a cluster: how long a step may wait on another task before '
                             'the run stops, naming it (default: 5 times the step time, at '

@@ -168,9 +168,19 @@ def run_cluster_bench(args, log):
                       '--quiet', '--log-every', str(args.warmup + args.window)]
     flags += ['--threads', str(args.threads)] if args.threads else []
     log('bench: %s, global batch %d, %s input, %s, %d warm-up + %d timed steps per run, '
-        '%d rounds; %s mode, %d tower(s) per task; on %s'
+        '%d rounds; %s mode, %d tower(s) per task%s; on %s'
         % (args.model, args.batch_size, args.input, precisions[0], args.warmup, args.window,
-           args.rounds, args.cluster_mode, towers, machine()))
+           args.rounds, args.cluster_mode, towers, ', every task on a host of its own on '
+           'links of %s' % args.emulate_link if args.emulate_link else '', machine()))
+    if args.emulate_link:
+        from towers.tools import linkbench
+        rows = linkbench.run_link_bench(
+            args.cluster_mode, workers, flags, model_fn, info.input_shape, info.num_classes,
+            args.batch_size, args.emulate_link, towers, ps, args.rounds, args.warmup,
+            args.window, log=log)
+        for line in linkbench.table_lines(rows):
+            log(line)
+        return
     rows = clusterbench.run_cluster_bench(args.cluster_mode, workers, flags, towers, ps,
                                           args.rounds, log=log)
     explained = (clusterbench.explained_bytes(workers, ps, towers, common + [
@@ -184,7 +194,8 @@ def run_cluster_bench(args, log):
 
 def run_plan(args, log):
     """towers plan: predicted scaling over --workers, from one step timed here."""
-    from towers.cluster.emulate import parse_delay, parse_rate
+    from towers.cluster.collective import bucket_bytes
+    from towers.cluster.emulate import parse_delay, parse_rate, parse_size
     from towers.names import CLUSTER_MODES
     from towers.precision import Precision
     from towers.tools import bench, plan
@@ -215,7 +226,7 @@ def run_plan(args, log):
     if args.gradient_bytes is not None:
         # Even shares over the ps tasks: its variables' sizes are not known here.
         model, sizes = 'a model of %s' % args.gradient_bytes, plan.even_sizes(
-            plan.parse_bytes(args.gradient_bytes))
+            parse_size(args.gradient_bytes, 'gradient_bytes'))
     else:
         model_fn = models.build_model(args.model, info.input_shape, info.num_classes)
         sizes = plan.model_sizes(model_fn, info.input_shape)
@@ -232,12 +243,13 @@ def run_plan(args, log):
         bench.check_window(args.batch_size, args.warmup, args.window)
         mean, stderr = bench.measure_one_worker(model_fn, info.input_shape, info.num_classes,
                                                 towers, args.batch_size, args.warmup,
-                                                args.window, precision)
+                                                args.window, precision, args.threads)
         compute = args.batch_size / mean
-        source = ('one worker timed here: %d tower(s), batch %d, %s: %.1f ± %.1f images/sec '
-                  'over %d steps after %d; on %s' % (towers, args.batch_size, precision.name,
-                                                     mean, stderr, args.window, args.warmup,
-                                                     machine()))
+        source = ('one worker timed here: %d tower(s), batch %d, %s%s: %.1f ± %.1f images/sec '
+                  'over %d steps after %d; on %s' % (
+                      towers, args.batch_size, precision.name,
+                      ', %d thread(s)' % args.threads if args.threads else '', mean, stderr,
+                      args.window, args.warmup, machine()))
     log('plan: %s, batch %d per worker of %d device(s); links %s each way (B = %s/s), '
         'latency a = %s' % (model, args.batch_size, towers, args.bandwidth,
                             plan.bytes_text(bandwidth), args.latency))
@@ -245,9 +257,10 @@ def run_plan(args, log):
     log('S = %s of gradients in %d variables; I = %s of input per worker'
         % (plan.bytes_text(sum(sizes)), len(sizes), plan.bytes_text(slice_bytes)))
     ps = args.ps if args.ps == 'workers' else int(args.ps)
+    bucket = bucket_bytes(args.all_reduce_bucket, sizes)
     rows = [row for mode in modes
             for row in plan.predict(mode, workers, compute, args.batch_size, sizes, bandwidth,
-                                    latency, towers, ps, slice_bytes)]
+                                    latency, towers, ps, slice_bytes, bucket)]
     if args.json:
         log(json.dumps(rows, indent=1, sort_keys=True))
     else:

@@ -48,8 +48,17 @@ def run_launch(args, log):
         # The evaluator only reads the logdir: it stays outside the emulated network.
         tasks = [(kind, index, argv if kind == 'evaluator' else hosts.command(i, argv), serves)
                  for i, (kind, index, argv, serves) in enumerate(tasks)]
-        return launch.launch(tasks, jobs, logs=args.logs, grace=args.grace, log=log,
-                             gpus_per_worker=args.gpus_per_worker)
+        meter = emulate.LinkMeter(hosts, ['%s %d' % task[:2] for task in tasks
+                                          if task[0] != 'evaluator'])
+
+        def observed(line):
+            meter.observe(line)
+            log(line)
+        status = launch.launch(tasks, jobs, logs=args.logs, grace=args.grace, log=observed,
+                               gpus_per_worker=args.gpus_per_worker)
+        for line in meter.lines():
+            log(line)
+        return status
 
 
 def _train_flags(command):

@@ -3,7 +3,13 @@
 TensorFlow-free, as parsers.py, which adds them to its parser.
 """
 from towers.cli.flags import device_flags, model_flags, precision_flags
-from towers.names import CLUSTER_MODES, DATA_FORMATS, OPTIMIZERS, VARIABLE_UPDATES
+from towers.names import (
+    ALL_REDUCE_BUCKET,
+    CLUSTER_MODES,
+    DATA_FORMATS,
+    OPTIMIZERS,
+    VARIABLE_UPDATES,
+)
 
 
 def bench_parser(commands):
@@ -51,6 +57,11 @@ def bench_parser(commands):
                               '(default: 3)')
     cluster.add_argument('--threads', type=int, default=None,
                          help="with --cluster-mode: each run's intra- and inter-op threads")
+    cluster.add_argument('--emulate-link', default=None, metavar='RATE,DELAY',
+                         help='with --cluster-mode: run each cluster with every task on a host '
+                              'of its own, its link shaped to RATE after DELAY (towers launch '
+                              "--emulate-link; root), and hold the step and each task's bytes "
+                              'against towers plan')
     return bench
 
 
@@ -88,6 +99,14 @@ def plan_parser(commands):
                       help="a model's gradient bytes when it is not one of towers' models "
                            "(e.g. 102.2MB, ResNet-50's 25.6M float32 parameters), spread "
                            'evenly over the ps tasks; goes with --step-seconds')
+    plan.add_argument('--all-reduce-bucket', default=ALL_REDUCE_BUCKET, metavar='SIZE',
+                      help="collective mode's all-reduce buckets, overlapped with the backward "
+                           "pass, as train's --all-reduce-bucket; 0: after it (default: %s)"
+                      % ALL_REDUCE_BUCKET)
+    plan.add_argument('--threads', type=int, default=None,
+                      help="the step timed here with this many intra- and inter-op threads, "
+                           "as each task runs with train's --threads (default: TensorFlow's "
+                           'choice)')
     plan.add_argument('--warmup', type=int, default=5,
                       help='untimed steps of the step timed here (default: 5)')
     plan.add_argument('--window', type=int, default=20,

@@ -17,9 +17,12 @@ k-th of the others.
 import tensorflow as tf
 from tensorflow.python.ops import collective_ops
 
-from towers.allreduce import sum_packed
+from towers.allreduce import BUFFER_BYTES, sum_packed
+from towers.cluster.emulate import parse_size
 from towers.deviceplan import device_kind
+from towers.errors import SettingError
 from towers.gradients import average_gradients, process_gradients
+from towers.names import AUTO_BUCKETS
 from towers.tower import tower_update_ops
 from towers.variables import VariableStrategy
 
@@ -30,6 +33,19 @@ tf1 = tf.compat.v1
 GROUP_KEYS = {'CPU': 100, 'GPU': 101}
 FINGERPRINT_KEYS = (1, 2)  # reserved: the workers' first collectives, whatever their graphs
 FIRST_KEY = 10  # the others, in the order they are built
+
+
+def bucket_bytes(setting, sizes):
+    """The all-reduce's bucket size in bytes for --all-reduce-bucket `setting` ('auto', a
+    size such as 256kB, or 0) over gradients of `sizes` bytes: 'auto' is an AUTO_BUCKETS-th
+    of them, so that every model is cut into about as many buckets."""
+    if str(setting).strip() == 'auto':
+        return max(1, -(-int(sum(sizes)) // AUTO_BUCKETS))
+    try:
+        return int(parse_size(setting, 'all_reduce_bucket', zero=True))
+    except SettingError:
+        raise SettingError('{all_reduce_bucket} is auto, a positive size such as 256kB or 4MB, '
+                           'or 0, not %r', setting) from None
 
 
 class Collectives:
@@ -56,26 +72,39 @@ class Collectives:
                                          'Id', timeout=self.timeout,
                                          communication_hint='nccl' if kind == 'GPU' else 'auto')
 
-    def sum_packed(self, tensors, kind='CPU'):
-        """The sum over the workers of each tensor, packed into buffers of one dtype."""
-        return sum_packed(tensors, lambda flat: self.all_reduce(flat, kind=kind))
+    def sum_packed(self, tensors, kind='CPU', max_bytes=BUFFER_BYTES):
+        """The sum over the workers of each tensor, packed into buffers of one dtype and at
+        most max_bytes, in order."""
+        return sum_packed(tensors, lambda flat: self.all_reduce(flat, kind=kind), max_bytes)
 
 
 class AcrossWorkers(VariableStrategy):
     """This worker's copy of the variables, its towers' average, the workers' all-reduce.
+
+    The gradients meet in buckets of about a bucket's bytes, in reverse order of the
+    variables (the order the backward pass makes their gradients, last layer first),
+    each all-reduced as soon as its own gradients are ready: the network carries the
+    last layers' sums while the first layers' gradients are still being computed. The
+    buckets (and so the instance keys) are cut from the variables' sizes alone, the same
+    on every worker. With 0 every gradient waits for the whole backward pass and they
+    meet in buffers of up to 32 MB (BUFFER_BYTES), in order, as tf_cnn_benchmarks packs
+    them.
 
     Args:
       plan: this worker's DevicePlan: its copy of the variables on its first GPU
         (or its CPU), where the all-reduce runs too.
       collectives: the workers' Collectives.
       is_chief: whether this worker's values are the ones broadcast to all.
+      bucket: --all-reduce-bucket: 'auto', a size ('256kB'), or '0' for one pass after the
+        backward (see bucket_bytes).
     """
 
     name = 'collective'
 
-    def __init__(self, plan, collectives, is_chief):
+    def __init__(self, plan, collectives, is_chief, bucket='0'):
         super().__init__(plan)
         self.collectives, self.is_chief = collectives, is_chief
+        self.bucket = bucket
         # Everything the workers sum meets where the copy is: GPU tensors on GPUs.
         self.device, self.kind = plan.variables, device_kind([plan.variables])
 
@@ -87,10 +116,17 @@ class AcrossWorkers(VariableStrategy):
         with tf1.name_scope('all_reduce'), tf.device(self.device):
             count = tf.cast(tf.add_n([t.count for t in towers]), tf.float32)
             present = [(g, v) for g, v in local if g is not None]
-            summed = self.collectives.sum_packed(
-                [tf.convert_to_tensor(g) * count for g, _ in present] + [tf.reshape(count, [1])],
-                self.kind)
-            total = summed[-1][0]
+            weighted = [tf.convert_to_tensor(g) * count for g, _ in present]
+            size = bucket_bytes(self.bucket, [g.shape.num_elements() * g.dtype.size
+                                              for g in weighted])
+            if size:  # last layer first; the batch size rides in the first
+                summed = self.collectives.sum_packed(
+                    [tf.reshape(count, [1])] + weighted[::-1], self.kind, size)
+                total, summed = summed[0][0], summed[:0:-1]
+            else:
+                summed = self.collectives.sum_packed(weighted + [tf.reshape(count, [1])],
+                                                     self.kind)
+                total, summed = summed[-1][0], summed[:-1]
             grads = [(g / total, v) for g, (_, v) in zip(summed, present)]
         grads = process_gradients(grads, weight_decay, processors)
         apply_op = optimizers[0].apply_gradients(grads, global_step=global_step)

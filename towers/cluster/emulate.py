@@ -10,11 +10,16 @@ network is touched, and everything made is removed when the job ends.
 
 Needs root and iproute2 (`ip`, `tc`); without them `unavailable()` says why
 in one line, and the launcher refuses with that line.
+
+What crossed each host's link is counted by its veth pair (LinkMeter): the
+launcher reads the counters as the chief logs its steps and says, per task,
+the bytes sent and received per step, the number to hold against the plan's.
 """
 import os
 import re
 import shutil
 import subprocess
+import time
 
 from towers.cluster.spec import ClusterError
 from towers.errors import SettingError
@@ -37,6 +42,19 @@ def parse_rate(text, setting='bandwidth'):
         raise SettingError('{%s} is a positive rate such as 25Gbit, 100Mbit or 1GB, not %%r'
                            % setting, text)
     return rate / 8 if match.group(3) == 'bit' else rate
+
+
+def parse_size(text, setting, zero=False):
+    """'102.2MB' -> 1.022e8 bytes, '256kB' -> 256000.0 (decimal units, as towers prints
+    sizes); '0' only where zero is allowed. One line naming the setting otherwise."""
+    if zero and str(text).strip() == '0':
+        return 0.0
+    match = re.match(r'^(\d+(?:\.\d+)?)\s*([kKMGT]?)B$', str(text).strip())
+    size = SCALES[match.group(2)] * float(match.group(1)) if match else 0.0
+    if size <= 0:
+        raise SettingError('{%s} is a positive size such as 102.2MB or 800kB%s, not %%r'
+                           % (setting, ', or 0' if zero else ''), text)
+    return size
 
 
 def parse_delay(text, setting='latency'):
@@ -123,6 +141,14 @@ class EmulatedHosts:
         """argv run inside host index's namespace."""
         return ['ip', 'netns', 'exec', self.namespaces[index]] + list(argv)
 
+    def counters(self):
+        """[(bytes sent, bytes received)] by each host so far: its veth pair's bridge end
+        receives what the host sends, and sends what it receives."""
+        def read(veth, name):
+            with open('/sys/class/net/%s/statistics/%s' % (veth, name)) as counter:
+                return int(counter.read())
+        return [(read(veth, 'rx_bytes'), read(veth, 'tx_bytes')) for veth in self._veths]
+
     def _make(self):
         self._do(['ip', 'link', 'add', self.bridge, 'type', 'bridge'], ('link', self.bridge))
         self._do(['ip', 'link', 'set', self.bridge, 'up'])
@@ -145,9 +171,12 @@ class EmulatedHosts:
         if self.delay:
             return ['netem', 'delay', '%dus' % int(self.delay * 1e6), 'rate', bits,
                     'limit', '100000']
-        # A bucket of 1/50 s of the rate, a queue of half a second: TCP sees the rate
-        # without drops.
-        burst = max(16384, int(self.rate / 50))
+        # A queue of half a second: TCP sees the rate without drops. A bucket of 1 ms of
+        # the rate, but at least one 64 kB segment (the veths hand tc segments that
+        # large): a real link has no burst at all, and a bucket of 1/50 s let 250 kB a
+        # step through at once on 100 Mbit, half of a small model's push (a step of
+        # small_convnet in parameter-server mode measured twice as fast as its bytes).
+        burst = max(16384, int(self.rate / 1000))
         return ['tbf', 'rate', bits, 'burst', str(burst), 'limit', str(max(burst, int(
             self.rate / 2)))]
 
@@ -165,6 +194,55 @@ class EmulatedHosts:
             if kind == 'link':
                 _run(['ip', 'link', 'del', name], check=False)
         self._made = []
+
+
+class LinkMeter:
+    """Each host's bytes per step, over the steps the chief logs: observe() every line of
+    the job's output, lines() at its end (while the hosts are still there).
+
+    The window runs from the chief's second logged step to its last (the first is the
+    placement audit's traced step, after the set-up's own traffic), so give train a
+    --log-every that logs several.
+
+    Args:
+      hosts: the EmulatedHosts.
+      names: each host's task, 'worker 0', 'ps 0', in host order.
+    """
+
+    CHIEF_STEP = re.compile(r'^\[worker 0\] step (\d+)/')
+
+    def __init__(self, hosts, names, clock=time.monotonic):
+        self.hosts, self.names, self.clock, self.marks = hosts, list(names), clock, []
+
+    def observe(self, line):
+        match = self.CHIEF_STEP.match(line)
+        if match:
+            self.marks.append((int(match.group(1)), self.clock(), self.hosts.counters()))
+
+    def per_step(self):
+        """(first step, last step, seconds a step, [(sent, received) a step per host]), or
+        None when the chief logged fewer than three steps."""
+        if len(self.marks) < 3:
+            return None
+        (first, start, before), (last, end, after) = self.marks[1], self.marks[-1]
+        steps = last - first
+        return first, last, (end - start) / steps, [
+            ((s1 - s0) / steps, (r1 - r0) / steps)
+            for (s0, r0), (s1, r1) in zip(before, after)]
+
+    def lines(self):
+        """The launcher's report: one line for the window, one per task."""
+        window = self.per_step()
+        if window is None:
+            return ['towers launch: no link use per step: the chief logged %d step(s); give '
+                    'train a --log-every that logs three or more' % len(self.marks)]
+        first, last, seconds, hosts = window
+        lines = ['towers launch: link use per step over the chief\'s steps %d-%d '
+                 '(%.4f s a step):' % (first, last, seconds)]
+        for name, (sent, received) in zip(self.names, hosts):
+            lines.append('towers launch:   %s sent %d bytes, received %d bytes' % (
+                name, round(sent), round(received)))
+        return lines
 
 
 def _run(argv, check=True):

@@ -33,11 +33,13 @@ def in_graph(cluster, towers_per_task=None, timeout=None, threads=None, num_gpus
     return ClusterRun('in-graph', cluster, plan, timeout)
 
 
-def collective(cluster, towers_per_task=None, timeout=None, threads=None, num_gpus=None):
+def collective(cluster, towers_per_task=None, timeout=None, threads=None, num_gpus=None,
+               bucket='0'):
     """A worker's ClusterRun of collective training: its own towers, the workers' all-reduce.
 
     On GPUs the worker's copy of the variables sits on its first GPU and the
-    gradients are all-reduced there (NCCL); on CPUs, on its CPU.
+    gradients are all-reduced there (NCCL); on CPUs, on its CPU. bucket: --all-reduce-bucket,
+    the all-reduce's buckets, overlapped with the backward pass ('0': one pass after it).
     """
     if cluster.task_type != 'worker':
         raise ClusterError('collective mode has no ps tasks: every task is a worker')
@@ -45,12 +47,16 @@ def collective(cluster, towers_per_task=None, timeout=None, threads=None, num_gp
     config = server_config(cluster, len(tower_devices), threads,
                            timeout_ms=1000 * (timeout or FIRST_STEPS_S), num_gpus=num_gpus)
     config.device_filters.append('/job:worker')  # its own towers, and the others' pings
+    if str(bucket).strip() != '0' and threads:
+        # A thread of its own for the buckets' all-reduces: with every inter-op thread busy
+        # on the backward pass, a bucket ready early would wait for its end.
+        config.inter_op_parallelism_threads = threads + 1
     host = task + '/device:CPU:0'
     plan = DevicePlan(tower_devices, variables=task + '/device:GPU:0' if num_gpus else host,
                       host=host, default_device=host, variable_update='collective',
                       config=config)
     strategy = AcrossWorkers(plan, Collectives(cluster.num_workers, timeout or FIRST_STEPS_S),
-                             cluster.is_chief)
+                             cluster.is_chief, bucket)
     return ClusterRun('collective', cluster, plan, timeout, strategy,
                       share=(cluster.task_index, cluster.num_workers))
 

@@ -181,6 +181,7 @@ class ClusterRun:
                 'steps': trainer.num_steps, 'steps_per_epoch': trainer.steps_per_epoch,
                 'learning_rate': config.schedule().describe(), 'ema': config.ema,
                 'input': trainer.source.name, 'xla': config.xla,
+                'all_reduce_bucket': str(getattr(self.strategy, 'bucket', '0')),
                 'precision': repr(trainer.graph.precision)}  # 'dynamic' and None alike
 
     def check_fingerprint(self, sess):

@@ -14,6 +14,7 @@ a line per mixed precision says how fast it measured here against float32
 (towers/tools/probe.py, through precision_support) and what the hardware has,
 so that a slow row reads as what it is.
 """
+import dataclasses
 import math
 import time
 
@@ -152,9 +153,19 @@ def measure(model_fn, input_shape, plan, source, warmup_steps=10, timed_steps=50
 
 
 def measure_one_worker(model_fn, input_shape, num_classes, towers, batch_size, warmup_steps,
-                       timed_steps, precision=None):
-    """(mean, stderr) images/sec of one worker's step: its towers on a synthetic batch."""
-    config = dict(model_fn=model_fn, input_shape=input_shape, plan=local_plan(towers),
+                       timed_steps, precision=None, threads=None):
+    """(mean, stderr) images/sec of one worker's step: its towers on a synthetic batch, with
+    `threads` intra- and inter-op threads (None: TensorFlow's choice), as a task runs them.
+
+    TensorFlow sizes a process's thread pools at its first Session, for good: threads holds
+    only where this is that Session (as in `towers plan`)."""
+    plan = local_plan(towers)
+    if threads:
+        session = tf1.ConfigProto()
+        session.CopyFrom(plan.config)
+        session.intra_op_parallelism_threads = session.inter_op_parallelism_threads = threads
+        plan = dataclasses.replace(plan, config=session)
+    config = dict(model_fn=model_fn, input_shape=input_shape, plan=plan,
                   precision=precision,
                   source=make_input('synthetic', None, None, batch_size, num_classes))
     return measure_interleaved([config], warmup_steps, timed_steps, rounds=1)[0]

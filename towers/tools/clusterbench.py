@@ -118,7 +118,7 @@ def explained_bytes(workers, ps, towers, explain_flags, timeout=300):
     out = {}
     for n in workers:
         if n > 1 or ps:
-            report = json.loads(_towers(['explain', '--workers', str(n), '--ps', str(ps),
+            report = json.loads(run_towers(['explain', '--workers', str(n), '--ps', str(ps),
                                          '--towers', str(towers), '--json'] + explain_flags,
                                         timeout))
             out[n] = report['bytes_between_tasks']
@@ -126,8 +126,14 @@ def explained_bytes(workers, ps, towers, explain_flags, timeout=300):
 
 
 def _rate(command, timeout):
-    """The chief's (or the one process's) images/sec after warm-up, from its output."""
-    for line in reversed(_towers(command, timeout).splitlines()):
+    """The chief's (or the one process's) images/sec after warm-up, from its run."""
+    return rate_in(run_towers(command, timeout), command)
+
+
+def rate_in(output, command):
+    """The chief's (or the one process's) images/sec after warm-up, from the output of
+    `towers COMMAND`."""
+    for line in reversed(output.splitlines()):
         match = _RATE.search(line)
         if match and (line.startswith('[worker 0] ') or not line.startswith('[')):
             return float(match.group(1))
@@ -135,7 +141,7 @@ def _rate(command, timeout):
                       % ' '.join(command[:2]))
 
 
-def _towers(command, timeout):
+def run_towers(command, timeout):
     """Run `python -m towers COMMAND` to its end; its output, or TowersError naming the failure."""
     try:
         process = subprocess.run([sys.executable, '-m', 'towers'] + command,

@@ -1,13 +1,14 @@
 """`towers plan`: how a model would scale over N workers, from one step measured here.
 
 A synchronous step on N workers of G devices each is the compute of one
-worker's step followed by what the strategy sends over the network (neither
-of towers' cluster modes overlaps the two: the gradients leave after the last
-tower's backward pass, and the next step's forward pass waits for the
-update). Weak scaling, as the anchors measure it: every worker keeps its
-batch b, so the global batch is N*b.
+worker's step followed by what the strategy sends over the network: the
+gradients leave after the last tower's backward pass, and the next step's
+forward pass waits for the update. Collective mode's all-reduce in buckets
+(--all-reduce-bucket, the default) overlaps the two instead: see overlapped().
+Weak scaling, as the anchors measure it: every worker keeps its batch b, so
+the global batch is N*b.
 
-  step(N)     = compute + communication(N)
+  step(N)     = compute + communication(N)    (overlapped: see overlapped())
   images/sec  = N * b / step(N)
   efficiency  = compute / step(N): images/sec against N workers that never
                 wait for the network (the anchors' "percent of linear")
@@ -26,9 +27,9 @@ precision); S_p the share of them on ps task p, placed as towers places them
                     (through its CPU: S in), and pushes its towers' sum (S
                     out); ps task p sends N*S_p and receives N*S_p:
                     2 * max(S, N*max S_p) / B + 4a
-  collective        a ring all-reduce of each buffer of gradients (packed up
-                    to 32 MB, towers/cluster/collective.py), then one of the
-                    step's loss and metrics:
+  collective        (--all-reduce-bucket 0) a ring all-reduce of each buffer
+                    of gradients (packed up to 32 MB, towers/cluster/
+                    collective.py), then one of the step's loss and metrics:
                     2(N-1)/N * S / B + 2(N-1) * a * (buffers + 1)
   in-graph          the chief's one graph: every tower reads the variables
                     and sends its own gradient to the ps tasks (to the chief,
@@ -39,9 +40,12 @@ precision); S_p the share of them on ps task p, placed as towers places them
 
 The in-graph bytes are what `towers explain --workers N --ps P` counts in the
 real partitions (tests/tools/test_explain.py checks the two agree to the byte).
-Bytes crossing a link cost size/B; the protocol's own overhead (gRPC framing,
-serialising) is left out, which is why a measured step may be slower than its
-prediction. Checked on an emulated cluster (`towers launch --emulate-link`) in
+Bytes crossing a link cost size/B', where B' = B * 1448/1514 is what TCP/IP
+carries of a link of B: each 1500-byte frame (1514 with its Ethernet header, as
+Linux counts and shapes it) holds 1448 bytes of payload (FRAMING). gRPC's own
+framing and serialising are left out, which is why a measured step may be a
+little slower than its prediction. Checked on an emulated cluster (`towers
+launch --emulate-link`, which counts each host's bytes) in
 tests/cluster/test_plan_emulated.py.
 """
 import math
@@ -50,7 +54,7 @@ import re
 import numpy as np
 import tensorflow as tf
 
-from towers.allreduce import BUFFER_BYTES
+from towers.allreduce import BUFFER_BYTES, byte_packs
 from towers.cluster.emulate import SCALES
 from towers.deviceplan import LeastLoaded, local_plan
 from towers.errors import SettingError
@@ -59,6 +63,12 @@ from towers.tools.explain import bytes_text, op_flops
 from towers.tools.trace import pyplot_for, save_png
 
 tf1 = tf.compat.v1
+
+
+# Link bytes per byte of payload: a 1500-byte MTU's TCP segment carries 1448 bytes (with
+# timestamps) in a 1514-byte frame. Measured on the emulated links: mnist_convnet's 13.10 MB
+# all-reduce crossed as 13.73 MB.
+FRAMING = 1514 / 1448
 
 
 def parse_flops(text):
@@ -136,19 +146,83 @@ def bytes_between_tasks(mode, workers, size, towers=1, ps=0, input_bytes=0):
     return int(2 * remote * g * size + (n - 1) * input_bytes)
 
 
+def task_bytes(mode, workers, sizes, towers=1, ps=0, input_bytes=0):
+    """[(task, bytes it sends, bytes it receives)] per step, by the formulas, as
+    `towers launch --emulate-link` counts them on each host's link.
+
+    collective: each worker sends and receives the ring's 2(N-1)/N * S; parameter-server:
+    a worker receives S (its one read) and sends S (its push), ps task p sends and receives
+    N * S_p; in-graph: every tower reads its variables from where they are and sends its
+    gradient back there (the chief's own towers read locally without ps tasks), and the
+    chief sends each other worker its slice of I bytes.
+    """
+    n, g, size = workers, towers, sum(sizes)
+    names = ['worker %d' % k for k in range(n)] + ['ps %d' % p for p in range(ps)]
+    if mode == 'collective':
+        ring = 2 * (n - 1) / n * size
+        return [(name, ring, ring) for name in names]
+    shards = list(shard_bytes(sizes, ps)) if ps else []
+    if mode == 'parameter-server':
+        return [(name, size, size) for name in names[:n]] + [
+            (name, n * shard, n * shard) for name, shard in zip(names[n:], shards)]
+    if ps:  # in-graph: every worker's towers read from the ps tasks and send back there
+        workers_use = [(g * size, g * size)] * n
+        ps_use = [(n * g * shard, n * g * shard) for shard in shards]
+    else:  # the chief holds the variables
+        workers_use = [((n - 1) * g * size, (n - 1) * g * size)] + [(g * size, g * size)] * (
+            n - 1)
+        ps_use = []
+    fed = [((n - 1) * input_bytes, 0)] + [(0, input_bytes)] * (n - 1)
+    return [(name, sent + out, received + into) for name, (sent, received), (out, into)
+            in zip(names, workers_use, fed)] + [
+        (name, sent, received) for name, (sent, received) in zip(names[n:], ps_use)]
+
+
+def overlapped(compute, workers, sizes, bandwidth, latency, bucket_bytes):
+    """(step, network, formula) of collective mode's all-reduce in buckets, overlapped
+    with the backward pass (towers/cluster/collective.py).
+
+    The buckets are cut as the workers cut them: the gradients in reverse order, the
+    batch size's 4 bytes first, a bucket closed once it holds bucket_bytes. Each is a ring
+    all-reduce, t_j = 2(N-1)/N * s_j/B + 2(N-1)*a; W is all of them and the step's
+    results. The network starts when the backward pass starts making gradients, after
+    the forward pass (a third of a step: the backward is about twice the forward), and
+    the last bucket (the first layers) only when it ends:
+
+      step = max(C + t_last, C/3 + W)
+    """
+    n, a = workers, latency
+    if n == 1:
+        return compute, 0.0, 'one worker: nothing crosses the network'
+    reverse = [4] + list(sizes)[::-1]
+    buckets = [sum(reverse[i] for i in group)
+               for group in byte_packs([('float32', size) for size in reverse], bucket_bytes)]
+    times = [2 * (n - 1) / n * size / bandwidth + 2 * (n - 1) * a for size in buckets]
+    network = sum(times) + 2 * (n - 1) * a
+    step = max(compute + times[-1], compute / 3 + network)
+    return step, network, ('%d buckets; max(C + t_last, C/3 + W) = max(%.4f + %.4f, %.4f + '
+                           '%.4f) s' % (len(buckets), compute, times[-1], compute / 3, network))
+
+
 def predict(mode, worker_counts, compute, batch, sizes, bandwidth, latency, towers=1, ps=0,
-            input_bytes=0):
+            input_bytes=0, bucket_bytes=0):
     """One row per worker count: step, images/sec, efficiency, and the formula's terms.
 
     Args:
       ps: ps tasks (none in collective mode), or 'workers' for one per worker.
+      bucket_bytes: collective mode's all-reduce buckets, overlapped with the backward pass
+        (see overlapped); 0: the all-reduce after it, step = compute + network.
     """
-    rows = []
+    rows, bandwidth = [], bandwidth / FRAMING  # what the link carries of the payload
     for n in worker_counts:
         tasks = 0 if mode == 'collective' else n if ps == 'workers' else ps
-        network, formula = communication(mode, n, sizes, bandwidth, latency, towers, tasks,
-                                         input_bytes)
-        step = compute + network
+        if mode == 'collective' and bucket_bytes:
+            step, network, formula = overlapped(compute, n, sizes, bandwidth, latency,
+                                                bucket_bytes)
+        else:
+            network, formula = communication(mode, n, sizes, bandwidth, latency, towers, tasks,
+                                             input_bytes)
+            step = compute + network
         rows.append({'mode': mode, 'workers': n, 'devices': n * towers, 'ps': tasks,
                      'compute_s': compute, 'network_s': network, 'step_s': step,
                      'images_per_sec': n * batch / step, 'efficiency': compute / step,

@@ -1,0 +1,126 @@
+"""`towers bench --cluster-mode M --emulate-link RATE,DELAY`: the plan against a cluster on links.
+
+For each worker count n, `towers launch --workers n --emulate-link RATE,DELAY` trains on
+this machine with every task on a host of its own (towers/cluster/emulate.py), and
+`towers plan` predicts the same run: one worker's step (its towers, its share of the
+global batch) timed here in this process, plus the mode's network time at RATE.
+
+Per worker count it prints the planned and the measured step (the chief's images/sec
+after warm-up, as a step of the global batch), and per task the bytes the plan says it
+sends and receives a step against what crossed its link (the launcher's LinkMeter, over
+the chief's logged steps): where a mode moves more than its formula, the table says so.
+The runs go round after round, so that the means and their errors come from runs made
+side by side on a shared machine.
+"""
+import re
+
+from towers.cluster.emulate import parse_link, unavailable
+from towers.errors import TowersError
+from towers.tools import clusterbench, plan
+from towers.tools.bench import mean_stderr, measure_one_worker
+from towers.tools.explain import bytes_text
+
+_WINDOW = re.compile(r"^towers launch: link use per step over the chief's steps \d+-\d+ "
+                     r'\(([\d.]+) s a step\):$')
+_TASK = re.compile(r'^towers launch:   (\w+ \d+) sent (\d+) bytes, received (\d+) bytes$')
+
+
+def link_use(output):
+    """(seconds a step, {task: (bytes sent, bytes received) a step}), from the launcher's
+    LinkMeter lines."""
+    lines = output.splitlines()
+    start = next((i for i, line in enumerate(lines) if _WINDOW.match(line)), None)
+    if start is None:
+        said = [line for line in lines if line.startswith('towers launch: no link use')]
+        raise TowersError(said[0] if said else 'the launcher measured no link use')
+    seconds, use = float(_WINDOW.match(lines[start]).group(1)), {}
+    for line in lines[start + 1:]:
+        match = _TASK.match(line)
+        if not match:
+            break
+        use[match.group(1)] = (int(match.group(2)), int(match.group(3)))
+    return seconds, use
+
+
+def run_link_bench(mode, worker_counts, train_flags, model_fn, input_shape, num_classes,
+                   batch_size, link, towers=1, ps=0, rounds=2, warmup=5, window=10,
+                   log=print, timeout=600):
+    """Plan and measure every worker count; returns one row per count.
+
+    Args:
+      train_flags: the train flags every run shares (model, batch, steps...); the chief
+        logs every step, for the meter.
+      batch_size: the global batch, split over the workers.
+      link: 'RATE,DELAY', as --emulate-link takes it.
+    Returns:
+      list of dicts: workers, planned (the plan's row), measured_s (mean, stderr) of the
+      step, and tasks: [(task, planned sent, planned received, measured sent, measured
+      received)].
+    """
+    if mode == 'parameter-server' and ps < 1:
+        raise TowersError('{cluster_mode} parameter-server needs {ps} of at least 1')
+    if rounds < 2:
+        raise TowersError('{rounds} must be at least 2 for a standard error')
+    bandwidth, latency = parse_link(link)
+    reason = unavailable()
+    if reason:
+        raise TowersError('{emulate_link}: %s' % reason)
+    sizes = plan.model_sizes(model_fn, input_shape)
+    planned = {}
+    for n in worker_counts:
+        per_worker = batch_size // n
+        compute = measure_one_worker(model_fn, input_shape, num_classes, towers, per_worker,
+                                     warmup, window)[0]
+        step = per_worker / compute  # seconds of one worker's step
+        planned[n] = plan.predict(mode, [n], step, per_worker, sizes, bandwidth, latency,
+                                  towers, ps if mode != 'collective' else 0,
+                                  plan.slice_bytes(input_shape, per_worker))[0]
+        log('%d worker(s): one worker\'s step (%d tower(s), batch %d) %.4f s here; planned '
+            'step %.4f s' % (n, towers, per_worker, step, planned[n]['step_s']))
+    runs = {n: [] for n in worker_counts}
+    for round_index in range(rounds):
+        for n in worker_counts:
+            command = ['launch', '--workers', str(n), '--ps', str(ps if mode != 'collective'
+                                                                  else 0),
+                       '--emulate-link', link, '--grace', '5', '--', 'train',
+                       '--cluster-mode', mode, '--towers', str(towers)] + list(train_flags) + [
+                '--log-every', '1']
+            output = clusterbench.run_towers(command, timeout)
+            seconds = batch_size / clusterbench.rate_in(output, command)
+            runs[n].append((seconds, link_use(output)[1]))
+            log('round %d/%d: %d worker(s): %.4f s a step' % (round_index + 1, rounds, n,
+                                                             seconds))
+    rows = []
+    for n in worker_counts:
+        row = planned[n]
+        tasks = []
+        for name, sent, received in plan.task_bytes(mode, n, sizes, towers, row['ps'],
+                                                    plan.slice_bytes(input_shape,
+                                                                     batch_size // n)):
+            measured = [use.get(name, (0, 0)) for _, use in runs[n]]
+            tasks.append((name, sent, received, sum(m[0] for m in measured) / len(measured),
+                          sum(m[1] for m in measured) / len(measured)))
+        rows.append({'workers': n, 'planned': row, 'tasks': tasks,
+                     'measured_s': mean_stderr([seconds for seconds, _ in runs[n]])})
+    return rows
+
+
+def table_lines(rows):
+    """The step planned and measured per worker count, then each task's bytes."""
+    lines = ['%-8s %-14s %-20s %s' % ('workers', 'planned step', 'measured step',
+                                      'measured / planned')]
+    for row in rows:
+        mean, stderr = row['measured_s']
+        planned = row['planned']['step_s']
+        lines.append('%-8d %-14s %-20s %.2f' % (row['workers'], '%.4f s' % planned,
+                                                '%.4f ± %.4f s' % (mean, stderr),
+                                                mean / planned))
+    lines.append('bytes a step, planned / measured:')
+    lines.append('  %-10s %-10s %-10s %-10s %-10s %s' % ('workers', 'task', 'sent', '',
+                                                         'received', ''))
+    for row in rows:
+        for name, sent, received, sent_seen, received_seen in row['tasks']:
+            lines.append('  %-10d %-10s %-10s %-10s %-10s %s' % (
+                row['workers'], name, bytes_text(sent), bytes_text(sent_seen),
+                bytes_text(received), bytes_text(received_seen)))
+    return lines
