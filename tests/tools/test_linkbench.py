@@ -72,7 +72,7 @@ def test_the_bench_plans_and_measures_each_worker_count_in_turns(monkeypatch):
     monkeypatch.setattr(linkbench, 'unavailable', lambda: None)
     monkeypatch.setattr(linkbench, 'model_sizes', lambda model_fn, shape: [1000], raising=False)
     monkeypatch.setattr(plan, 'model_sizes', lambda model_fn, shape: [1000])
-    monkeypatch.setattr(linkbench, 'measure_one_worker', lambda *args: (320.0, 1.0))
+    monkeypatch.setattr(linkbench, 'measure_one_worker', lambda *args, **kwargs: (320.0, 1.0))
     rows = linkbench.run_link_bench('collective', [2], ['--steps', '10'], None, (28, 28, 1),
                                     10, 128, '100kB,0', rounds=2, log=lambda line: None)
     assert made == [['launch', '--workers', '2', '--ps', '0', '--emulate-link', '100kB,0',

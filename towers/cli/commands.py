@@ -167,6 +167,8 @@ def run_cluster_bench(args, log):
                       '--steps', str(args.warmup + args.window), '--eval-every', '0',
                       '--quiet', '--log-every', str(args.warmup + args.window)]
     flags += ['--threads', str(args.threads)] if args.threads else []
+    if args.cluster_mode == 'collective':
+        flags += ['--all-reduce-bucket', args.all_reduce_bucket]
     log('bench: %s, global batch %d, %s input, %s, %d warm-up + %d timed steps per run, '
         '%d rounds; %s mode, %d tower(s) per task%s; on %s'
         % (args.model, args.batch_size, args.input, precisions[0], args.warmup, args.window,
@@ -177,7 +179,7 @@ def run_cluster_bench(args, log):
         rows = linkbench.run_link_bench(
             args.cluster_mode, workers, flags, model_fn, info.input_shape, info.num_classes,
             args.batch_size, args.emulate_link, towers, ps, args.rounds, args.warmup,
-            args.window, log=log)
+            args.window, log=log, bucket=args.all_reduce_bucket, threads=args.threads)
         for line in linkbench.table_lines(rows):
             log(line)
         return

@@ -62,6 +62,9 @@ def bench_parser(commands):
                               'of its own, its link shaped to RATE after DELAY (towers launch '
                               "--emulate-link; root), and hold the step and each task's bytes "
                               'against towers plan')
+    cluster.add_argument('--all-reduce-bucket', default=ALL_REDUCE_BUCKET, metavar='SIZE',
+                         help="with --cluster-mode collective: train's --all-reduce-bucket "
+                              '(default: %s)' % ALL_REDUCE_BUCKET)
     return bench
 
 

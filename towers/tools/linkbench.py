@@ -14,6 +14,7 @@ side by side on a shared machine.
 """
 import re
 
+from towers.cluster.collective import bucket_bytes
 from towers.cluster.emulate import parse_link, unavailable
 from towers.errors import TowersError
 from towers.tools import clusterbench, plan
@@ -44,7 +45,7 @@ def link_use(output):
 
 def run_link_bench(mode, worker_counts, train_flags, model_fn, input_shape, num_classes,
                    batch_size, link, towers=1, ps=0, rounds=2, warmup=5, window=10,
-                   log=print, timeout=600):
+                   log=print, timeout=600, bucket='0', threads=None):
     """Plan and measure every worker count; returns one row per count.
 
     Args:
@@ -52,6 +53,8 @@ def run_link_bench(mode, worker_counts, train_flags, model_fn, input_shape, num_
         logs every step, for the meter.
       batch_size: the global batch, split over the workers.
       link: 'RATE,DELAY', as --emulate-link takes it.
+      bucket: collective mode's --all-reduce-bucket, as train_flags give it to the runs.
+      threads: each task's --threads (in train_flags too), for the step timed here.
     Returns:
       list of dicts: workers, planned (the plan's row), measured_s (mean, stderr) of the
       step, and tasks: [(task, planned sent, planned received, measured sent, measured
@@ -66,15 +69,16 @@ def run_link_bench(mode, worker_counts, train_flags, model_fn, input_shape, num_
     if reason:
         raise TowersError('{emulate_link}: %s' % reason)
     sizes = plan.model_sizes(model_fn, input_shape)
+    overlap = bucket_bytes(bucket, sizes) if mode == 'collective' else 0
     planned = {}
     for n in worker_counts:
         per_worker = batch_size // n
         compute = measure_one_worker(model_fn, input_shape, num_classes, towers, per_worker,
-                                     warmup, window)[0]
+                                     warmup, window, threads=threads)[0]
         step = per_worker / compute  # seconds of one worker's step
         planned[n] = plan.predict(mode, [n], step, per_worker, sizes, bandwidth, latency,
                                   towers, ps if mode != 'collective' else 0,
-                                  plan.slice_bytes(input_shape, per_worker))[0]
+                                  plan.slice_bytes(input_shape, per_worker), overlap)[0]
         log('%d worker(s): one worker\'s step (%d tower(s), batch %d) %.4f s here; planned '
             'step %.4f s' % (n, towers, per_worker, step, planned[n]['step_s']))
     runs = {n: [] for n in worker_counts}
