@@ -38,7 +38,7 @@ RUNS = [('collective', '0'), ('collective', 'auto'), ('parameter-server', None)]
 # mnist_convnet) that work waits for their compute, which the plan's hosts of their own do not
 # (README, `towers plan`). Three workers' rings are not held to it either: their small
 # messages each pay the runtime's own latency, which a link of DELAY 0 leaves out of the plan
-# (small_convnet measured 1.22 to 1.29 times its plan).
+# (small_convnet measured 1.17 to 1.28 times its plan).
 CASES = ([('small_convnet', mode, bucket, 2) for mode, bucket in RUNS]
          + [(model, mode, bucket, 2) for model in ('mnist_convnet', 'resnet20')
             for mode, bucket in (RUNS[0], RUNS[2])])
