@@ -70,7 +70,6 @@ def test_the_bench_plans_and_measures_each_worker_count_in_turns(monkeypatch):
                 'towers launch:   worker 1 sent 1000 bytes, received 1100 bytes\n')
     monkeypatch.setattr(clusterbench, 'run_towers', towers)
     monkeypatch.setattr(linkbench, 'unavailable', lambda: None)
-    monkeypatch.setattr(linkbench, 'model_sizes', lambda model_fn, shape: [1000], raising=False)
     monkeypatch.setattr(plan, 'model_sizes', lambda model_fn, shape: [1000])
     monkeypatch.setattr(linkbench, 'measure_one_worker', lambda *args, **kwargs: (320.0, 1.0))
     rows = linkbench.run_link_bench('collective', [2], ['--steps', '10'], None, (28, 28, 1),

@@ -172,10 +172,10 @@ class EmulatedHosts:
             return ['netem', 'delay', '%dus' % int(self.delay * 1e6), 'rate', bits,
                     'limit', '100000']
         # A queue of half a second: TCP sees the rate without drops. A bucket of 1 ms of
-        # the rate, but at least one 64 kB segment (the veths hand tc segments that
-        # large): a real link has no burst at all, and a bucket of 1/50 s let 250 kB a
-        # step through at once on 100 Mbit, half of a small model's push (a step of
-        # small_convnet in parameter-server mode measured twice as fast as its bytes).
+        # the rate, and no less than 16 kB: a real link has no burst at all, and a bucket
+        # of 1/50 s let 250 kB a step through at once on 100 Mbit, half of a small model's
+        # push (a step of small_convnet in parameter-server mode measured twice as fast as
+        # its bytes).
         burst = max(16384, int(self.rate / 1000))
         return ['tbf', 'rate', bits, 'burst', str(burst), 'limit', str(max(burst, int(
             self.rate / 2)))]

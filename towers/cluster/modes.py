@@ -4,7 +4,7 @@
   collective        a worker's: its own towers and copy, the workers' all-reduce
   parameter_server  a worker's: replica_device_setter, SyncReplicasOptimizer
 """
-from towers.cluster.collective import AcrossWorkers, Collectives
+from towers.cluster.collective import AcrossWorkers, Collectives, bucket_bytes
 from towers.cluster.placement import in_graph_plan
 from towers.cluster.runtime import FIRST_STEPS_S, ClusterRun
 from towers.cluster.server import server_config, task_towers
@@ -47,7 +47,7 @@ def collective(cluster, towers_per_task=None, timeout=None, threads=None, num_gp
     config = server_config(cluster, len(tower_devices), threads,
                            timeout_ms=1000 * (timeout or FIRST_STEPS_S), num_gpus=num_gpus)
     config.device_filters.append('/job:worker')  # its own towers, and the others' pings
-    if str(bucket).strip() != '0' and threads:
+    if bucket_bytes(bucket, []) and threads:
         # A thread of its own for the buckets' all-reduces: with every inter-op thread busy
         # on the backward pass, a bucket ready early would wait for its end.
         config.inter_op_parallelism_threads = threads + 1

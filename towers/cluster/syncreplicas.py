@@ -77,9 +77,9 @@ class SyncReplicas(VariableStrategy):
         """b_k * (this worker's average), and its step results -> the mean over the workers."""
         # The worker's own towers meet on its first tower's device: it pushes one sum of
         # each gradient to the ps, b_k * g_k, formed there too.
-        mine = self.plan.towers[0]
+        worker_device = self.plan.towers[0]
         local = [(g, v) for g, v in average_gradients([t.grads_and_vars for t in towers],
-                                                      [t.weight for t in towers], mine)
+                                                      [t.weight for t in towers], worker_device)
                  if g is not None]
         metrics = weighted_metrics(towers)
         with tf1.name_scope(RESULTS_SCOPE + '/'):  # one scope, however often opened
@@ -91,7 +91,7 @@ class SyncReplicas(VariableStrategy):
                                    + [count, tf.cast(self.vote, tf.float64)])
             results = tf1.Variable(tf.zeros(results_now.shape, tf.float64), trainable=False,
                                    name='step_results')
-        with tf.device(mine):
+        with tf.device(worker_device):
             share = tf.cast(count, tf.float32)
             pushed = [(tf.convert_to_tensor(g) * share, v) for g, v in local] + [
                 (results_now, results)]
