@@ -10,7 +10,7 @@ from towers.devices import session_config
 from towers.graph import build_training_graph
 from towers.inputs import InputSource
 from towers.model import ClassifierModel
-from towers.session import load_variables, open_session, run_steps
+from towers.session import load_variables, open_session, run_steps, trace_options
 
 tf1 = tf.compat.v1
 
@@ -100,3 +100,18 @@ def test_a_break_still_stops_the_source_and_an_error_in_flight_wins_over_a_faili
     # Without an error in flight, a failing stop is the error.
     with pytest.raises(RuntimeError, match='stop failed'):
         _run([], 0, 1, fail_stop=True)
+
+
+def test_only_a_traced_step_carries_run_metadata():
+    """A cluster's steps run with options that only set a timeout: they trace nothing,
+    so no callback may take them for --trace's step (it wrote empty traces over the real one)."""
+    source = fed(_batches(3))
+    graph = _graph(source, 'parameter_server')
+
+    def options(step):
+        return trace_options() if step == 1 else tf1.RunOptions(timeout_in_ms=60000)
+    with open_session(graph, session_config(DEVICES)) as sess:
+        with run_steps(sess, source, {'train_op': graph.train_op}, 0, 3,
+                       run_options=options) as steps:
+            traced = ['run_metadata' in values for values in steps]
+    assert traced == [False, True, False]

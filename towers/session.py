@@ -185,7 +185,10 @@ class StepLoop:
     def run_one(self):
         """Run the next step; its values, or None at the end of the source's data."""
         options = self.run_options(self.step) if self.run_options else None
-        metadata = tf1.RunMetadata() if options is not None else None
+        # Options that only set a timeout (a cluster's steps) trace nothing: no metadata.
+        traced = options is not None and (options.trace_level != tf1.RunOptions.NO_TRACE
+                                          or options.output_partition_graphs)
+        metadata = tf1.RunMetadata() if traced else None
         start = self.clock()
         values = run_step(self.sess, self.source, self.step, self.fetches, options, metadata,
                           self.feed(self.step) if self.feed else None)

@@ -37,6 +37,9 @@ def test_train_traces_the_first_step_after_warm_up(tmp_path):
           callbacks=[Trace(path, plot=str(picture))])
     assert _devices_with_events(path) >= {'/cpu:0', '/cpu:1', '/cpu:2'}
     assert picture.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+    # Step 4 alone: not also step 1, which the placement audit traces for itself.
+    assert [line for line in lines if line.startswith('trace of step')] == [
+        'trace of step 4: %s (open it in ui.perfetto.dev or chrome://tracing)' % path]
     start = lines.index('trace of step 4: %s (open it in ui.perfetto.dev or chrome://tracing)'
                         % path)
     step = re.fullmatch(r'step ([\d.]+) ms; averaging ([\d.]+) ms, apply ([\d.]+) ms',

@@ -84,7 +84,8 @@ class Trace(Callback):
         return trainer.step + 1 == self.at
 
     def after_step(self, trainer, values):
-        if 'run_metadata' in values:
+        # Other callbacks trace steps of their own (the placement audit the first).
+        if trainer.step == self.at and 'run_metadata' in values:
             title = 'step %d on %d tower(s)' % (trainer.step, len(trainer.tower_devices))
             for line in report(values['run_metadata'], self.path, trainer.step, self.plot,
                                title):
