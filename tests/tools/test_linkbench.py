@@ -100,3 +100,9 @@ def test_a_plan_of_a_model_towers_does_not_have_reads_its_size(capsys):
     assert capsys.readouterr().err.strip() == (
         "towers: error: --gradient-bytes is a positive size such as 102.2MB or 800kB, "
         "not 'lots'")
+
+
+def test_each_emulated_host_has_cores_of_its_own_where_there_are_enough():
+    assert emulate.host_cores(2, [0, 1]) == [[0], [1]]
+    assert emulate.host_cores(2, {5, 1, 3, 7, 9}) == [[1, 3], [5, 7]]  # equal shares, in order
+    assert emulate.host_cores(3, [0, 1]) == [None, None, None]  # too few: they share them all

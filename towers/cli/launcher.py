@@ -38,9 +38,9 @@ def run_launch(args, log):
     rate, delay = emulate.parse_link(args.emulate_link)
     hosts_needed = len([task for task in tasks if task[0] != 'evaluator'])
     with emulate.EmulatedHosts(hosts_needed, rate, delay) as hosts:
-        log('towers launch: %d hosts on bridge %s, each link %s each way after %s'
+        log('towers launch: %d hosts on bridge %s, each link %s each way after %s, %s'
             % (hosts_needed, hosts.bridge, args.emulate_link.split(',')[0],
-               (args.emulate_link.split(',') + ['0'])[1]))
+               (args.emulate_link.split(',') + ['0'])[1], hosts.cores_text()))
         addresses = ['%s:%d' % (a, emulate.PORT) for a in hosts.addresses]
         jobs = {'worker': addresses[:args.workers]}
         if args.ps:

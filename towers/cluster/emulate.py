@@ -11,6 +11,12 @@ network is touched, and everything made is removed when the job ends.
 Needs root and iproute2 (`ip`, `tc`); without them `unavailable()` says why
 in one line, and the launcher refuses with that line.
 
+A host of its own has cores of its own too: where this machine has at least
+as many CPUs as hosts, each host's task is pinned (taskset) to an equal,
+disjoint share of them, so that one task's network work (gRPC, the ring's
+sums) waits for its own compute only, as on separate machines, not for
+another host's. With fewer CPUs than hosts they share them all.
+
 What crossed each host's link is counted by its veth pair (LinkMeter): the
 launcher reads the counters as the chief logs its steps and says, per task,
 the bytes sent and received per step, the number to hold against the plan's.
@@ -74,6 +80,16 @@ def parse_link(text):
     return parse_rate(rate, 'emulate_link'), parse_delay(delay or '0', 'emulate_link')
 
 
+def host_cores(count, cpus=None):
+    """The CPUs each of count hosts runs on: a disjoint, equal share of cpus (this
+    process's, by default) each, in order; None each when there are fewer CPUs than hosts."""
+    cpus = sorted(os.sched_getaffinity(0) if cpus is None else cpus)
+    share = len(cpus) // count
+    if not share:
+        return [None] * count
+    return [cpus[i * share:(i + 1) * share] for i in range(count)]
+
+
 def unavailable():
     """Why links cannot be emulated here (one line), or None when they can."""
     if os.geteuid() != 0:
@@ -123,6 +139,7 @@ class EmulatedHosts:
         self._veths = ['tw%dv%d' % (tag, i) for i in range(count)]
         self.subnet = tag % 250
         self.addresses = [_SUBNET % (self.subnet, i + 1) for i in range(count)]
+        self.cores = host_cores(count) if shutil.which('taskset') else [None] * count
         self._made = []
 
     def __enter__(self):
@@ -138,8 +155,16 @@ class EmulatedHosts:
         return False
 
     def command(self, index, argv):
-        """argv run inside host index's namespace."""
-        return ['ip', 'netns', 'exec', self.namespaces[index]] + list(argv)
+        """argv run inside host index's namespace, on its cores."""
+        cores = self.cores[index]
+        pinned = ['taskset', '-c', ','.join(map(str, cores))] if cores else []
+        return ['ip', 'netns', 'exec', self.namespaces[index]] + pinned + list(argv)
+
+    def cores_text(self):
+        """What cores the hosts run on, for the launcher's log."""
+        if self.cores[0] is None:
+            return "sharing this machine's %d cores" % len(os.sched_getaffinity(0))
+        return 'each on %d core(s) of its own' % len(self.cores[0])
 
     def counters(self):
         """[(bytes sent, bytes received)] by each host so far: its veth pair's bridge end
