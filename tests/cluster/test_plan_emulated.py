@@ -27,21 +27,20 @@ pytestmark = [pytest.mark.skipif(REASON is not None, reason=REASON or ''), pytes
 STEPS = 8  # the meter's window: the chief's steps 2 to 8
 # Each model's batch per worker, and its link in each run: one where the network is at
 # least half of the planned step, and a step stays under half a second.
-MODELS = {'small_convnet': (32, {'collective': '25Mbit', 'overlapped': '25Mbit',
+MODELS = {'small_convnet': (32, {'collective': '25Mbit', 'overlapped': '12Mbit',
                                  'parameter-server': '25Mbit'}),
-          'mnist_convnet': (32, {'collective': '200Mbit', 'parameter-server': '1Gbit'}),
+          'mnist_convnet': (32, {'collective': '200Mbit', 'overlapped': '200Mbit',
+                                 'parameter-server': '1Gbit'}),
           'resnet20': (64, {'collective': '60Mbit', 'parameter-server': '200Mbit'})}
 RUNS = [('collective', '0'), ('collective', 'auto'), ('parameter-server', None)]
-# Two workers of each model. The all-reduce overlapped with the backward pass is held to its
-# plan where the network's own work (gRPC, TCP, the shaping) finds a core: the emulated hosts
-# share this machine's two cores, so where both workers compute on both (resnet20,
-# mnist_convnet) that work waits for their compute, which the plan's hosts of their own do not
-# (README, `towers plan`). Three workers' rings are not held to it either: their small
-# messages each pay the runtime's own latency, which a link of DELAY 0 leaves out of the plan
-# (small_convnet measured 1.17 to 1.28 times its plan).
-CASES = ([('small_convnet', mode, bucket, 2) for mode, bucket in RUNS]
-         + [(model, mode, bucket, 2) for model in ('mnist_convnet', 'resnet20')
-            for mode, bucket in (RUNS[0], RUNS[2])])
+# Two workers, each host on a core of its own. resnet20's overlapped all-reduce is measured
+# but not held to its plan here: it measured 1.15 to 1.35 times its plan (README, `towers
+# plan`): its many small ring steps each wait, for the other host's request to come through
+# the emulated link's queue behind the buckets already in flight and for a core the backward
+# pass is using. Three workers share this machine's two cores, and their rings' messages
+# wait for a core: measured 1.09 to 1.18 times the plan, not asserted.
+CASES = [(model, mode, bucket, 2) for model in MODELS for mode, bucket in RUNS
+         if (model, bucket) != ('resnet20', 'auto')]
 
 
 @pytest.fixture(scope='module')
