@@ -23,7 +23,9 @@ def test_gradient_bytes_are_the_models_trainable_variables():
     ('in-graph', 1, 1234, 'counted by explain'),  # with a ps: the chief reads from it
 ])
 def test_bytes_between_tasks_per_step(mode, workers, expected, how):
-    assert clusterbench.between_tasks(mode, workers, 1000, explained=1234) == (expected, how)
+    ps = int(mode == 'parameter-server')
+    assert clusterbench.between_tasks(mode, workers, 1000, explained=1234, ps=ps) == (expected,
+                                                                                        how)
 
 
 def test_runs_in_turns_and_compares_each_cluster_with_one_process(monkeypatch):

@@ -103,5 +103,5 @@ def test_on_a_cluster_each_part_is_named_by_task_and_the_network_bytes_counted(t
     counted = sum(t['kinds'].get(kind, 0) for t in report['transfers'] for kind in
                   ('variables', 'gradients', 'input')
                   if t['from'].rsplit('/', 1)[0] != t['to'].rsplit('/', 1)[0])
-    assert plan.bytes_between_tasks('in-graph', 2, held, towers=1, ps=1, input_bytes=(
+    assert plan.bytes_between_tasks('in-graph', 2, [held], towers=1, ps=1, input_bytes=(
         plan.slice_bytes((28, 28, 1), 10))) == counted

@@ -190,7 +190,7 @@ def run_cluster_bench(args, log):
     size = clusterbench.gradient_bytes(model_fn, info.input_shape)
     log('S = %d bytes of gradients (the model\'s trainable variables)' % size)
     for line in clusterbench.table_lines(rows, args.cluster_mode, size, explained,
-                                              towers):
+                                              towers, ps):
         log(line)
 
 

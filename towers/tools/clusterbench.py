@@ -51,7 +51,7 @@ def between_tasks(mode, workers, size, explained=None, towers=1, ps=0):
         return explained, 'counted by explain'
     how = 'ring: 2(n-1)/n*S per worker' if mode == 'collective' else \
         'per worker: S read, S pushed'
-    return bytes_between_tasks(mode, workers, size, towers, ps), how
+    return bytes_between_tasks(mode, workers, [size], towers, ps), how
 
 
 def run_cluster_bench(mode, worker_counts, train_flags, towers=1, ps=0, rounds=3,
@@ -97,7 +97,7 @@ def run_cluster_bench(mode, worker_counts, train_flags, towers=1, ps=0, rounds=3
     return rows
 
 
-def table_lines(rows, mode, size, explained, towers=1):
+def table_lines(rows, mode, size, explained, towers=1, ps=0):
     """The table: images/sec, the ratio to one process, the bytes between tasks."""
     lines = ['%-32s %-18s %-15s %s' % ('configuration', 'images/sec', 'vs one process',
                                        'between tasks per step')]
@@ -105,7 +105,7 @@ def table_lines(rows, mode, size, explained, towers=1):
         moved = '-'
         if row['cluster']:
             size_moved, how = between_tasks(mode, row['workers'], size,
-                                            explained.get(row['workers']), towers)
+                                            explained.get(row['workers']), towers, ps)
             moved = '%s (%s)' % (bytes_text(size_moved), how)
         lines.append('%-32s %-18s %-15s %s' % (
             row['config'], '%.1f ± %.1f' % (row['mean'], row['stderr']),

@@ -129,21 +129,11 @@ def communication(mode, workers, sizes, bandwidth, latency, towers=1, ps=0, inpu
     return seconds, formula
 
 
-def bytes_between_tasks(mode, workers, size, towers=1, ps=0, input_bytes=0):
-    """All the bytes that cross the network per step (every link, both ways), by the formulas.
-
-    in-graph: every tower reads S and sends back S (between tasks when a ps task
-    holds them; the chief's own towers read locally without one), and the chief
-    feeds the other workers their slices; parameter-server: each worker reads S
-    once and pushes S; collective: the ring's 2(N-1)/N * S per worker.
-    """
-    n, g = workers, towers
-    if mode == 'collective':
-        return int(round(2 * (n - 1) * size))
-    remote = n if ps else n - 1  # the workers whose towers read across the network
-    if mode == 'parameter-server':
-        return int(2 * n * size)
-    return int(2 * remote * g * size + (n - 1) * input_bytes)
+def bytes_between_tasks(mode, workers, sizes, towers=1, ps=0, input_bytes=0):
+    """All the bytes that cross the network per step (every link, both ways): what every
+    task sends, by task_bytes."""
+    return int(round(sum(sent for _, sent, _ in task_bytes(mode, workers, sizes, towers, ps,
+                                                           input_bytes))))
 
 
 def task_bytes(mode, workers, sizes, towers=1, ps=0, input_bytes=0):
@@ -227,8 +217,8 @@ def predict(mode, worker_counts, compute, batch, sizes, bandwidth, latency, towe
                      'compute_s': compute, 'network_s': network, 'step_s': step,
                      'images_per_sec': n * batch / step, 'efficiency': compute / step,
                      'formula': formula,
-                     'bytes_between_tasks': bytes_between_tasks(mode, n, sum(sizes), towers,
-                                                                tasks, input_bytes)})
+                     'bytes_between_tasks': bytes_between_tasks(mode, n, sizes, towers, tasks,
+                                                                input_bytes)})
     return rows
 
 
