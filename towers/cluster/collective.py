@@ -48,6 +48,13 @@ def bucket_bytes(setting, sizes):
                            'or 0, not %r', setting) from None
 
 
+def bucket_order(count, gradients):
+    """What the overlapped all-reduce's buckets carry, in order: the batch size first, then
+    the gradients last layer first (the order the backward pass makes them); `towers plan`
+    cuts its buckets from the same order."""
+    return [count] + list(gradients)[::-1]
+
+
 class Collectives:
     """All-reduces over the workers, with instance keys in the order they are made.
 
@@ -121,7 +128,7 @@ class AcrossWorkers(VariableStrategy):
                                               for g in weighted])
             if size:  # last layer first; the batch size rides in the first
                 summed = self.collectives.sum_packed(
-                    [tf.reshape(count, [1])] + weighted[::-1], self.kind, size)
+                    bucket_order(tf.reshape(count, [1]), weighted), self.kind, size)
                 total, summed = summed[0][0], summed[:0:-1]
             else:
                 summed = self.collectives.sum_packed(weighted + [tf.reshape(count, [1])],

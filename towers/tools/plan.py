@@ -55,6 +55,7 @@ import numpy as np
 import tensorflow as tf
 
 from towers.allreduce import BUFFER_BYTES, byte_packs
+from towers.cluster.collective import bucket_order
 from towers.cluster.emulate import SCALES
 from towers.deviceplan import LeastLoaded, local_plan
 from towers.errors import SettingError
@@ -184,9 +185,9 @@ def overlapped(compute, workers, sizes, bandwidth, latency, bucket_bytes):
     n, a = workers, latency
     if n == 1:
         return compute, 0.0, 'one worker: nothing crosses the network'
-    reverse = [4] + list(sizes)[::-1]
-    buckets = [sum(reverse[i] for i in group)
-               for group in byte_packs([('float32', size) for size in reverse], bucket_bytes)]
+    order = bucket_order(4, sizes)  # the batch size's 4 bytes, then the gradients reversed
+    buckets = [sum(order[i] for i in group)
+               for group in byte_packs([('float32', size) for size in order], bucket_bytes)]
     times = [2 * (n - 1) / n * size / bandwidth + 2 * (n - 1) * a for size in buckets]
     network = sum(times) + 2 * (n - 1) * a
     step = max(compute + times[-1], compute / 3 + network)
