@@ -60,6 +60,9 @@ def test_a_task_on_a_gpu_host_has_its_gpus_beside_one_cpu_and_grows_their_memory
     assert (gpus.device_count['CPU'], gpus.gpu_options.allow_growth) == (1, True)
     cpus = server_config(cluster, 3, num_gpus=0)
     assert (cpus.device_count['CPU'], cpus.gpu_options.allow_growth) == (3, False)
+    # A CPU host's idle threads sleep, leaving its cores to the RPCs; a GPU host's spin.
+    assert (cpus.experimental.disable_thread_spinning,
+            gpus.experimental.disable_thread_spinning) == (True, False)
     # Towers: every GPU a task sees by default, or some of them; else virtual CPUs.
     assert task_towers(None, num_gpus=4) == (4, 'GPU')
     assert task_towers(2, num_gpus=4) == (2, 'GPU')
