@@ -33,14 +33,17 @@ MODELS = {'small_convnet': (32, {'collective': '25Mbit', 'overlapped': '12Mbit',
                                  'parameter-server': '1Gbit'}),
           'resnet20': (64, {'collective': '60Mbit', 'parameter-server': '200Mbit'})}
 RUNS = [('collective', '0'), ('collective', 'auto'), ('parameter-server', None)]
-# Two workers, each host on a core of its own. resnet20's overlapped all-reduce is measured
-# but not held to its plan here: it measured 1.15 to 1.35 times its plan (README, `towers
-# plan`): its many small ring steps each wait, for the other host's request to come through
-# the emulated link's queue behind the buckets already in flight and for a core the backward
-# pass is using. Three workers share this machine's two cores, and their rings' messages
-# wait for a core: measured 1.09 to 1.18 times the plan, not asserted.
-CASES = [(model, mode, bucket, 2) for model in MODELS for mode, bucket in RUNS
-         if (model, bucket) != ('resnet20', 'auto')]
+# Two workers, each host on a core of its own, but for mnist_convnet's ring without overlap:
+# three workers, who share this machine's two cores (measured 1.10 to 1.14 times its plan;
+# its two-worker ring is held by the other two models). resnet20's overlapped all-reduce is
+# measured but not held to its plan here: it measured 1.15 to 1.35 times its plan (README,
+# `towers plan`): its many small ring steps each wait, for the other host's request to come
+# through the emulated link's queue behind the buckets already in flight and for a core the
+# backward pass is using. Nor are three-worker overlapped rings, whose many messages wait for
+# a core (small_convnet 1.18), nor small_convnet's three-worker ring, which moved between 1.06
+# and 1.24 in three runs: its step is small beside such a wait.
+CASES = [(model, mode, bucket, 3 if (model, bucket) == ('mnist_convnet', '0') else 2)
+         for model in MODELS for mode, bucket in RUNS if (model, bucket) != ('resnet20', 'auto')]
 
 
 @pytest.fixture(scope='module')
