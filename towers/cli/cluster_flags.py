@@ -88,8 +88,8 @@ def launch_parser(commands):
     launch.add_argument('--emulate-link', default=None, metavar='RATE,DELAY',
                         help='run each task in its own network namespace on a bridge, every '
                              "host's link shaped with tc to RATE each way after DELAY, e.g. "
-                             '200Mbit,0 or 1Gbit,1ms (needs root and iproute2; a DELAY needs '
-                             'netem)')
+                             '200Mbit,0 or 1Gbit,1ms, each host on cores of its own where '
+                             'there are enough (needs root and iproute2; a DELAY needs netem)')
     launch.add_argument('task_command', nargs=argparse.REMAINDER, metavar='-- COMMAND',
                         help='-- then the towers command every worker runs, e.g. train ...')
     return launch
