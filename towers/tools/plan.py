@@ -82,6 +82,12 @@ def parse_flops(text):
     return flops
 
 
+def ring_bytes(workers, nbytes):
+    """What each worker sends, and receives, in a ring all-reduce of nbytes over `workers`:
+    its share of the reduce-scatter, then of the all-gather, 2(N-1)/N * nbytes."""
+    return 2 * (workers - 1) / workers * nbytes
+
+
 def shard_bytes(sizes, ps):
     """The gradient bytes on each of ps tasks, each variable to the least loaded one."""
     chooser = LeastLoaded(range(ps))
@@ -104,7 +110,7 @@ def communication(mode, workers, sizes, bandwidth, latency, towers=1, ps=0, inpu
         if n == 1:
             return 0.0, 'one worker: nothing crosses the network'
         buffers = max(1, math.ceil(size / BUFFER_BYTES))
-        moved = 2 * (n - 1) / n * size
+        moved = ring_bytes(n, size)
         seconds = moved / b + 2 * (n - 1) * a * (buffers + 1)
         return seconds, '2(N-1)/N*S/B + 2(N-1)*a*(buffers+1) = %s/B + %d*a' % (
             bytes_text(moved), 2 * (n - 1) * (buffers + 1))
@@ -150,7 +156,7 @@ def task_bytes(mode, workers, sizes, towers=1, ps=0, input_bytes=0):
     n, g, size = workers, towers, sum(sizes)
     names = ['worker %d' % k for k in range(n)] + ['ps %d' % p for p in range(ps)]
     if mode == 'collective':
-        ring = 2 * (n - 1) / n * size
+        ring = ring_bytes(n, size)
         return [(name, ring, ring) for name in names]
     shards = list(shard_bytes(sizes, ps)) if ps else []
     if mode == 'parameter-server':
@@ -188,7 +194,7 @@ def overlapped(compute, workers, sizes, bandwidth, latency, bucket_bytes):
     order = bucket_order(4, sizes)  # the batch size's 4 bytes, then the gradients reversed
     buckets = [sum(order[i] for i in group)
                for group in byte_packs([('float32', size) for size in order], bucket_bytes)]
-    times = [2 * (n - 1) / n * size / bandwidth + 2 * (n - 1) * a for size in buckets]
+    times = [ring_bytes(n, size) / bandwidth + 2 * (n - 1) * a for size in buckets]
     network = sum(times) + 2 * (n - 1) * a
     step = max(compute + times[-1], compute / 3 + network)
     return step, network, ('%d buckets; max(C + t_last, C/3 + W) = max(%.4f + %.4f, %.4f + '
