@@ -36,20 +36,19 @@ def run_launch(args, log):
         return launch.launch(tasks, jobs, logs=args.logs, grace=args.grace, log=log,
                              gpus_per_worker=args.gpus_per_worker)
     rate, delay = emulate.parse_link(args.emulate_link)
-    hosts_needed = len([task for task in tasks if task[0] != 'evaluator'])
-    with emulate.EmulatedHosts(hosts_needed, rate, delay) as hosts:
+    # The evaluator only reads the logdir: it stays outside the emulated network.
+    hosted = [task for task in tasks if task[0] != 'evaluator']
+    with emulate.EmulatedHosts(len(hosted), rate, delay) as hosts:
         log('towers launch: %d hosts on bridge %s, each link %s each way after %s, %s'
-            % (hosts_needed, hosts.bridge, args.emulate_link.split(',')[0],
+            % (len(hosted), hosts.bridge, args.emulate_link.split(',')[0],
                (args.emulate_link.split(',') + ['0'])[1], hosts.cores_text()))
         addresses = ['%s:%d' % (a, emulate.PORT) for a in hosts.addresses]
         jobs = {'worker': addresses[:args.workers]}
         if args.ps:
             jobs['ps'] = addresses[args.workers:]
-        # The evaluator only reads the logdir: it stays outside the emulated network.
         tasks = [(kind, index, argv if kind == 'evaluator' else hosts.command(i, argv), serves)
                  for i, (kind, index, argv, serves) in enumerate(tasks)]
-        meter = emulate.LinkMeter(hosts, ['%s %d' % task[:2] for task in tasks
-                                          if task[0] != 'evaluator'])
+        meter = emulate.LinkMeter(hosts, ['%s %d' % task[:2] for task in hosted])
 
         def observed(line):
             meter.observe(line)
