@@ -48,37 +48,127 @@ def test_on_a_gpu_the_probe_is_built_there_at_a_size_a_gpu_notices():
     assert probe.probe_device('/device:CPU:3') == '/cpu:0'
 
 
-def test_a_very_slow_precision_is_timed_by_its_warm_up_alone(monkeypatch):
-    runs = []
+class _Clock:
+    """A fake perf_counter and fake runs: each run adds its seconds to the clock.
 
-    class Session:
-        def run(self, fetch):
-            runs.append(fetch)
-            clock[0] += {'fp32': 0.004, 'slow': 0.5}[fetch]
+    `seconds[name]` is a list of one run's seconds, call after call; its last
+    entry repeats. `calls` records the names run, in order.
+    """
 
-    clock = [0.0]
-    monkeypatch.setattr(probe.time, 'perf_counter', lambda: clock[0])
-    assert probe._time_in_turns(Session(), ['fp32', 'slow']) == pytest.approx([0.004, 0.5])
-    # float32 is timed after its warm-up until it has used its budget; the slow one never again.
-    assert runs.count('slow') == 1
-    assert runs.count('fp32') == 1 + 13  # 13 x 0.004 s: past the 0.05 s budget
+    def __init__(self, monkeypatch, **seconds):
+        self.now, self.seconds, self.calls = 0.0, seconds, []
+        monkeypatch.setattr(probe.time, 'perf_counter', lambda: self.now)
+
+    def run(self, name):
+        def run():
+            times = self.seconds[name]
+            self.now += times[min(self.calls.count(name), len(times) - 1)]
+            self.calls.append(name)
+        return run
+
+
+def test_a_slow_first_run_is_set_up_not_speed_and_the_warm_runs_are_timed(monkeypatch):
+    # As bf16 on an H100: cuDNN autotunes and every kernel JIT-compiles in the first run.
+    clock = _Clock(monkeypatch, fp32=[0.9, 0.004], bf16=[2.5, 0.003])
+    assert probe._time_in_turns([clock.run('fp32'), clock.run('bf16')]) == pytest.approx(
+        [0.004, 0.003])
+
+
+def test_each_runs_its_warm_ups_untimed_before_any_is_timed(monkeypatch):
+    # Slow in all its warm-ups, fast after: only the runs after them count.
+    slow = [1.0] * probe.WARM_UPS + [0.002]
+    clock = _Clock(monkeypatch, fp32=slow, bf16=slow)
+    assert probe._time_in_turns([clock.run('fp32'), clock.run('bf16')]) == pytest.approx(
+        [0.002, 0.002])
+    assert probe.WARM_UPS >= 2
+    assert clock.calls[:2 * probe.WARM_UPS] == ['fp32'] * probe.WARM_UPS + ['bf16'] * probe.WARM_UPS
+
+
+def test_a_very_slow_precision_is_timed_once_it_is_warm(monkeypatch):
+    clock = _Clock(monkeypatch, fp32=[0.004], slow=[0.5])
+    assert probe._time_in_turns([clock.run('fp32'), clock.run('slow')]) == pytest.approx(
+        [0.004, 0.5])
+    # float32 is timed after its warm-ups until it has used its budget; the slow one is
+    # timed once, warm, and never again.
+    assert clock.calls.count('slow') == probe.WARM_UPS + 1
+    assert clock.calls.count('fp32') == probe.WARM_UPS + 13  # 13 x 0.004 s: past 0.05 s
 
 
 def test_fast_ones_run_in_turns_until_both_used_their_budget(monkeypatch):
-    runs = []
-    seconds = {'fp32': 0.004, 'bf16': 0.002}
-
-    class Session:
-        def run(self, fetch):
-            runs.append(fetch)
-            clock[0] += seconds[fetch]
-
-    clock = [0.0]
-    monkeypatch.setattr(probe.time, 'perf_counter', lambda: clock[0])
-    assert probe._time_in_turns(Session(), ['fp32', 'bf16']) == pytest.approx([0.004, 0.002])
-    assert runs[2:6] == ['fp32', 'bf16', 'fp32', 'bf16']
+    clock = _Clock(monkeypatch, fp32=[0.004], bf16=[0.002])
+    assert probe._time_in_turns([clock.run('fp32'), clock.run('bf16')]) == pytest.approx(
+        [0.004, 0.002])
+    warm = 2 * probe.WARM_UPS
+    assert clock.calls[warm:warm + 4] == ['fp32', 'bf16', 'fp32', 'bf16']
     # bf16 needs 25 runs for its 0.05 s: the runs stop at MAX_RUNS.
-    assert runs.count('bf16') == 1 + probe.MAX_RUNS
+    assert clock.calls.count('bf16') == probe.WARM_UPS + probe.MAX_RUNS
+
+
+def test_the_best_warm_run_is_the_time_not_one_slowed_down(monkeypatch):
+    # Another process on the cores slows one run: it only adds time, so the best is taken.
+    clock = _Clock(monkeypatch, fp32=[0.01, 0.01, 0.004, 0.04, 0.004], bf16=[0.01, 0.01, 0.002])
+    assert probe._time_in_turns([clock.run('fp32'), clock.run('bf16')]) == pytest.approx(
+        [0.004, 0.002])
+
+
+def test_the_probe_times_its_warm_ups_and_runs_on_one_session_and_fetch(monkeypatch):
+    # The very same Session and fetch warm up and are timed: no kernel or algorithm the
+    # timed runs use is chosen in them.
+    seen = []
+    real = probe._time_in_turns
+
+    def time_in_turns(runs):
+        seen.append([(run.func.__self__, run.args) for run in runs])
+        return real(runs)
+
+    monkeypatch.setattr(probe, 'WARM_UPS', 3)
+    monkeypatch.setattr(probe, 'MAX_RUNS', 1)
+    monkeypatch.setattr(probe, '_time_in_turns', time_in_turns)
+    speed = probe._measure.__wrapped__('fp16', '/cpu:0')
+    assert speed.error is None and len(seen) == 2  # conv's pair, matmul's pair
+    sessions = {session for pair in seen for session, _ in pair}
+    assert len(sessions) == 1
+    fetches = [args for pair in seen for _, args in pair]
+    assert all(len(args) == 1 for args in fetches) and len(set(fetches)) == 4
+
+
+def test_each_fetch_is_a_scalar_that_waits_for_all_of_its_work():
+    # A Session.run returns only when what it fetches is on the host: a GPU's queued
+    # kernels cannot make a run look fast where the fetch depends on all of them.
+    graph, _, fetches = probe._probe_graph('bf16', '/cpu:0')
+    for kind, work in (('conv', {'Conv2D', 'Conv2DBackpropInput', 'Conv2DBackpropFilter'}),
+                       ('matmul', {'MatMul'})):
+        for fetch, dtype in zip(fetches[kind], (tf.float32, tf.bfloat16)):
+            assert fetch.shape.as_list() == [] and fetch.dtype == tf.float32
+            ops = _ancestors(fetch.op)
+            assert {op.type for op in ops if op.type in work} == work
+            assert {op.get_attr('T') for op in ops if op.type in work} == {dtype}
+
+
+def _ancestors(op):
+    """op and every op whose output it reads, transitively."""
+    seen, stack = set(), [op]
+    while stack:
+        op = stack.pop()
+        if op not in seen:
+            seen.add(op)
+            stack.extend(t.op for t in op.inputs)
+            stack.extend(op.control_inputs)
+    return seen
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not tf.config.list_physical_devices('GPU'), reason='needs a GPU')
+def test_on_an_ampere_or_newer_gpu_bf16_matmul_measures_near_float32_or_faster():
+    # An H100 once measured bf16 at 0.00072x float32 from a first run's JIT compile and
+    # autotuning; warm, its tensor cores run bf16 as fast as float32's TF32 or faster.
+    details = tf.config.experimental.get_device_details(
+        tf.config.list_physical_devices('GPU')[0])
+    if tuple(details.get('compute_capability') or (0, 0)) < (8, 0):
+        pytest.skip('bf16 tensor cores need compute capability 8.0')
+    speed = probe.measure('bf16', '/gpu:0')
+    assert speed.error is None, speed.error
+    assert speed.matmul >= 0.5, speed.text()
 
 
 def test_only_the_mixed_precisions_are_probed():

@@ -9,12 +9,18 @@ work, timed here and now in float32 and in the precision, on the towers' device.
 
 The work is mnist_convnet's second convolution (5x5, 32 -> 64 channels on 14x14
 maps, NHWC), forward and both gradients, and a matmul; as in a tower, float32
-variables are cast to the precision on read. Each is run once to warm up (oneDNN
-picks and compiles its kernels then), then float32 and the precision run in
-turns, best of at most MAX_RUNS or until each has used BUDGET seconds, so drift
-hits both alike. Where the precision's warm-up alone took longer than a fifth
-of a second, that run is its time: it is not run again (at 0.003x float32 the conv alone
-runs for most of a second). The result is cached per process.
+variables are cast to the precision on read. Each is run WARM_UPS times untimed
+first: a first run is set-up, not speed (oneDNN creates its primitives; on a GPU
+cuDNN autotunes and, where TensorFlow has no binary for the GPU's architecture,
+as 2.21 has none for an H100's sm_90, every kernel is JIT-compiled from PTX on
+its first launch: an H100 once measured bf16 at 0.00072x float32 from its first
+run). Then float32 and the precision run in turns, best of at most MAX_RUNS or
+until each has used BUDGET seconds, so drift hits both alike. Each run fetches
+a float32 scalar that sums every result to the host, so a run ends when the
+device's work does, not when its kernels are queued. A precision whose warm run
+takes longer than a fifth of a second is not run again: that run is its time
+(at 0.003x float32 the conv alone runs for most of a second). The result is
+cached per process.
 """
 import dataclasses
 import functools
@@ -30,7 +36,11 @@ tf1 = tf.compat.v1
 
 BUDGET = 0.05  # seconds of timed runs per kind and precision
 MAX_RUNS = 20
-_SLOW_RUN = 0.2  # a warm-up longer than this is the kind's time: it is not run again
+# Untimed runs of each fetch before any is timed. The first autotunes and compiles; the
+# second makes sure that what the first's set-up left behind (memory that allow_growth
+# had to grow, caches) is not timed either. On a CPU a run takes milliseconds.
+WARM_UPS = 2
+_SLOW_RUN = 0.2  # a warm run longer than this is the kind's time: it is not run again
 _DTYPES = {'fp32': tf.float32, 'bf16': tf.bfloat16, 'fp16': tf.float16}
 # Per device kind: (conv input [N, H, W, C], conv filter [h, w, in, out], matmul m, k, n).
 # A GPU gets a larger batch so that the kernels, not the session's overhead, are timed.
@@ -102,9 +112,14 @@ def _measure(name, device):
     with native_stderr_silenced(), tf1.Session(graph=graph, config=config) as sess:
         sess.run(init)
         try:
+            # One callable per fetch, used for its warm-ups and its timed runs alike: the
+            # same Session and the same fetch, so every kernel and algorithm the timed runs
+            # use was chosen and compiled before them.
             seconds = {(kind, precision): best
                        for kind, pair in fetches.items()
-                       for precision, best in zip(('fp32', name), _time_in_turns(sess, pair))}
+                       for precision, best in zip(
+                           ('fp32', name),
+                           _time_in_turns([functools.partial(sess.run, f) for f in pair]))}
         except tf.errors.OpError as e:
             return Speed(name, device, error=op_error_summary(e))
     conv = seconds['conv', 'fp32'] / seconds['conv', name]
@@ -114,7 +129,11 @@ def _measure(name, device):
 
 
 def _probe_graph(name, device):
-    """(graph, its init op, {kind: [float32's fetch, the precision's]}) on one device."""
+    """(graph, its init op, {kind: [float32's fetch, the precision's]}) on one device.
+
+    Each fetch is a float32 scalar, the sum of every result of its kind's work:
+    small to copy, and a Session.run that returns it has waited for all of it.
+    """
     conv_input, conv_filter, (m, k, n) = _SHAPES[device[1:4]]
     graph = tf.Graph()
     with graph.as_default(), tf.device(device):
@@ -143,25 +162,34 @@ def _sum(tensor):
     return tf.reduce_sum(tf.cast(tensor, tf.float32))
 
 
-def _time_in_turns(sess, fetches):
-    """[best seconds of one run] of float32's fetch and the precision's, in turns.
+def _time_in_turns(runs):
+    """[best seconds of one run] of each of `runs` (float32's, the precision's), in turns.
 
-    Each runs once to warm up. The precision's fetch, where its warm-up took
-    longer than _SLOW_RUN, is not run again: its warm-up is its time (a second
-    run would cost as much, and the few milliseconds of set-up in the first
-    make a very slow kind at most a little slower). float32's is always timed.
+    Args:
+      runs: callables of no arguments, each one run of one fetch to the host.
+
+    Each is first run WARM_UPS times, untimed, so that no first run's set-up
+    (autotuning, JIT compiles) is ever a precision's time. The best of the
+    timed runs is the time, not their median: the result is fetched, so no run
+    ends before the work does, and what else differs between runs (another
+    process on the cores, the clock ramping up) only adds time. A callable
+    whose timed run took longer than _SLOW_RUN is not run again: that run is
+    its time (a second would cost as much, to say the same).
     """
-    warm_ups = [_seconds(sess, fetch) for fetch in fetches]
-    runs = {i: [] for i, seconds in enumerate(warm_ups) if i == 0 or seconds <= _SLOW_RUN}
+    for run in runs:
+        for _ in range(WARM_UPS):
+            run()
+    timed = [[] for _ in runs]
     for _ in range(MAX_RUNS):
-        if min(sum(seconds) for seconds in runs.values()) >= BUDGET:
+        if all(sum(seconds) >= BUDGET for seconds in timed):
             break
-        for i, seconds in runs.items():
-            seconds.append(_seconds(sess, fetches[i]))
-    return [min(runs[i]) if i in runs else warm for i, warm in enumerate(warm_ups)]
+        for run, seconds in zip(runs, timed):
+            if not seconds or seconds[-1] <= _SLOW_RUN:
+                seconds.append(_seconds(run))
+    return [min(seconds) for seconds in timed]
 
 
-def _seconds(sess, fetch):
+def _seconds(run):
     start = time.perf_counter()
-    sess.run(fetch)
+    run()
     return time.perf_counter() - start
