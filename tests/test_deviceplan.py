@@ -110,9 +110,35 @@ def test_xla_reaches_cpus_only_with_the_tf_xla_flag(monkeypatch):
 
 
 def test_a_plan_can_name_gpus_that_a_local_plan_would_refuse():
-    with pytest.raises(DeviceError, match='/gpu:1 does not exist'):
-        local_plan(GPUS, num_gpus=1)
+    with pytest.raises(DeviceError, match='/gpu:2 does not exist'):
+        local_plan(['/gpu:0', '/gpu:2'], num_gpus=1)
     assert DevicePlan(GPUS).towers == tuple(GPUS)  # built, never run, as explain --plan-only
+
+
+def test_the_plan_knows_which_towers_share_a_gpu_and_keeps_nccl_between_whole_ones():
+    # Four towers on one GPU: four logical GPUs, NCCL can't reduce between them.
+    one = local_plan(4, variable_update='replicated', num_gpus=1)
+    assert (one.towers, one.gpus) == (('/gpu:0', '/gpu:1', '/gpu:2', '/gpu:3'), (0, 0, 0, 0))
+    assert one.shared_gpus() == {0: [0, 1, 2, 3]}
+    assert one.all_reduce == 'host'
+    assert one.describe() == ('a copy on each tower (replicated), all-reduced by one sum per '
+                              'variable that every tower reads (shared memory) (not NCCL: '
+                              'towers 0,1,2,3 share GPU 0)')
+    assert one.config.gpu_options.experimental.num_virtual_devices_per_gpu == 4
+    two = local_plan(4, variable_update='replicated', num_gpus=2)
+    assert two.gpus == (0, 0, 1, 1) and two.shared_gpus() == {0: [0, 1], 1: [2, 3]}
+    assert two.all_reduce == 'host'
+    whole = local_plan(2, variable_update='replicated', num_gpus=2)
+    assert (whole.gpus, whole.shared_gpus(), whole.all_reduce) == ((0, 1), {}, 'nccl')
+    assert local_plan(2, devices='cpu', variable_update='replicated', num_gpus=2).gpus == (
+        None, None)
+    with pytest.raises(DeviceError, match=r'^NCCL cannot all-reduce between logical GPUs of '
+                                          r'one GPU \(towers 0,1 share GPU 0\)'):
+        local_plan(2, variable_update='replicated', num_gpus=1, all_reduce='nccl')
+    # The other all-reduces run between logical GPUs, and other strategies never all-reduce.
+    assert local_plan(2, variable_update='replicated', num_gpus=1, all_reduce='ring') \
+        .all_reduce == 'ring'
+    assert local_plan(2, num_gpus=1).all_reduce is None
 
 
 def test_a_run_says_in_its_first_lines_where_the_variables_are_and_how_copies_meet(capsys):

@@ -3,7 +3,13 @@ import pytest
 import tensorflow as tf
 
 from towers.cli import main
-from towers.devices import resolve_devices, resolve_param_device, session_config
+from towers.devices import (
+    gpu_split,
+    physical_gpus,
+    resolve_devices,
+    resolve_param_device,
+    session_config,
+)
 from towers.errors import DeviceError
 from towers.exactness import describe
 from towers.tools import check
@@ -22,13 +28,73 @@ def test_without_gpus_num_towers_gives_virtual_cpus():
     assert resolve_devices(num_towers=3, num_gpus=0) == ['/cpu:0', '/cpu:1', '/cpu:2']
 
 
-def test_gpus_are_the_default_and_cannot_be_exceeded():
+def test_gpus_are_the_default():
     assert resolve_devices(num_gpus=2) == ['/gpu:0', '/gpu:1']
     assert resolve_devices(num_towers=1, num_gpus=2) == ['/gpu:0']
+
+
+@pytest.mark.parametrize('num_towers,num_gpus,expected,gpus,per_gpu', [
+    (2, 1, ['/gpu:0', '/gpu:1'], (0, 0), 2),
+    (4, 1, ['/gpu:0', '/gpu:1', '/gpu:2', '/gpu:3'], (0, 0, 0, 0), 4),
+    (3, 2, ['/gpu:0', '/gpu:1', '/gpu:2'], (0, 0, 1), 2),
+    # Dealt out evenly: two on GPU 0, one on each other, never three GPUs' worth on two.
+    (5, 4, ['/gpu:0', '/gpu:1', '/gpu:2', '/gpu:4', '/gpu:6'], (0, 0, 1, 2, 3), 2),
+    (4, 2, ['/gpu:0', '/gpu:1', '/gpu:2', '/gpu:3'], (0, 0, 1, 1), 2),
+])
+def test_more_towers_than_gpus_split_the_gpus_into_logical_gpus(num_towers, num_gpus, expected,
+                                                                gpus, per_gpu):
+    towers = resolve_devices(num_towers=num_towers, num_gpus=num_gpus)
+    assert towers == expected
+    assert physical_gpus(towers, num_gpus) == gpus
+    config = session_config(towers, num_gpus=num_gpus)
+    assert config.gpu_options.experimental.num_virtual_devices_per_gpu == per_gpu
+    assert gpu_split(towers, num_gpus) == per_gpu
+
+
+def test_towers_that_fit_the_gpus_split_nothing():
+    towers = resolve_devices(num_towers=2, num_gpus=2)
+    config = session_config(towers, num_gpus=2)
+    assert config.gpu_options.experimental.num_virtual_devices_per_gpu == 0  # unset
+    assert physical_gpus(towers, 2) == (0, 1)
+    assert physical_gpus(['/cpu:0', '/cpu:1'], 2) == (None, None)
+
+
+def test_a_process_of_several_tower_counts_keeps_its_largest_split():
+    # bench 1,2,4 on two GPUs: every row under 2 logical GPUs per GPU, 2 towers a GPU apart.
+    assert resolve_devices(num_towers=2, num_gpus=2, per_gpu=2) == ['/gpu:0', '/gpu:2']
+    assert resolve_devices(num_towers=1, num_gpus=2, per_gpu=2) == ['/gpu:0']
+    assert physical_gpus(['/gpu:0', '/gpu:2'], 2, per_gpu=2) == (0, 1)
+    config = session_config(['/gpu:0'], num_gpus=2, per_gpu=2)
+    assert config.gpu_options.experimental.num_virtual_devices_per_gpu == 2
+    with pytest.raises(DeviceError, match='3 towers do not fit in 1 GPU'):
+        resolve_devices(num_towers=3, num_gpus=1, per_gpu=2)
+
+
+def test_refusing_logical_gpus_keeps_one_tower_per_gpu():
+    assert resolve_devices(num_towers=2, num_gpus=2, logical_gpus=False) == ['/gpu:0', '/gpu:1']
     with pytest.raises(DeviceError) as error:
-        resolve_devices(num_towers=3, num_gpus=2)
-    message = str(error.value)
-    assert '3 towers' in message and '2 visible GPU' in message
+        resolve_devices(num_towers=3, num_gpus=2, logical_gpus=False)
+    assert str(error.value) == (
+        'asked for 3 GPU towers but this machine has 2 visible GPU(s), and no_logical_gpus '
+        'refuses to split a GPU into logical ones; use towers 2 or fewer, or devices cpu for '
+        'CPU towers')
+    with pytest.raises(DeviceError, match='refuses to split'):
+        resolve_devices(devices='/gpu:0,/gpu:1', num_gpus=1, logical_gpus=False)
+
+
+def test_devices_may_name_a_kind():
+    assert resolve_devices(num_towers=2, devices='cpu', num_gpus=2) == ['/cpu:0', '/cpu:1']
+    assert resolve_devices(devices='cpu', num_gpus=2) == ['/cpu:0']
+    assert resolve_devices(num_towers=2, devices='GPU', num_gpus=1) == ['/gpu:0', '/gpu:1']
+    with pytest.raises(DeviceError, match=r'/gpu:0 does not exist: this machine has 0 visible'):
+        resolve_devices(num_towers=2, devices='gpu', num_gpus=0)
+
+
+def test_named_logical_gpus_exist_as_far_as_the_split_goes():
+    assert resolve_devices(devices='/gpu:0,/gpu:1', num_gpus=1) == ['/gpu:0', '/gpu:1']
+    with pytest.raises(DeviceError, match=r'^/gpu:2 does not exist: this machine has 1 visible '
+                                          r'GPU\(s\) split into 2 logical GPUs each$'):
+        resolve_devices(devices='/gpu:0,/gpu:2', num_gpus=1)
 
 
 @pytest.mark.parametrize('devices,num_gpus,expected', [
@@ -89,7 +155,7 @@ def test_session_config_counts_the_highest_cpu(tower_devices, param_device, cpus
 
 
 @pytest.mark.parametrize('tower_devices,param_device,num_gpus,missing', [
-    (['/gpu:0', '/gpu:1'], '/cpu:0', 1, 1),
+    (['/gpu:0', '/gpu:2'], '/cpu:0', 1, 2),  # 2 towers: 2 logical GPUs, /gpu:0 and /gpu:1
     (['/cpu:0'], '/gpu:0', 0, 0),
     (['/gpu:2'], '/cpu:0', 2, 2),
 ])

@@ -20,11 +20,14 @@ graph reads it (towers, strategies, the graph builder, the cluster modes):
   default     what completes every device without a job: the task's
               /job:worker/task:k in a cluster, or a device function; None in
               one process
+  gpus        the GPU each tower is on: logical GPUs split from one GPU
+              (towers/devices.py) share it; None for a CPU tower
   all_reduce  how the towers' copies meet (towers/allreduce.py): 'nccl' where
-              the towers are GPUs, 'host' (one sum per variable, read by every
-              tower) on the CPUs of one process, or 'ring' (TensorFlow's
-              collective ring) when asked; None without copies, or where they
-              never meet (independent)
+              the towers are GPUs of their own, 'host' (one sum per variable,
+              read by every tower) on the CPUs of one process or where towers
+              share a GPU (NCCL cannot all-reduce between two logical GPUs of
+              one GPU), or 'ring' (TensorFlow's collective ring) when asked;
+              None without copies, or where they never meet (independent)
   data_format the layout the towers' maps are built in (towers/models/layout.py):
               NCHW on GPU towers (cuDNN's float32 kernels prefer it, as
               tf_cnn_benchmarks' default), NHWC elsewhere, unless asked
@@ -39,7 +42,14 @@ import weakref
 
 import tensorflow as tf
 
-from towers.devices import resolve_devices, resolve_param_device, session_config
+from towers.devices import (
+    physical_gpus,
+    resolve_devices,
+    resolve_param_device,
+    session_config,
+    visible_gpus,
+)
+from towers.errors import DeviceError
 from towers.names import SPREAD, XLA_CPU_FLAG
 
 # --variable-update names whose towers hold copies of their own.
@@ -105,6 +115,8 @@ class DevicePlan:
         variable scope's caching_device), or None: each tower reads each variable itself.
         A parameter-server worker's CPU: its G towers then take one copy of each variable
         off the network instead of G, as tf_cnn_benchmarks' distributed parameter_server.
+      gpus: the GPU each tower is on (towers/devices.py physical_gpus), None for a CPU
+        tower; None: each tower on a device of its own.
       all_reduce: how the copies' gradients meet ('nccl', 'host', 'ring'), or None.
       variable_update: the --variable-update the plan was made for.
       data_format: 'NHWC' or 'NCHW'; None: NCHW where the towers are GPUs.
@@ -116,6 +128,7 @@ class DevicePlan:
     host: str = '/cpu:0'
     default_device: object = None
     read_cache: str = None
+    gpus: tuple = None
     all_reduce: str = None
     variable_update: str = 'parameter_server'
     data_format: str = None
@@ -147,6 +160,14 @@ class DevicePlan:
     def num_towers(self):
         return len(self.towers)
 
+    def shared_gpus(self):
+        """{GPU: [tower indices]} of every GPU that more than one tower shares."""
+        towers = {}
+        for index, gpu in enumerate(self.gpus or ()):
+            if gpu is not None:
+                towers.setdefault(gpu, []).append(index)
+        return {gpu: indices for gpu, indices in towers.items() if len(indices) > 1}
+
     def variable_home(self, index):
         """(variable scope, device or device function) where tower `index` gets its variables.
 
@@ -169,8 +190,13 @@ class DevicePlan:
         """One line: where the variables are, and how copies meet."""
         if self.copies:
             where = 'a copy on each tower (%s)' % self.variable_update
-            return where + (', all-reduced by %s' % ALL_REDUCE_NAMES[self.all_reduce]
-                            if self.all_reduce else ', never combined')
+            if not self.all_reduce:
+                return where + ', never combined'
+            where += ', all-reduced by %s' % ALL_REDUCE_NAMES[self.all_reduce]
+            shared = self.shared_gpus()
+            if shared and self.all_reduce == 'host':
+                where += ' (not NCCL: %s)' % share_text(shared)
+            return where
         if isinstance(self.variables, Spread):
             return 'spread by bytes over %s' % ','.join(self.variables.devices)
         return self.variables or 'placed by the cluster (replica_device_setter)'
@@ -178,6 +204,12 @@ class DevicePlan:
 
 ALL_REDUCE_NAMES = {'nccl': 'NCCL', 'ring': "TensorFlow's collective ring",
                     'host': 'one sum per variable that every tower reads (shared memory)'}
+
+
+def share_text(shared):
+    """'towers 0,1 share GPU 0', from DevicePlan.shared_gpus()."""
+    return '; '.join('towers %s share GPU %d' % (','.join(map(str, towers)), gpu)
+                     for gpu, towers in sorted(shared.items()))
 
 
 def device_kind(devices):
@@ -199,33 +231,42 @@ def replica_scope(index):
 
 
 def local_plan(towers=None, param_device=None, variable_update='parameter_server',
-               devices=None, num_gpus=None, all_reduce=None, data_format=None):
+               devices=None, num_gpus=None, all_reduce=None, data_format=None,
+               logical_gpus=True, per_gpu=None):
     """The plan of one process.
 
     Args:
       towers: a tower count (None: every visible GPU, else one CPU), or a list
-        of device names.
+        of device names (resolved already: a run resolves its devices once).
       param_device: --param-device: 'cpu' (None), 'gpu', 'spread' or a device.
       variable_update: 'parameter_server', 'replicated' or 'independent'.
-      devices: --devices, e.g. '/gpu:0,/gpu:2' (agreeing with a tower count).
+      devices: --devices, e.g. '/gpu:0,/gpu:2' (agreeing with a tower count), or a
+        kind, 'cpu' or 'gpu'.
       num_gpus: GPUs to assume; None asks TensorFlow.
       all_reduce: replicated's all-reduce; None: the devices' best (make_plan).
       data_format: the towers' layout; None: by their kind (DevicePlan).
+      logical_gpus: False refuses more GPU towers than GPUs (towers/devices.py).
+      per_gpu: logical GPUs per GPU where a process runs several plans (as
+        resolve_devices has it); None: the towers' own split.
     Raises:
       DeviceError: a device that does not exist, or a tower count that cannot be met.
     """
     tower_devices = (list(towers) if isinstance(towers, (list, tuple))
-                     else resolve_devices(towers, devices, num_gpus))
+                     else resolve_devices(towers, devices, num_gpus, logical_gpus, per_gpu))
+    if num_gpus is None and any(d.startswith('/gpu') for d in tower_devices):
+        num_gpus = visible_gpus()
     param = resolve_param_device(param_device, tower_devices, num_gpus)
     # What no device scope places (the fed placeholders, the Saver's ops) stays on the
     # host: on a GPU machine TensorFlow would otherwise take GPU 0 for it.
     return make_plan(tower_devices, param, variable_update, default_device='/cpu:0',
-                     config=session_config(tower_devices, param, num_gpus),
-                     all_reduce=all_reduce).with_data_format(data_format)
+                     config=session_config(tower_devices, param, num_gpus, per_gpu),
+                     all_reduce=all_reduce,
+                     gpus=physical_gpus(tower_devices, num_gpus or 0, per_gpu)
+                     ).with_data_format(data_format)
 
 
 def make_plan(tower_devices, param, variable_update='parameter_server', default_device=None,
-              config=None, all_reduce=None):
+              config=None, all_reduce=None, gpus=None):
     """The plan of resolved devices: the one place a parameter device's forms are read.
 
     Args:
@@ -236,7 +277,11 @@ def make_plan(tower_devices, param, variable_update='parameter_server', default_
         copy per tower; param then holds only the host ops).
       default_device, config: as DevicePlan has them.
       all_reduce: replicated's all-reduce (towers/allreduce.py); None: 'nccl' on
-        GPUs, 'host' on CPUs (measured the faster there).
+        GPUs of their own, 'host' on CPUs (measured the faster there) and where towers
+        share a GPU.
+      gpus: the GPU of each tower (DevicePlan.gpus), None: each its own device.
+    Raises:
+      DeviceError: NCCL asked for between towers that share a GPU.
     """
     spread = param == SPREAD or isinstance(param, (list, tuple))
     copies = variable_update in COPIES
@@ -246,13 +291,19 @@ def make_plan(tower_devices, param, variable_update='parameter_server', default_
         variables = Spread(tower_devices if param == SPREAD else param)
     else:
         variables = param
-    return DevicePlan(tower_devices, variables=variables, copies=copies,
+    plan = DevicePlan(tower_devices, variables=variables, copies=copies,
                       host='/cpu:0' if spread else param,
-                      default_device=default_device,
-                      all_reduce=((all_reduce or ('nccl' if device_kind(tower_devices) == 'GPU'
-                                                  else 'host'))
-                                  if variable_update == 'replicated' else None),
+                      default_device=default_device, gpus=gpus,
                       variable_update=variable_update, config=config)
+    if variable_update != 'replicated':
+        return plan
+    shared = plan.shared_gpus()
+    if all_reduce == 'nccl' and shared:
+        raise DeviceError('NCCL cannot all-reduce between logical GPUs of one GPU (%s): leave '
+                          '{all_reduce} to choose, or give each tower a GPU of its own'
+                          % share_text(shared))
+    nccl = device_kind(tower_devices) == 'GPU' and not shared
+    return dataclasses.replace(plan, all_reduce=all_reduce or ('nccl' if nccl else 'host'))
 
 
 def uses_variable(op):

@@ -5,7 +5,17 @@ as in the classic multi-GPU tutorial. Without GPUs, `num_towers=N` gives N
 *virtual* CPU devices (`ConfigProto(device_count={'CPU': N})`), so the very same
 multi-tower graph runs on N devices anywhere. A device that does not exist is an
 error here, before any graph is built, never a silent collapse onto one device.
+
+More towers than GPUs split each GPU into *logical* GPUs (TensorFlow's virtual
+devices, `gpu_options.experimental.num_virtual_devices_per_gpu`), an equal share
+of its memory each, so that every tower still has a `/gpu:i` of its own: two
+towers on a one-GPU machine run on /gpu:0 and /gpu:1, both on GPU 0. The split
+follows from the tower devices and the GPU count alone (gpu_split), so every
+part that is handed the devices reads the same split: with G GPUs and N > G GPU
+towers, each GPU holds ceil(N / G) logical GPUs, logical /gpu:j being on GPU
+j // ceil(N / G).
 """
+import math
 import os
 import re
 
@@ -45,31 +55,44 @@ def parse_device(name):
     return match.group(1).lower(), int(match.group(2))
 
 
-def require_gpus(parsed, num_gpus=None):
+def require_gpus(parsed, num_gpus=None, per_gpu=1):
     """Raise DeviceError unless every ('gpu', i) in parsed exists.
 
     Args:
       parsed: (kind, index) pairs from parse_device.
       num_gpus: GPUs to assume; None asks TensorFlow (only if a GPU is named).
+      per_gpu: the logical GPUs each GPU is split into (gpu_split).
     """
     gpus = [index for kind, index in parsed if kind == 'gpu']
     if not gpus:
         return
     num_gpus = visible_gpus() if num_gpus is None else num_gpus
-    if max(gpus) >= num_gpus:
-        raise DeviceError('/gpu:%d does not exist: this machine has %d visible GPU(s)%s'
-                          % (max(gpus), num_gpus, '; %s (or use /cpu:N, virtual devices)'
+    if max(gpus) >= num_gpus * per_gpu:
+        split = ' split into %d logical GPUs each' % per_gpu if per_gpu > 1 else ''
+        raise DeviceError('/gpu:%d does not exist: this machine has %d visible GPU(s)%s%s'
+                          % (max(gpus), num_gpus, split, '; %s (or use /cpu:N, virtual devices)'
                              % no_gpu_reason() if not num_gpus else ''))
 
 
-def resolve_devices(num_towers=None, devices=None, num_gpus=None):
+# --devices may name a kind instead of devices: the towers on that kind, numbered from 0.
+KINDS = ('cpu', 'gpu')
+
+
+def resolve_devices(num_towers=None, devices=None, num_gpus=None, logical_gpus=True,
+                    per_gpu=None):
     """Choose the tower devices.
 
     Args:
       num_towers: how many towers; None means every visible GPU, or one CPU.
-      devices: explicit device names ('/gpu:0,/gpu:1' or a list); overrides
-        num_towers (which, if also given, must agree).
+      devices: explicit device names ('/gpu:0,/gpu:1' or a list), which
+        override num_towers (if also given, it must agree); or a kind, 'cpu'
+        or 'gpu': num_towers towers on that kind (CPU towers on a GPU machine).
       num_gpus: GPUs to assume; None asks TensorFlow.
+      logical_gpus: more GPU towers than GPUs split the GPUs into logical GPUs
+        (the module's docstring); False refuses instead.
+      per_gpu: the logical GPUs each GPU is split into, where one process runs
+        several tower counts under the split of its largest (bench, check);
+        None: the towers' own split (gpu_split).
 
     Returns:
       A list of canonical device strings, e.g. ['/gpu:0', '/gpu:1'] or
@@ -81,7 +104,10 @@ def resolve_devices(num_towers=None, devices=None, num_gpus=None):
     """
     if num_gpus is None:
         num_gpus = visible_gpus()
-    if devices:
+    kind = devices.strip().lower() if isinstance(devices, str) else None
+    if kind in KINDS:
+        devices = None
+    elif devices:
         if isinstance(devices, str):
             devices = [d for d in devices.split(',') if d.strip()]
         if not devices:
@@ -95,32 +121,71 @@ def resolve_devices(num_towers=None, devices=None, num_gpus=None):
         if num_towers is not None and num_towers != len(parsed):
             raise DeviceError('{towers} %d disagrees with %d devices in %s'
                               % (num_towers, len(parsed), ','.join(devices)))
-        require_gpus(parsed, num_gpus)
-        return ['/%s:%d' % p for p in parsed]
+        named = ['/%s:%d' % p for p in parsed]
+        check_gpu_split(named, num_gpus, logical_gpus)
+        require_gpus(parsed, num_gpus, per_gpu or gpu_split(named, num_gpus))
+        return named
     if num_towers is not None and num_towers < 1:
         raise DeviceError('{towers} must be at least 1, got %d' % num_towers)
-    if num_gpus:
-        if num_towers is None:
-            num_towers = num_gpus
-        if num_towers > num_gpus:
-            raise DeviceError(
-                'asked for %d towers but this machine has %d visible GPU(s); use '
-                '{towers} %d or fewer, or {devices} /cpu:0,... for CPU towers'
-                % (num_towers, num_gpus, num_gpus))
-        return ['/gpu:%d' % i for i in range(num_towers)]
-    return ['/cpu:%d' % i for i in range(num_towers or 1)]
+    if kind == 'gpu' and not num_gpus:
+        require_gpus([('gpu', 0)], num_gpus)  # says why there is none
+    if not num_gpus or kind == 'cpu':
+        return ['/cpu:%d' % i for i in range(num_towers or 1)]
+    towers = logical_gpu_devices(num_towers or num_gpus, num_gpus, per_gpu)
+    check_gpu_split(towers, num_gpus, logical_gpus)
+    return towers
 
 
-def session_config(tower_devices, param_device='/cpu:0', num_gpus=None, **kwargs):
+def logical_gpu_devices(num_towers, num_gpus, per_gpu=None):
+    """The towers' /gpu:j over num_gpus GPUs, each split into per_gpu logical GPUs (None:
+    ceil(num_towers / num_gpus), 1 while the GPUs suffice): the towers dealt out evenly
+    (5 towers on 4 GPUs: two on GPU 0, one on each other), the lowest logical GPUs first.
+    """
+    per_gpu = per_gpu or math.ceil(num_towers / num_gpus)
+    counts = [num_towers // num_gpus + (gpu < num_towers % num_gpus) for gpu in range(num_gpus)]
+    if max(counts) > per_gpu:
+        raise DeviceError('%d towers do not fit in %d GPU(s) of %d logical GPUs each'
+                          % (num_towers, num_gpus, per_gpu))
+    return ['/gpu:%d' % (gpu * per_gpu + j) for gpu in range(num_gpus) for j in range(counts[gpu])]
+
+
+def gpu_split(tower_devices, num_gpus):
+    """The logical GPUs per GPU that these towers need: 1 while each GPU tower has a GPU of
+    its own, else ceil(GPU towers / num_gpus)."""
+    towers = sum(1 for d in tower_devices if parse_device(d)[0] == 'gpu')
+    return max(1, math.ceil(towers / num_gpus)) if num_gpus else 1
+
+
+def check_gpu_split(tower_devices, num_gpus, logical_gpus=True):
+    """DeviceError where the towers need a GPU split that logical_gpus=False refuses."""
+    if not logical_gpus and gpu_split(tower_devices, num_gpus) > 1:
+        raise DeviceError(
+            'asked for %d GPU towers but this machine has %d visible GPU(s), and '
+            '{no_logical_gpus} refuses to split a GPU into logical ones; use {towers} %d or '
+            'fewer, or {devices} cpu for CPU towers' % (len(tower_devices), num_gpus, num_gpus))
+
+
+def physical_gpus(tower_devices, num_gpus, per_gpu=None):
+    """The GPU each tower's device is on (logical GPUs of one GPU share it), None for a CPU:
+    ['/gpu:0', '/gpu:1'] on one GPU -> (0, 0). per_gpu: as resolve_devices has it."""
+    per_gpu = per_gpu or gpu_split(tower_devices, num_gpus)
+    return tuple(index // per_gpu if kind == 'gpu' else None
+                 for kind, index in map(parse_device, tower_devices))
+
+
+def session_config(tower_devices, param_device='/cpu:0', num_gpus=None, per_gpu=None,
+                   **kwargs):
     """A ConfigProto under which every named device exists.
 
-    Virtual CPU devices are created with device_count (device_config). A named
-    GPU that is not there is an error here.
+    Virtual CPU devices are created with device_count (device_config), logical
+    GPUs with gpu_options (more GPU towers than GPUs: the module's docstring).
+    A named GPU that is not there is an error here.
 
     Args:
       tower_devices: device strings from resolve_devices.
       param_device: the device holding the variables (counted too).
       num_gpus: GPUs to assume; None asks TensorFlow.
+      per_gpu: logical GPUs per GPU, as resolve_devices has it.
       **kwargs: other ConfigProto fields.
 
     Raises:
@@ -129,9 +194,17 @@ def session_config(tower_devices, param_device='/cpu:0', num_gpus=None, **kwargs
     # 'spread' puts the variables on the tower devices themselves.
     hosts = [] if param_device == SPREAD else [param_device]
     parsed = [parse_device(d) for d in list(tower_devices) + hosts]
-    require_gpus(parsed, num_gpus)
+    if any(kind == 'gpu' for kind, _ in parsed) and num_gpus is None:
+        num_gpus = visible_gpus()
+    per_gpu = per_gpu or gpu_split(tower_devices, num_gpus)
+    require_gpus(parsed, num_gpus, per_gpu)
     cpus = [index for kind, index in parsed if kind == 'cpu']
-    return device_config(max(cpus) + 1 if cpus else 1, **kwargs)
+    config = device_config(max(cpus) + 1 if cpus else 1, **kwargs)
+    if per_gpu > 1:
+        # TensorFlow fixes a process's logical GPUs at its first Session: a process that
+        # runs several tower counts gives them all its largest split (per_gpu).
+        config.gpu_options.experimental.num_virtual_devices_per_gpu = per_gpu
+    return config
 
 
 def device_config(num_cpus, **kwargs):
@@ -147,13 +220,18 @@ def device_config(num_cpus, **kwargs):
     return config
 
 
-def describe_devices(tower_devices, param_device):
+def describe_devices(tower_devices, param_device, num_gpus=None):
     """Lines for `towers devices`: what would be used, and what exists."""
-    gpus = visible_gpus()
+    gpus = visible_gpus() if num_gpus is None else num_gpus
     lines = ['visible GPUs: %d' % gpus]
-    for i, device in enumerate(tower_devices):
-        virtual = ' (virtual CPU device)' if device.startswith('/cpu') else ''
-        lines.append('tower_%d: %s%s' % (i, device, virtual))
+    per_gpu = gpu_split(tower_devices, gpus)
+    for i, (device, gpu) in enumerate(zip(tower_devices, physical_gpus(tower_devices, gpus))):
+        where = ''
+        if gpu is None:
+            where = ' (virtual CPU device)'
+        elif per_gpu > 1:
+            where = ' (a logical GPU: 1/%d of GPU %d)' % (per_gpu, gpu)
+        lines.append('tower_%d: %s%s' % (i, device, where))
     lines.append('variables: %s' % ('spread over the tower devices, by size'
                                      if param_device == SPREAD else param_device))
     return lines
@@ -180,5 +258,7 @@ def resolve_param_device(choice, tower_devices, num_gpus=None):
                               "use {param_device} cpu" % ','.join(tower_devices))
         return tower_devices[0]
     parsed = parse_device(choice)
-    require_gpus([parsed], num_gpus)
+    if parsed[0] == 'gpu' and num_gpus is None:
+        num_gpus = visible_gpus()
+    require_gpus([parsed], num_gpus, gpu_split(tower_devices, num_gpus or 0))
     return '/%s:%d' % parsed
