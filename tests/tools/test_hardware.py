@@ -201,3 +201,22 @@ def test_the_build_and_each_gpu_are_named(monkeypatch):
                '/gpu:1': {'device_name': 'NVIDIA A100'}}
     assert hardware.gpu_lines(details) == ['/gpu:0: NVIDIA A100, compute capability 8.0',
                                            '/gpu:1: NVIDIA A100, compute capability unknown']
+
+
+def test_logical_gpus_are_probed_and_named_as_the_gpu_they_are_on(monkeypatch):
+    # Two towers on one GPU: /gpu:1 is GPU 0's second logical GPU, and the probe's Session
+    # must make the same two logical GPUs the run's will (TensorFlow fixes them at the first).
+    monkeypatch.setattr(tf.config, 'list_physical_devices', lambda kind: ['the H100'])
+    monkeypatch.setattr(tf.config.experimental, 'get_device_details', lambda gpu: {
+        'device_name': 'NVIDIA H100 80GB HBM3', 'compute_capability': (9, 0)})
+    monkeypatch.setattr(hardware, 'visible_gpus', lambda: 1)
+    asked = []
+
+    def measure(name, device, per_gpu=1):
+        asked.append((name, device, per_gpu))
+        return probe.Speed(name, device, 1.3, 1.3, 1.3, {})
+    monkeypatch.setattr(probe, 'measure', measure)
+    line = precision_support('bf16', ['/gpu:0', '/gpu:1'])
+    assert line.startswith('bf16 on /gpu:0,/gpu:1 (NVIDIA H100 80GB HBM3, compute capability '
+                           '9.0): fast')
+    assert asked == [('bf16', '/gpu:0', 2)]

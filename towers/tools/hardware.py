@@ -8,12 +8,14 @@ measurement, as information: a flag means an instruction exists, not that
 TensorFlow's kernels use it (an Intel Xeon with avx512_fp16 ran float16 at
 0.003x float32).
 """
+import functools
 import os
 import platform
 
 import tensorflow as tf
 
 from towers import exactness
+from towers.devices import gpu_split, physical_gpus, visible_gpus
 from towers.errors import SettingError
 from towers.tools import probe
 
@@ -56,7 +58,7 @@ def precision_support(name, devices, cpu_flags=None, gpu_details=None, measure=N
     if name == 'fp32':
         return 'fp32: float32 throughout'
     kinds = device_kinds(devices, gpu_details)
-    speeds = _measured(name, kinds, measure)
+    speeds = _measured(name, kinds, measure or _probe(devices))
     if kinds[0][0] == 'CPU':
         speed, = speeds
         if speed.error:
@@ -79,7 +81,7 @@ def slow_warning(name, devices, gpu_details=None, measure=None):
     """
     if name == 'fp32':
         return None
-    kinds = device_kinds(devices, gpu_details)
+    kinds, measure = device_kinds(devices, gpu_details), measure or _probe(devices)
     if not any(s.error or s.ratio < WARN_BELOW for s in _measured(name, kinds, measure)):
         return None
     other = 'fp16' if name == 'bf16' else 'bf16'
@@ -112,9 +114,15 @@ def device_kinds(devices, gpu_details=None):
         for (device_name, capability), group in groups.items()]
 
 
-def _measured(name, kinds, measure=None):
-    """The probe's Speed of the first device of each kind."""
-    return [(measure or probe.measure)(name, group[0]) for _, group in kinds]
+def _measured(name, kinds, measure):
+    """The Speed measure(name, device) gives the first device of each kind."""
+    return [measure(name, group[0]) for _, group in kinds]
+
+
+def _probe(devices):
+    """probe.measure under the towers' split of their GPUs into logical GPUs."""
+    per_gpu = gpu_split(_gpus(devices), visible_gpus()) if _gpus(devices) else 1
+    return functools.partial(probe.measure, per_gpu=per_gpu) if per_gpu > 1 else probe.measure
 
 
 def _judged(speed):
@@ -203,11 +211,11 @@ def _details(gpus, given=None):
 
 
 def _gpu_details(gpus):
-    """{'/gpu:i': TensorFlow's details of the i-th physical GPU}, for the GPUs named."""
+    """{'/gpu:i': TensorFlow's details of the physical GPU it is on}, for the GPUs named (a
+    logical GPU is on GPU i // its split, towers/devices.py)."""
     physical = tf.config.list_physical_devices('GPU')
     details = {}
-    for device in gpus:
-        index = int(device.rsplit(':', 1)[1])
+    for device, index in zip(gpus, physical_gpus(gpus, len(physical))):
         if index < len(physical):
             details[device] = tf.config.experimental.get_device_details(physical[index])
     return details

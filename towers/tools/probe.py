@@ -87,26 +87,31 @@ def probe_device(device):
     return '/cpu:0' if kind == 'cpu' else '/gpu:%d' % index
 
 
-def measure(name, device='/cpu:0'):
+def measure(name, device='/cpu:0', per_gpu=1):
     """The Speed of precision `name` on `device`, timed once per process.
 
     Args:
       name: 'bf16' or 'fp16'.
       device: a tower device ('/cpu:3' times the CPU, as '/cpu:0' does).
+      per_gpu: the logical GPUs per GPU of the run the probe is for
+        (towers/devices.py gpu_split): TensorFlow fixes a process's logical GPUs
+        at its first Session, which may be the probe's.
     Returns:
       Speed; its error says why where the precision has no kernel on the device.
     """
     if name not in ('bf16', 'fp16'):
         raise ValueError('the probe times bf16 or fp16 against fp32, not %r' % name)
-    return _measure(name, probe_device(device))
+    return _measure(name, probe_device(device), per_gpu)
 
 
 @functools.lru_cache(maxsize=None)
-def _measure(name, device):
+def _measure(name, device, per_gpu=1):
     graph, init, fetches = _probe_graph(name, device)
     config = tf1.ConfigProto(allow_soft_placement=False)
     # GPU options are the process's: the probe must not take every GPU's memory.
     config.gpu_options.allow_growth = True
+    if per_gpu > 1:
+        config.gpu_options.experimental.num_virtual_devices_per_gpu = per_gpu
     # TensorFlow logs an error line where oneDNN has no float16 kernel: what the probe
     # measures, and says better.
     with native_stderr_silenced(), tf1.Session(graph=graph, config=config) as sess:
