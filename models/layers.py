@@ -200,15 +200,27 @@ def local_response_norm(x, depth_radius=5, bias=1.0, alpha=1.0, beta=0.5, name=N
 
     `x` is [batch, height, width, channels] and so is the result, of x's type
     (computed in float32 for a bfloat16 or float16 x); the arguments are those
-    of `tf.nn.local_response_normalization`.
+    of `tf.nn.local_response_normalization`. batch may be 0 on any device.
     """
     # A normalisation: in float32 whatever x is (TensorFlow's CPU LRN has no bfloat16).
     wide = tf.cast(x, tf.float32)
     first = layout.channels_first(x)
     if first:  # TensorFlow's LRN is channels last only
         wide = layout.to_nhwc(wide)
-    y = tf.nn.local_response_normalization(wide, depth_radius=depth_radius, bias=bias,
-                                           alpha=alpha, beta=beta, name=name)
+
+    def normalize(maps, op_name=None):
+        return tf.nn.local_response_normalization(maps, depth_radius=depth_radius, bias=bias,
+                                                  alpha=alpha, beta=beta, name=op_name)
+    if wide.shape[0] is not None:  # a static batch: non-empty, or empty and known now
+        y = normalize(wide, name) if wide.shape[0] else tf.identity(wide, name=name)
+    else:
+        # cuDNN's LRN kernel CHECK-fails (aborts the process) on an empty batch, which a
+        # tower gets from a final partial batch. A cond on the batch size runs it only on
+        # a non-empty one: no copy of the maps (padding a row and slicing it back would
+        # copy them twice each way) and the same LRN and LRNGrad ops, so the values and
+        # gradients are plain LRN's, bit for bit.
+        y = tf.cond(tf.shape(wide)[0] > 0, lambda: normalize(wide),
+                    lambda: tf.identity(wide), name=name)
     if first:
         y = layout.to_nchw(y)
     return tf.cast(y, x.dtype)

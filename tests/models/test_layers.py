@@ -1,9 +1,12 @@
 """Tests for models/layers.py: numerics against numpy, variables, reuse, batch norm."""
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from towers.models import layers
+from towers.models import layers, layout
 from towers.models.bias_gradient import fused_bias_gradient_sums_wide
 from towers.precision import Precision
 
@@ -292,3 +295,80 @@ def test_bf16_conv_off_the_cpu_keeps_the_wide_bias_gradient():
     with tf.Graph().as_default(), tf1.device('/gpu:0'):
         maps = layers.conv2d(tf.zeros([2, 8, 8, 3], tf.bfloat16), 4, 3, name='conv')
     assert maps.op.inputs[0].op.type == 'IdentityN'  # tf.custom_gradient's
+
+
+def _lrn_and_gradient(x, upstream, data_format='NHWC'):
+    """(LRN of x, its gradient against upstream) by layers.local_response_norm."""
+    with layout.data_format(data_format):
+        y = layers.local_response_norm(x, depth_radius=2, bias=1.0, alpha=0.1, beta=0.75)
+    return y, tf.gradients(y, x, upstream)[0]
+
+
+@pytest.mark.parametrize('data_format', ['NHWC', 'NCHW'])
+@pytest.mark.parametrize('static', [False, True])
+def test_local_response_norm_on_an_empty_batch(data_format, static):
+    # cuDNN's LRN aborts the process on an empty batch; the layer must not run it there.
+    shape = (0, 5, 6, 8) if data_format == 'NHWC' else (0, 8, 5, 6)
+    with tf.Graph().as_default(), tf1.Session() as sess:
+        x = tf1.placeholder(tf.float32, shape if static else (None, *shape[1:]))
+        upstream = tf1.placeholder(tf.float32, x.shape)
+        y, grad = _lrn_and_gradient(x, upstream, data_format)
+        feed = {x: np.zeros(shape, np.float32), upstream: np.zeros(shape, np.float32)}
+        metadata = tf1.RunMetadata()
+        got, got_grad = sess.run([y, grad], feed, run_metadata=metadata,
+                                 options=tf1.RunOptions(trace_level=tf1.RunOptions.SOFTWARE_TRACE))
+    assert got.shape == shape and got_grad.shape == shape
+    # Neither kernel ran (what keeps a GPU's from aborting), forward or backward.
+    ran = {node.timeline_label.split(' = ')[-1].split('(')[0]
+           for device in metadata.step_stats.dev_stats for node in device.node_stats}
+    assert ran and not ran & {'LRN', 'LRNGrad'}
+
+
+def test_local_response_norm_is_plain_lrn_bit_for_bit():
+    rng = np.random.default_rng(2)
+    values = rng.normal(size=(3, 5, 6, 8)).astype(np.float32)
+    upstreams = rng.normal(size=(3, 5, 6, 8)).astype(np.float32)
+    with tf.Graph().as_default(), tf1.Session() as sess:
+        x = tf1.placeholder(tf.float32, [None, 5, 6, 8])  # dynamic: the cond's path
+        upstream = tf1.placeholder(tf.float32, x.shape)
+        y, grad = _lrn_and_gradient(x, upstream)
+        plain = tf.nn.local_response_normalization(x, depth_radius=2, bias=1.0, alpha=0.1,
+                                                   beta=0.75)
+        plain_grad = tf.gradients(plain, x, upstream)[0]
+        got = sess.run([y, grad, plain, plain_grad], {x: values, upstream: upstreams})
+    np.testing.assert_array_equal(got[0], got[2])
+    np.testing.assert_array_equal(got[1], got[3])
+
+
+# cifar_convnet (two LRNs) forward and backward on the GPU, batch 0 then 2, in a process of
+# its own: a kernel's CHECK failure aborts that process, not pytest's.
+_CIFAR_ON_THE_GPU = '''
+import numpy as np
+import tensorflow as tf
+from towers import models
+tf1 = tf.compat.v1
+with tf.Graph().as_default():
+    with tf1.device('/gpu:0'):
+        images = tf1.placeholder(tf.float32, [None, 24, 24, 3])
+        logits = models.build_model('cifar_convnet', (24, 24, 3), 10)(images, True)
+        grads = tf.gradients(tf.reduce_sum(logits), tf1.trainable_variables())
+    with tf1.Session(config=tf1.ConfigProto(allow_soft_placement=True)) as sess:
+        sess.run(tf1.global_variables_initializer())
+        for batch in (0, 2):
+            metadata = tf1.RunMetadata()
+            sess.run(grads, {images: np.ones((batch, 24, 24, 3), np.float32)},
+                     options=tf1.RunOptions(output_partition_graphs=True),
+                     run_metadata=metadata)
+            lrn = {node.device for part in metadata.partition_graphs for node in part.node
+                   if node.op in ('LRN', 'LRNGrad')}
+            assert lrn and all('GPU' in device for device in lrn), lrn
+print('ran')
+'''
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not tf.config.list_physical_devices('GPU'), reason='needs a GPU')
+def test_cifar_convnet_trains_on_an_empty_batch_on_the_gpu():
+    done = subprocess.run([sys.executable, '-c', _CIFAR_ON_THE_GPU], capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0 and done.stdout.strip() == 'ran', done.stderr[-3000:]
