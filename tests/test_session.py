@@ -10,7 +10,14 @@ from towers.devices import session_config
 from towers.graph import build_training_graph
 from towers.inputs import InputSource
 from towers.model import ClassifierModel
-from towers.session import load_variables, open_session, run_steps, trace_options
+from towers.session import (
+    load_variables,
+    open_session,
+    placement_options,
+    run_steps,
+    step_options,
+    trace_options,
+)
 
 tf1 = tf.compat.v1
 
@@ -115,3 +122,26 @@ def test_only_a_traced_step_carries_run_metadata():
                        run_options=options) as steps:
             traced = ['run_metadata' in values for values in steps]
     assert traced == [False, True, False]
+
+
+def test_a_step_gets_what_its_callbacks_ask_for_and_no_more():
+    assert step_options([]) is None and step_options([False, False]) is None
+    audit = step_options([False, placement_options()])
+    assert audit.output_partition_graphs and audit.trace_level == tf1.RunOptions.NO_TRACE
+    both = step_options([placement_options(), True])  # --trace of the audit's step
+    assert both.output_partition_graphs and both.trace_level == tf1.RunOptions.FULL_TRACE
+    assert step_options([True]) == trace_options()
+
+
+def test_the_audits_step_is_untraced_and_a_traced_step_carries_its_step_stats():
+    """The placement audit reads the partition graphs alone: a trace on its step would start
+    CUPTI on a GPU. A step that --trace asks for keeps its step stats (the timings)."""
+    source = fed(_batches(2))
+    graph = _graph(source)
+    asked = {0: [placement_options()], 1: [placement_options(), True]}
+    with open_session(graph, session_config(DEVICES)) as sess:
+        with run_steps(sess, source, {'train_op': graph.train_op}, 0, 2,
+                       run_options=lambda step: step_options(asked[step])) as steps:
+            audit, traced = [values['run_metadata'] for values in steps]
+    assert audit.partition_graphs and not audit.step_stats.dev_stats
+    assert traced.partition_graphs and traced.step_stats.dev_stats

@@ -73,6 +73,29 @@ def trace_options():
     return tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE, output_partition_graphs=True)
 
 
+def placement_options():
+    """RunOptions for the placement audit's sess.run: the partition graphs TensorFlow placed
+    (each node with its device), and no trace. A trace at HARDWARE_TRACE or above starts
+    CUPTI on a GPU: error lines in every log there, and a slow first step."""
+    return tf1.RunOptions(output_partition_graphs=True)
+
+
+def step_options(wants):
+    """The RunOptions of a step from the callbacks' wants_trace answers, or None.
+
+    Each answer is False (nothing), True (a full trace: trace_options) or the
+    RunOptions it needs (placement_options); the step gets all they ask for,
+    so the audit's first step traced for --trace carries both.
+    """
+    options = None
+    for want in wants:
+        if want is False or want is None:
+            continue
+        options = options or tf1.RunOptions()
+        options.MergeFrom(trace_options() if want is True else want)
+    return options
+
+
 def run_step(sess, source, step, fetches, options=None, run_metadata=None, feed=None):
     """Run one train step fed by source; None when its data has ended.
 

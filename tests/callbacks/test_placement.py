@@ -13,19 +13,20 @@ from towers.errors import TowersError
 from towers.graph import build_training_graph
 from towers.inputs import SyntheticInput
 from towers.model import ClassifierModel
-from towers.session import open_session, run_steps, trace_options
+from towers.session import open_session, placement_options, run_steps
 
 tf1 = tf.compat.v1
 
 
 def _first_step(plan):
-    """(TrainGraph, RunMetadata) of one traced step of small_convnet on the plan."""
+    """(TrainGraph, RunMetadata) of one step of small_convnet on the plan, run as the
+    audit's: its partition graphs, no trace."""
     model = ClassifierModel(models.build_model('small_convnet', (28, 28, 1), 10), (28, 28, 1),
                             10, optimizer='sgd')
     graph = build_training_graph(model, plan, seed=0, source=SyntheticInput(8, 10))
     with open_session(graph, plan.config) as sess, \
             run_steps(sess, graph.source, {'train_op': graph.train_op}, 0, 1,
-                      run_options=lambda step: trace_options()) as steps:
+                      run_options=lambda step: placement_options()) as steps:
         return graph, steps.run_one()['run_metadata']
 
 
@@ -43,6 +44,7 @@ def _moved_to_the_cpu():
 
 def test_soft_placement_off_the_planned_gpu_is_refused_in_one_line_or_reported_when_allowed():
     graph, metadata = _moved_to_the_cpu()
+    assert not metadata.step_stats.dev_stats  # untraced: the partition graphs say it all
     moved = moved_ops(graph.graph, metadata)
     assert moved and all(planned == '/device:GPU:0' and ran.endswith('/device:CPU:0')
                          for _, planned, ran in moved)
@@ -52,7 +54,9 @@ def test_soft_placement_off_the_planned_gpu_is_refused_in_one_line_or_reported_w
     trainer = types.SimpleNamespace(step=0, graph=graph, log=lines.append)
     audit = PlacementAudit()
     audit.before_train(trainer)
-    assert audit.wants_trace(trainer)  # the first step, traced
+    wanted = audit.wants_trace(trainer)  # the first step: its partition graphs, no trace
+    assert wanted.output_partition_graphs
+    assert wanted.trace_level == tf1.RunOptions.NO_TRACE
     trainer.step = 1
     assert not audit.wants_trace(trainer)  # and no other
     with pytest.raises(TowersError, match=r'^\d+ tower op\(s\) ran off their planned device, '

@@ -1,16 +1,22 @@
 """--trace: one step as a Chrome trace with events on every tower device, and its summary."""
 import json
 import re
+import types
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from towers import data, models
+from towers.callbacks import Callback, PlacementAudit
 from towers.config import TrainConfig
+from towers.session import step_options
 from towers.tools import trace
 from towers.tools.bench import run_bench
 from towers.tools.trace import Trace
 from towers.trainer import train
+
+tf1 = tf.compat.v1
 
 SHAPE = (28, 28, 1)
 
@@ -37,7 +43,7 @@ def test_train_traces_the_first_step_after_warm_up(tmp_path):
           callbacks=[Trace(path, plot=str(picture))])
     assert _devices_with_events(path) >= {'/cpu:0', '/cpu:1', '/cpu:2'}
     assert picture.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
-    # Step 4 alone: not also step 1, which the placement audit traces for itself.
+    # Step 4 alone: not also step 1, whose partition graphs the placement audit reads.
     assert [line for line in lines if line.startswith('trace of step')] == [
         'trace of step 4: %s (open it in ui.perfetto.dev or chrome://tracing)' % path]
     start = lines.index('trace of step 4: %s (open it in ui.perfetto.dev or chrome://tracing)'
@@ -58,6 +64,39 @@ def test_train_traces_the_first_step_after_warm_up(tmp_path):
                             lines[start + 2 + i])
         assert busy, lines[start + 2 + i]
         assert float(busy.group(1)) + float(busy.group(3)) == pytest.approx(step_ms, abs=0.11)
+
+
+class _Metadata(Callback):
+    """Each step's RunMetadata, where it has one."""
+
+    def __init__(self):
+        self.by_step = {}
+
+    def after_step(self, trainer, values):
+        if 'run_metadata' in values:
+            self.by_step[trainer.step] = values['run_metadata']
+
+
+def test_a_trace_of_the_audits_step_is_a_full_trace_with_the_partition_graphs(tmp_path):
+    rng = np.random.RandomState(0)
+    sets = data.Datasets(data.DataSet(rng.rand(20, *SHAPE).astype(np.float32),
+                                      rng.randint(0, 10, 20)), None, None)
+    path, lines, seen = str(tmp_path / 'step.json'), [], _Metadata()
+    train(TrainConfig(towers=['/cpu:0', '/cpu:1'], batch_size=10, steps=2, log_every=100),
+          models.build_model('small_convnet', SHAPE, 10), sets, SHAPE, log=lines.append,
+          callbacks=[Trace(path, step=1), seen])
+    metadata = seen.by_step[1]
+    assert metadata.partition_graphs  # the audit's
+    assert any(device.node_stats for device in metadata.step_stats.dev_stats)  # --trace's
+    assert _devices_with_events(path) >= {'/cpu:0', '/cpu:1'}
+    assert 2 not in seen.by_step  # and no other step is traced or placed
+    # What the Trainer asks for on that step: both callbacks' options, merged.
+    trainer = types.SimpleNamespace(step=0, warmup_steps=0, num_steps=2)
+    callbacks = [PlacementAudit(), Trace(path, step=1)]
+    for callback in callbacks:
+        callback.before_train(trainer)
+    options = step_options(callback.wants_trace(trainer) for callback in callbacks)
+    assert options.trace_level == tf1.RunOptions.FULL_TRACE and options.output_partition_graphs
 
 
 def test_bench_traces_its_first_row(tmp_path):

@@ -3,8 +3,8 @@
 The session config allows soft placement, as the classic tutorial does: an op
 with no kernel for its device (say, an op with no GPU kernel for float16) runs on
 the host instead of failing. Unseen, that would make a "GPU" tower copy its
-activations to the CPU and back every step. So the first step of every run is
-traced with its partition graphs (what TensorFlow really placed) and each tower
+activations to the CPU and back every step. So the first step of every run
+returns its partition graphs (what TensorFlow really placed; no trace) and each tower
 op is held against where the device plan put it (towers/deviceplan.py); a
 variable's reads go with the variable, as the plan says. allow_soft_placement
 (--allow-soft-placement) is the explicit way to train on: the moves are then
@@ -15,6 +15,7 @@ import re
 from towers.callbacks.base import Callback
 from towers.deviceplan import planned_device, ran_as_planned
 from towers.errors import TowersError
+from towers.session import placement_options
 
 _TOWER = re.compile(r'^tower_\d+/')
 _TRANSFERS = ('_Send', '_Recv', '_HostSend', '_HostRecv')
@@ -38,7 +39,7 @@ def moved_ops(graph, run_metadata):
 
 
 class PlacementAudit(Callback):
-    """Trace the run's first step; refuse (or, allowed, report) tower ops that moved."""
+    """Place the run's first step; refuse (or, allowed, report) tower ops that moved."""
 
     order = 1
 
@@ -49,7 +50,8 @@ class PlacementAudit(Callback):
         self._first = trainer.step + 1
 
     def wants_trace(self, trainer):
-        return trainer.step + 1 == self._first
+        """The first step's partition graphs, untraced: what moved_ops reads."""
+        return placement_options() if trainer.step + 1 == self._first else False
 
     def after_step(self, trainer, values):
         if trainer.step != self._first or 'run_metadata' not in values:
