@@ -10,7 +10,9 @@ from towers.deviceplan import (
     Spread,
     device_kind,
     local_plan,
+    logical_gpu_line,
     make_plan,
+    session_gpu_memory,
     xla_reaches,
 )
 from towers.errors import DeviceError
@@ -148,3 +150,21 @@ def test_a_run_says_in_its_first_lines_where_the_variables_are_and_how_copies_me
     at = next(i for i, line in enumerate(lines) if line.startswith('training 1 steps'))
     assert lines[at + 1] == ('variables: a copy on each tower (replicated), all-reduced by one '
                              'sum per variable that every tower reads (shared memory); maps NHWC')
+
+
+def test_a_run_on_logical_gpus_says_which_towers_share_which_gpu_and_their_memory():
+    plan = local_plan(3, num_gpus=2)  # /gpu:0 and /gpu:1 on GPU 0, /gpu:2 on GPU 1
+    memory = {'/gpu:%d' % i: 40 * 2 ** 30 for i in range(4)}
+    assert logical_gpu_line(plan, memory) == (
+        'logical GPUs: 2 tower(s) on GPU 0 (/gpu:0, /gpu:1), 40.0 GiB each; '
+        '1 tower(s) on GPU 1 (/gpu:2), 40.0 GiB each')
+    assert logical_gpu_line(plan, {}).endswith('(/gpu:2), an equal share of its memory each')
+    assert logical_gpu_line(local_plan(2, num_gpus=2), memory) is None
+    assert logical_gpu_line(local_plan(2, devices='cpu', num_gpus=1), memory) is None
+
+
+def test_a_sessions_gpu_memory_is_read_off_its_devices():
+    with tf.Graph().as_default() as graph, tf1.Session(graph=graph) as sess:
+        assert session_gpu_memory(sess) == {
+            '/gpu:%d' % i: d.memory_limit_bytes for i, d in enumerate(
+                d for d in sess.list_devices() if d.device_type == 'GPU')}

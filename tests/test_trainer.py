@@ -371,7 +371,7 @@ def test_bad_loop_numbers_are_errors(field, value, message):
 def test_train_xla_reaches_the_sessions_config_and_is_off_by_default(monkeypatch, flags, level):
     args = build_parser().parse_args(['train', '--model', 'small_convnet', '--steps', '1',
                                       '--batch-size', '10', '--eval-every', '0'] + flags)
-    config, _ = settings(args, from_records=False)
+    config, _, _ = settings(args, from_records=False)
     opened, open_session = [], towers.trainer.open_session
 
     def recorded(graph, session_config, **options):

@@ -80,6 +80,7 @@ RULES = {
     'cluster_timeout': _optional(_POSITIVE),
     'data_service_mode': _one_of(DATA_SERVICE_MODES),
     'xla': ((lambda v: isinstance(v, bool)), 'must be True or False'),
+    'logical_gpus': ((lambda v: isinstance(v, bool)), 'must be True or False'),
 }
 
 
@@ -137,6 +138,9 @@ class TrainConfig:
     towers: object = None  # a tower count (per task in a cluster), device names, or None:
     # every GPU, else one CPU
     param_device: str = None  # 'cpu' (/cpu:0, as None), 'gpu', 'spread' or a device name
+    # More towers than GPUs split each GPU into logical GPUs (towers/devices.py); False
+    # refuses instead.
+    logical_gpus: bool = True
     variable_update: str = 'parameter_server'
     sync_bn: bool = False
     allow_soft_placement: bool = False  # a tower op TensorFlow moved off its device: go on

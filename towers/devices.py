@@ -22,7 +22,7 @@ import re
 import tensorflow as tf
 
 from towers.errors import DeviceError
-from towers.names import SPREAD
+from towers.names import DEVICE_KINDS, SPREAD
 
 tf1 = tf.compat.v1
 
@@ -74,10 +74,6 @@ def require_gpus(parsed, num_gpus=None, per_gpu=1):
                              % no_gpu_reason() if not num_gpus else ''))
 
 
-# --devices may name a kind instead of devices: the towers on that kind, numbered from 0.
-KINDS = ('cpu', 'gpu')
-
-
 def resolve_devices(num_towers=None, devices=None, num_gpus=None, logical_gpus=True,
                     per_gpu=None):
     """Choose the tower devices.
@@ -105,7 +101,7 @@ def resolve_devices(num_towers=None, devices=None, num_gpus=None, logical_gpus=T
     if num_gpus is None:
         num_gpus = visible_gpus()
     kind = devices.strip().lower() if isinstance(devices, str) else None
-    if kind in KINDS:
+    if kind in DEVICE_KINDS:
         devices = None
     elif devices:
         if isinstance(devices, str):
@@ -147,6 +143,16 @@ def logical_gpu_devices(num_towers, num_gpus, per_gpu=None):
         raise DeviceError('%d towers do not fit in %d GPU(s) of %d logical GPUs each'
                           % (num_towers, num_gpus, per_gpu))
     return ['/gpu:%d' % (gpu * per_gpu + j) for gpu in range(num_gpus) for j in range(counts[gpu])]
+
+
+def process_split(tower_counts, devices=None, num_gpus=None):
+    """The logical GPUs per GPU of a process that runs several tower counts (bench, check):
+    its largest count's split, for every count, since TensorFlow fixes a process's logical
+    GPUs at its first Session. 1 on CPU towers (devices 'cpu', or no GPU)."""
+    num_gpus = visible_gpus() if num_gpus is None else num_gpus
+    if not num_gpus or devices == 'cpu':
+        return 1
+    return max(1, math.ceil(max(tower_counts) / num_gpus))
 
 
 def gpu_split(tower_devices, num_gpus):

@@ -19,6 +19,9 @@ OPTIMIZERS = ('sgd', 'momentum', 'adam')
 # --lr-schedule kinds (towers/schedules.py).
 SCHEDULES = ('constant', 'piecewise', 'exponential')
 
+# --devices may name a kind instead of devices: the towers on that kind (towers/devices.py).
+DEVICE_KINDS = ('cpu', 'gpu')
+
 # --param-device spread: the variables over the tower devices (towers/devices.py).
 SPREAD = 'spread'
 

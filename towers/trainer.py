@@ -18,7 +18,7 @@ from towers import checkpoints, evaluation
 from towers.callbacks import Checkpoint, Throughput, default_callbacks
 from towers.config import TrainConfig
 from towers.dataorder import DataOrder
-from towers.deviceplan import local_plan, xla_reaches
+from towers.deviceplan import local_plan, logical_gpu_line, session_gpu_memory, xla_reaches
 from towers.errors import TowersError
 from towers.graph import build_training_graph, finalize_graph
 from towers.inputs import source_for
@@ -26,7 +26,7 @@ from towers.logdir import LogdirLock, prepare_logdir
 from towers.model import ClassifierModel
 from towers.names import XLA_CPU_FLAG
 from towers.precision import Precision
-from towers.session import open_session, run_steps, trace_options
+from towers.session import open_session, run_steps, step_options
 
 tf1 = tf.compat.v1
 
@@ -71,7 +71,8 @@ class Trainer:
         model.check_settings(config)
         self.model, self.data, self.config, self.cluster = model, data, config, cluster
         self.plan = (cluster.plan if cluster is not None else local_plan(
-            config.towers, config.param_device, config.variable_update)).with_data_format(
+            config.towers, config.param_device, config.variable_update,
+            logical_gpus=config.logical_gpus)).with_data_format(
                 config.data_format).with_xla(config.xla)
         self.tower_devices = list(self.plan.towers)
         self.logdir, self.batch_size = config.logdir, config.batch_size
@@ -188,6 +189,9 @@ class Trainer:
                     self.log('XLA: TensorFlow clusters nothing on CPU towers unless TF_XLA_FLAGS '
                              'holds %s before its first Session (towers train --xla sets it)'
                              % XLA_CPU_FLAG)
+                logical = logical_gpu_line(self.plan, session_gpu_memory(self.sess))
+                if logical:
+                    self.log(logical)
                 self.log('variables: %s; maps %s' % (self.plan.describe(),
                                                      self.plan.data_format))
                 # (The log as it is when said: the progress bar writes around itself.)
@@ -234,7 +238,7 @@ class Trainer:
 
     def _run_options(self, step):
         """Trace the coming step when a callback wants it (--trace); on a cluster, a timeout."""
-        options = trace_options() if any(c.wants_trace(self) for c in self.callbacks) else None
+        options = step_options(c.wants_trace(self) for c in self.callbacks)
         if self.cluster is None:
             return options
         every = self.config.checkpoint_every

@@ -32,7 +32,7 @@ def test_four_gpu_towers_replicated_meet_in_nccl(capsys):
 
 
 def test_replicated_on_cpus_sums_in_shared_memory_without_collectives(capsys):
-    report = _plan(capsys, '--towers', '3', '--variable-update', 'replicated')
+    report = _plan(capsys, '--towers', '3', '--devices', 'cpu', '--variable-update', 'replicated')
     assert report['all_reduce'] == {} and report['off_device'] == []
     assert sorted(_tower_ops(report)) == ['/device:CPU:%d' % i for i in range(3)]
 
@@ -78,6 +78,27 @@ def test_the_dataset_input_is_staged_on_gpus_and_its_bytes_cross_as_bytes(capsys
     assert _plan(capsys, '--towers', '2', '--input', 'dataset')['staging'] == {}
 
 
+def test_more_towers_than_gpus_plan_logical_gpus_that_share_a_sum_instead_of_nccl(capsys):
+    report = _plan(capsys, '--towers', '4', '--gpus-per-worker', '1', '--variable-update',
+                   'replicated')
+    assert report['towers'] == [['/gpu:%d' % i for i in range(4)]]
+    assert report['gpus'] == [[0, 0, 0, 0]]  # four logical GPUs of GPU 0
+    assert report['all_reduce'] == {} and report['off_device'] == []  # no NCCL between them
+    for i in range(4):
+        assert report['devices'][GPU % i]['variables'] == 4
+    two = _plan(capsys, '--towers', '4', '--gpus-per-worker', '2', '--variable-update',
+                'replicated')
+    assert two['gpus'] == [[0, 0, 1, 1]] and two['all_reduce'] == {}
+    whole = _plan(capsys, '--towers', '2', '--gpus-per-worker', '2', '--variable-update',
+                  'replicated')
+    assert whole['gpus'] == [[0, 1]] and list(whole['all_reduce']) == ['NcclAllReduce']
+    assert main(['explain', '--plan-only', '--model', 'small_convnet', '--towers', '3',
+                 '--gpus-per-worker', '2']) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        'logical GPUs: 2 tower(s) on GPU 0 (/gpu:0, /gpu:1), an equal share of its memory '
+        'each; 1 tower(s) on GPU 1 (/gpu:2), an equal share of its memory each')
+
+
 def test_the_plan_reads_as_lines(capsys):
     assert main(['explain', '--plan-only', '--model', 'small_convnet', '--devices',
                  '/gpu:0,/gpu:1', '--variable-update', 'replicated']) == 0
@@ -94,7 +115,9 @@ def test_the_plan_reads_as_lines(capsys):
 @pytest.mark.parametrize('flags,message', [
     (['--gpus-per-worker', '2'], '--gpus-per-worker, --cluster-mode and --input staging or '
                                  'dataset go with --plan-only'),
-    (['--plan-only', '--gpus-per-worker', '2'], '--gpus-per-worker goes with --workers'),
+    (['--plan-only', '--towers', '2', '--gpus-per-worker', '1', '--no-logical-gpus'],
+     'asked for 2 GPU towers but this machine has 1 visible GPU(s), and --no-logical-gpus '
+     'refuses to split a GPU into logical ones'),
     (['--plan-only', '--workers', '2', '--variable-update', 'replicated'],
      'a cluster mode decides where the variables live'),
     (['--plan-only', '--devices', '/gpu:0,/cpu:1'], 'mixes CPUs and GPUs'),

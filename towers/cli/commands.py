@@ -55,7 +55,8 @@ def run_models(args, log):
 
 
 def run_devices(args, log):
-    tower_devices = resolve_devices(args.towers, args.devices)
+    tower_devices = resolve_devices(args.towers, args.devices,
+                                    logical_gpus=not args.no_logical_gpus)
     param_device = resolve_param_device(args.param_device, tower_devices)
     log(build_line())
     for line in gpu_lines():
@@ -99,18 +100,18 @@ def run_bench(args, log):
     log('bench: model %s on %s images, global batch %d, %d warm-up + %d timed steps per row%s; '
         'on %s' % (args.model, 'x'.join(map(str, info.input_shape)), args.batch_size,
                    args.warmup, args.window, in_precisions,
-                   machine(resolve_devices())))
+                   machine(resolve_devices(devices=args.devices))))
     if not args.compare:
         bench.run_bench(model_fn, info.input_shape, info.num_classes, counts, args.batch_size,
                         modes, train_set, args.warmup, args.window, args.param_device, log=log,
                         trace=args.trace, name_of=flag, precisions=precisions,
-                        loss_scale=scale)
+                        loss_scale=scale, devices=args.devices)
         return
     compare.run_compare(args.model, model_fn, info.input_shape, info.num_classes, counts,
                         args.batch_size, train_set, modes, updates, xla=args.xla,
                         param_device=args.param_device, warmup_steps=args.warmup,
                         timed_steps=args.window, plot=args.plot, trace=args.trace, log=log,
-                        precisions=precisions, loss_scale=scale)
+                        precisions=precisions, loss_scale=scale, devices=args.devices)
 
 
 def run_input_bench(args, log):
@@ -336,7 +337,8 @@ def run_check(args, log):
         checking.run_check(args.model, model_fn, args.dataset, train_set, args.towers,
                            args.batch_size, args.steps, args.lr, args.tolerance,
                            sync_bn=args.sync_bn, dropout_off=has_dropout, log=log,
-                           precision=args.precision, loss_scale=loss_scale(args.loss_scale))
+                           precision=args.precision, loss_scale=loss_scale(args.loss_scale),
+                           devices=args.devices)
 
 
 COMMANDS = {'train': run_train, 'devices': run_devices, 'bench': run_bench,

@@ -22,6 +22,7 @@ FLAGS = {
     'timed_steps': '--window',  # towers bench
     'warmup_steps': '--warmup',  # towers bench
     'dropout_rate': '--dropout',
+    'logical_gpus': '--no-logical-gpus',
 }
 
 
@@ -63,7 +64,8 @@ def config_from_args(args, tower_devices, param_device, input_mode):
                            'uncompiled: drop one')
     return TrainConfig(
         towers=tuple(tower_devices) if isinstance(tower_devices, list) else tower_devices,
-        param_device=param_device, cluster_mode=args.cluster_mode,
+        param_device=param_device, logical_gpus=not args.no_logical_gpus,
+        cluster_mode=args.cluster_mode,
         cluster_timeout=args.cluster_timeout,
         variable_update=args.variable_update, sync_bn=args.sync_bn, input=input_mode,
         allow_soft_placement=args.allow_soft_placement, data_format=args.data_format,

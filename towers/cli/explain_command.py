@@ -11,9 +11,10 @@ from towers import models
 from towers.cli.config import loss_scale
 from towers.cli.datasets import dataset_info
 from towers.config import check
-from towers.deviceplan import local_plan
+from towers.deviceplan import local_plan, logical_gpu_line
 from towers.devices import parse_device
 from towers.errors import SettingError
+from towers.names import DEVICE_KINDS
 from towers.precision import Precision
 from towers.tools import explain, planonly
 
@@ -38,7 +39,8 @@ def run_explain(args, log):
                                'leave {variable_update} at parameter_server')
         plan, target = explain.local_in_graph(args.workers, args.ps, args.towers or 1)
     else:
-        plan = local_plan(args.towers, args.param_device, args.variable_update, args.devices)
+        plan = local_plan(args.towers, args.param_device, args.variable_update, args.devices,
+                          logical_gpus=not args.no_logical_gpus)
     plan = plan.with_data_format(args.data_format)
     report = explain.explain(model_fn, info.input_shape, info.num_classes, plan,
                              args.batch_size, args.input or 'feed', args.optimizer,
@@ -81,18 +83,22 @@ def _plan_only(args, log, model_fn, info, precision):
             '%d GPU(s) each' % args.gpus_per_worker if args.gpus_per_worker
             else 'virtual CPUs')
     else:
-        if args.gpus_per_worker:
-            raise SettingError('{gpus_per_worker} goes with {workers}; in one process name '
-                               'the GPUs with {devices} /gpu:0,/gpu:1,...')
-        # The GPUs named are planned whether or not this machine has them.
-        named = [parse_device(d) for d in (args.devices or '').split(',') if d.strip()]
-        gpus = max((index + 1 for kind, index in named if kind == 'gpu'), default=None)
+        # One process is one worker: --gpus-per-worker G plans this machine as one of G GPUs
+        # (more towers than G: logical GPUs). Else the GPUs named are planned whether or not
+        # this machine has them.
+        named = [parse_device(d) for d in (args.devices or '').split(',')
+                 if d.strip() and d.strip().lower() not in DEVICE_KINDS]
+        gpus = args.gpus_per_worker or max(
+            (index + 1 for kind, index in named if kind == 'gpu'), default=None)
         plan = local_plan(args.towers, args.param_device, args.variable_update, args.devices,
-                          num_gpus=gpus, data_format=args.data_format)
+                          num_gpus=gpus, data_format=args.data_format,
+                          logical_gpus=not args.no_logical_gpus)
         runs, where = [(plan, None)], 'variables: %s' % plan.describe()
     report = planonly.planned_step(model_fn, info.input_shape, info.num_classes, runs,
                                    args.batch_size, args.input or 'feed', args.optimizer,
                                    args.sync_bn, precision)
+    # The GPU each tower would be on: logical GPUs of one GPU share it.
+    report['gpus'] = [list(run.gpus) if run.gpus else None for run, _ in runs]
     if args.json:
         log(json.dumps(report, indent=1))
         return
@@ -100,6 +106,10 @@ def _plan_only(args, log, model_fn, info, precision):
                                 ' per worker' if len(report['towers']) > 1 else '')
     for line in planonly.report_lines(report, _title(args, towers, where, precision)):
         log(line)
+    for run, _ in runs[:1]:
+        logical = logical_gpu_line(run, {})
+        if logical:
+            log(logical)
 
 
 def _title(args, towers, where, precision):

@@ -10,9 +10,15 @@ def device_flags(parser):
     group = parser.add_argument_group('devices')
     group.add_argument('--towers', type=int, default=None,
                        help='number of towers (default: every visible GPU, or 1 CPU); '
-                            'without GPUs, N virtual CPU devices /cpu:0..N-1')
+                            'without GPUs, N virtual CPU devices /cpu:0..N-1; more than '
+                            'the GPUs: each GPU split into logical GPUs, a tower on each')
     group.add_argument('--devices', default=None,
-                       help='explicit comma-separated tower devices, e.g. /gpu:0,/gpu:2')
+                       help='explicit comma-separated tower devices, e.g. /gpu:0,/gpu:2; or a '
+                            'kind, cpu or gpu: --towers towers on that kind (cpu: virtual '
+                            'CPU devices even where there are GPUs)')
+    group.add_argument('--no-logical-gpus', action='store_true',
+                       help='refuse more towers than GPUs instead of splitting each GPU into '
+                            'logical GPUs (an equal share of its memory each)')
     group.add_argument('--param-device', default='cpu',
                        help="where variables live: 'cpu' (/cpu:0, the classic tutorial), "
                             "'gpu' (the first tower's GPU), 'spread' (over the tower devices, "

@@ -60,7 +60,8 @@ def run_eval(args, log):
         # The model is rebuilt from run.json: the data found now must fit it.
         data.check_images(test_set, run['input_shape'], origin=origin,
                           model='the model in %s' % os.path.join(args.logdir, RUN_FILE))
-    plan = local_plan(args.towers, args.param_device, devices=args.devices)
+    plan = local_plan(args.towers, args.param_device, devices=args.devices,
+                      logical_gpus=not args.no_logical_gpus)
     model = ClassifierModel(model_fn, run['input_shape'], run['num_classes'],
                             normalization=run.get('normalization'))
     ema = run.get('ema', False)

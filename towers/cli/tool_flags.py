@@ -7,6 +7,7 @@ from towers.names import (
     ALL_REDUCE_BUCKET,
     CLUSTER_MODES,
     DATA_FORMATS,
+    DEVICE_KINDS,
     OPTIMIZERS,
     VARIABLE_UPDATES,
 )
@@ -23,6 +24,10 @@ def bench_parser(commands):
                        help='comma-separated input modes to compare: feed, staging, dataset, '
                             'synthetic (default: synthetic)')
     bench.add_argument('--param-device', default='cpu', help='as for train (default: cpu)')
+    bench.add_argument('--devices', default=None, choices=DEVICE_KINDS,
+                       help='the towers\' kind: cpu (virtual CPU devices even where there are '
+                            'GPUs) or gpu (default: GPUs where there are any, split into '
+                            'logical GPUs for more towers than GPUs)')
     bench.add_argument('--batch-size', type=int, default=128,
                        help='global batch (default: 128)')
     bench.add_argument('--warmup', type=int, default=10, help='untimed steps (default: 10)')
@@ -155,8 +160,9 @@ def explain_parser(commands):
                                'GPUs, clusters and NCCL planned on any machine, a CPU-only '
                                'TensorFlow included')
     planning.add_argument('--gpus-per-worker', type=int, default=0, metavar='G',
-                          help='with --plan-only --workers: plan each task with G GPUs '
-                               '(default: 0, virtual CPUs)')
+                          help='with --plan-only: plan each task (with --workers), or this '
+                               'one process, with G GPUs; more towers than G split them into '
+                               'logical GPUs (default: 0, virtual CPUs)')
     planning.add_argument('--cluster-mode', default='in-graph', choices=CLUSTER_MODES,
                           help='with --plan-only --workers: the mode to plan (default: '
                                'in-graph; without --plan-only explain runs in-graph only)')
@@ -170,6 +176,10 @@ def check_parser(commands):
                                               'the largest gradient and variable differences')
     model_flags(check)
     check.add_argument('--towers', type=int, default=2, help='towers to compare (default: 2)')
+    check.add_argument('--devices', default=None, choices=DEVICE_KINDS,
+                       help='the towers\' kind: cpu (virtual CPU devices even where there are '
+                            'GPUs) or gpu (default: GPUs where there are any, split into '
+                            'logical GPUs for more towers than GPUs)')
     check.add_argument('--batch-size', type=int, default=100,
                        help='global batch (default: 100; 100 over 3 towers is 34/33/33)')
     check.add_argument('--steps', type=int, default=5, help='SGD steps (default: 5)')

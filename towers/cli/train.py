@@ -41,7 +41,8 @@ def run_train(args, log):
 def _run_train(args, log):
     from_records = args.dataset.startswith(FOLDERS)
     cluster = cluster_of(args)
-    config, callbacks = settings(args, from_records, cluster)  # checked before any data is read
+    # Checked before any data is read; the devices resolved once, here.
+    config, callbacks, devices = settings(args, from_records, cluster)
     if cluster is not None and cluster.is_evaluator:
         return run_evaluator(args, config.logdir, from_records, log)
     worker = False  # a collective worker but the chief: trains, keeps nothing
@@ -51,7 +52,6 @@ def _run_train(args, log):
             return  # this task served the chief's towers until it was stopped
         if worker:
             config, callbacks = dataclasses.replace(config, logdir=None, eval_every=0), []
-    devices = resolve_devices(args.towers, args.devices)
     check_compute_capability(config.precision, devices)
     warning = slow_warning(config.precision, devices)
     if warning:  # a teacher may want loss scaling at work all the same: not an error
@@ -86,7 +86,8 @@ def run_evaluator(args, logdir, from_records, log):
     split = ('validation' if datasets.validation.num_examples else 'test')
     model_fn = models.build_model(run['model'], run['input_shape'], run['num_classes'],
                                   **run.get('model_options', {}))
-    plan = local_plan(args.towers, args.param_device, devices=args.devices)
+    plan = local_plan(args.towers, args.param_device, devices=args.devices,
+                      logical_gpus=not args.no_logical_gpus)
     log('evaluator: evaluating each checkpoint of %s on its %s set' % (logdir, split))
     evaluator = Evaluator(logdir, run, model_fn, (split, getattr(datasets, split)), plan,
                           args.batch_size, args.best_metric, log=log)
@@ -139,11 +140,13 @@ def _empty(like):
 
 
 def settings(args, from_records, cluster=None):
-    """(the TrainConfig of the flags, the callbacks they add); SettingError for a bad one."""
+    """(the TrainConfig of the flags, the callbacks they add, this process's tower devices);
+    SettingError for a bad one."""
     if cluster is None and args.cluster_mode:
         raise SettingError('{cluster_mode} needs a cluster: set TF_CONFIG, give {cluster} '
                            'FILE.json {task_type} and {task_index}, or start the tasks with srun')
-    tower_devices = resolve_devices(args.towers, args.devices)
+    tower_devices = resolve_devices(args.towers, args.devices,
+                                    logical_gpus=not args.no_logical_gpus)
     # On a cluster the towers are per task: the chief places them (towers/cluster/).
     config = config_from_args(args, tower_devices if cluster is None else args.towers or 1,
                               resolve_param_device(args.param_device, tower_devices),
@@ -151,7 +154,7 @@ def settings(args, from_records, cluster=None):
     if config.best_metric not in ('auto',) + ClassifierModel.METRICS:
         raise SettingError('{best_metric} %r is not a metric of this model; choose one of: %s',
                            config.best_metric, ', '.join(ClassifierModel.METRICS))
-    return config, trace_callbacks(args)
+    return config, trace_callbacks(args), tower_devices
 
 
 def trace_callbacks(args):

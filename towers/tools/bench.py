@@ -24,6 +24,7 @@ import tensorflow as tf
 from towers.config import check_loss_scale
 from towers.data.sampler import EpochSampler
 from towers.deviceplan import local_plan
+from towers.devices import process_split
 from towers.errors import SettingError, TowersError
 from towers.graph import build_training_graph
 from towers.inputs import make_input
@@ -194,7 +195,7 @@ def precisions_of(names, loss_scale=None):
 
 def run_bench(model_fn, input_shape, num_classes, tower_counts, batch_size, modes=('synthetic',),
               dataset=None, warmup_steps=10, timed_steps=50, param_device='cpu', log=print,
-              trace=None, name_of=str, precisions=('fp32',), loss_scale=None):
+              trace=None, name_of=str, precisions=('fp32',), loss_scale=None, devices=None):
     """Measure every input mode at every tower count in every precision; print one table.
 
     Args:
@@ -208,6 +209,7 @@ def run_bench(model_fn, input_shape, num_classes, tower_counts, batch_size, mode
       name_of: how a skipped count's message spells settings (the CLI: as flags).
       precisions: names of towers.names.PRECISIONS, each timed against the first.
       loss_scale: fp16's loss scale (None or 'dynamic': dynamic; or a number).
+      devices: the towers' kind, 'cpu' or 'gpu'; None: GPUs where there are any.
     Returns:
       list of dicts: input, towers, precision, devices, mean, stderr, and the
       ratios vs_synthetic (same tower count and precision; None without a
@@ -226,9 +228,10 @@ def run_bench(model_fn, input_shape, num_classes, tower_counts, batch_size, mode
     chosen = precisions_of(precisions, loss_scale)
     sampler = EpochSampler(dataset.num_examples, batch_size) if dataset is not None else None
     rows, configs = [], []
+    per_gpu = process_split(tower_counts, devices)  # every row under the largest's split
     for count in tower_counts:
         try:
-            plan = local_plan(count, param_device)
+            plan = local_plan(count, param_device, devices=devices, per_gpu=per_gpu)
         except TowersError as e:
             log('%d towers: skipped (%s)' % (count, e.named(name_of)))
             continue

@@ -20,7 +20,7 @@ import numpy as np
 import tensorflow as tf
 
 from towers.deviceplan import local_plan
-from towers.devices import resolve_devices
+from towers.devices import process_split, resolve_devices
 from towers.errors import SettingError, TowersError
 from towers.gradients import average_gradients
 from towers.inputs import FeedInput
@@ -50,8 +50,8 @@ class _Run:
     """One graph: towers over the devices, the average, one SGD apply."""
 
     def __init__(self, model_fn, input_shape, devices, learning_rate, average, sync_bn, batches,
-                 precision=None):
-        self.graph, self.plan = tf.Graph(), local_plan(devices)
+                 precision=None, per_gpu=1):
+        self.graph, self.plan = tf.Graph(), local_plan(devices, per_gpu=per_gpu)
         self.source = FeedInput(batches=lambda step: batches[step])
         precision = Precision.of(precision)
         with self.graph.as_default():
@@ -80,13 +80,14 @@ class _Run:
 
 
 def check_towers(model_fn, input_shape, num_towers, batches, learning_rate=0.01,
-                 average=average_gradients, sync_bn=False, precision=None):
+                 average=average_gradients, sync_bn=False, precision=None, devices=None):
     """Train one device and num_towers virtual devices (or GPUs) on the same batches.
 
     Args:
       model_fn: callable(images, training) -> logits.
       input_shape: (H, W, C).
-      num_towers: N; the towers are /cpu:0..N-1 without GPUs, else /gpu:0..N-1.
+      num_towers: N; the towers are /cpu:0..N-1 without GPUs, else /gpu:0..N-1 (logical
+        GPUs where there are fewer GPUs, the one device among them).
       batches: [(images [B, H, W, C] float32, labels [B] int64)], the same for both.
       average: the gradient combiner under test (tower_grads, weights) ->
         grads_and_vars; average_gradients unless a test breaks it on purpose.
@@ -94,13 +95,15 @@ def check_towers(model_fn, input_shape, num_towers, batches, learning_rate=0.01,
         norm differs from one device by design).
       precision: what the N towers compute in (a towers.precision.Precision or
         its name); the one device computes in float32.
+      devices: the towers' kind, 'cpu' or 'gpu'; None: GPUs where there are any.
     Returns:
       (CheckResult, has_batch_norm).
     """
-    one = _Run(model_fn, input_shape, resolve_devices(1), learning_rate, average_gradients,
-               False, batches)
-    many = _Run(model_fn, input_shape, resolve_devices(num_towers), learning_rate, average,
-                sync_bn, batches, precision)
+    per_gpu = process_split([num_towers], devices)  # both runs in one process's split
+    one = _Run(model_fn, input_shape, resolve_devices(1, devices, per_gpu=per_gpu),
+               learning_rate, average_gradients, False, batches, per_gpu=per_gpu)
+    many = _Run(model_fn, input_shape, resolve_devices(num_towers, devices, per_gpu=per_gpu),
+                learning_rate, average, sync_bn, batches, precision, per_gpu)
     with one.open() as one_sess:
         # The same starting point: the one-device graph's initial weights, copied.
         with many.open(initial=one_sess.run(one.variables)) as many_sess:
@@ -153,7 +156,7 @@ def check_settings(num_towers, batch_size, steps, tolerance):
 
 def run_check(model_name, model_fn, dataset_name, train_set, num_towers, batch_size, steps,
               learning_rate, tolerance=None, sync_bn=False, dropout_off=False, log=print,
-              precision='fp32', loss_scale=None):
+              precision='fp32', loss_scale=None, devices=None):
     """`towers check`: log the differences; TowersError beyond the tolerance.
 
     Args:
@@ -163,6 +166,7 @@ def run_check(model_name, model_fn, dataset_name, train_set, num_towers, batch_s
         None: the precision's (TOLERANCES).
       precision, loss_scale: what the N towers compute in ('fp32', 'bf16',
         'fp16'); fp16's loss scale is fixed, CHECK_LOSS_SCALE unless given.
+      devices: the towers' kind, 'cpu' or 'gpu'; None: GPUs where there are any.
     """
     why = 'given'
     if tolerance is None:
@@ -177,10 +181,11 @@ def run_check(model_name, model_fn, dataset_name, train_set, num_towers, batch_s
                            train_set.num_examples, dataset_name)
     batches = [(train_set.images[i:i + batch_size], train_set.labels[i:i + batch_size])
                for i in range(0, batch_size * steps, batch_size)]
-    devices = resolve_devices(num_towers)
+    tower_devices = resolve_devices(num_towers, devices,
+                                    per_gpu=process_split([num_towers], devices))
     shares = split_sizes(batch_size, num_towers).numpy()  # eager: as it cuts
     log('check: %s on %d tower(s) %s%s against 1 device%s, global batch %d (%s), %d SGD steps%s'
-        % (model_name, num_towers, ','.join(devices),
+        % (model_name, num_towers, ','.join(tower_devices),
            ' in %s' % precision.name if precision.mixed else '',
            ' in fp32' if precision.mixed else '', batch_size, '/'.join(map(str, shares)),
            steps, ', dropout off' if dropout_off else ''))
@@ -188,7 +193,7 @@ def run_check(model_name, model_fn, dataset_name, train_set, num_towers, batch_s
         log('fp16 loss scale: fixed %g' % precision.scaling[1])
     result, has_batch_norm = check_towers(model_fn, train_set.images.shape[1:], num_towers,
                                           batches, learning_rate, sync_bn=sync_bn,
-                                          precision=precision)
+                                          precision=precision, devices=devices)
     for run, graph in zip(('1 device', '%d towers' % num_towers), result.graphs):
         log('fused by TensorFlow in the %s run: %s' % (run, graph.fusion_text() or 'nothing'))
     if any(graph.fusions for graph in result.graphs):

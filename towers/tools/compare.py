@@ -39,7 +39,7 @@ import tensorflow as tf
 
 from towers.data.sampler import EpochSampler
 from towers.deviceplan import local_plan
-from towers.devices import resolve_devices
+from towers.devices import process_split, resolve_devices
 from towers.inputs import make_input
 from towers.precision import DTYPES
 from towers.tools import peers, plain, rates
@@ -76,11 +76,11 @@ def training_flops_per_image(model_fn, input_shape, num_classes, batch=8):
 def run_compare(model_name, model_fn, input_shape, num_classes, tower_counts, batch_size,
                 dataset, modes=('synthetic',), variable_updates=('parameter_server', 'replicated'),
                 xla=False, warmup_steps=10, timed_steps=50, plot=None, trace=None, log=print,
-                param_device='cpu', precisions=('fp32',), loss_scale=None):
+                param_device='cpu', precisions=('fp32',), loss_scale=None, devices=None):
     """Measure towers and its peers at each tower count; print one table.
 
-    precisions, loss_scale: as bench.run_bench takes them; the plain graph and
-    Keras get a row in each (Keras under its mixed-precision policy).
+    precisions, loss_scale, devices: as bench.run_bench takes them; the plain graph
+    and Keras get a row in each precision (Keras under its mixed-precision policy).
     Returns:
       list of dicts: config, towers, precision, mean, stderr, vs_best
       (images/sec over towers' best at that count in that precision, +xla rows
@@ -99,10 +99,11 @@ def run_compare(model_name, model_fn, input_shape, num_classes, tower_counts, ba
     _logical_cpus(max(tower_counts))
     sampler = EpochSampler(dataset.num_examples, batch_size)
     rows, configs = [], []
+    kind, per_gpu = devices, process_split(tower_counts, devices)  # every row under one split
     for count in tower_counts:
-        devices = resolve_devices(num_towers=count)
+        devices = resolve_devices(count, kind, per_gpu=per_gpu)
         for update in variable_updates:
-            plan = local_plan(devices, param_device, update)
+            plan = local_plan(devices, param_device, update, per_gpu=per_gpu)
             for mode in modes:
                 for precision in chosen:
                     rows.append({'config': _label('towers %s/%s' % (update, mode), precision),
@@ -121,12 +122,13 @@ def run_compare(model_name, model_fn, input_shape, num_classes, tower_counts, ba
         if batch_size % count == 0:
             rows.append({'config': 'textbook', 'towers': count, 'precision': 'fp32'})
             configs.append(functools.partial(peers.Textbook, model_fn, input_shape, devices,
-                                             dataset, batch_size))
+                                             dataset, batch_size, per_gpu=per_gpu))
             for precision in chosen if plain_net else ():
                 rows.append({'config': _label('plain graph', precision), 'towers': count,
                              'precision': precision.name})
                 configs.append(functools.partial(plain.Plain, plain_net, num_classes, devices,
-                                                 dataset, batch_size, precision.dtype))
+                                                 dataset, batch_size, precision.dtype,
+                                                 per_gpu=per_gpu))
         else:
             log('textbook and plain graph at %d towers: skipped (tf.split needs the batch to '
                 'divide evenly)' % count)
@@ -141,7 +143,7 @@ def run_compare(model_name, model_fn, input_shape, num_classes, tower_counts, ba
                                                  devices, dataset, batch_size))
     if not has_twin:
         log('keras mirrored: skipped (%s has no Keras twin here)' % model_name)
-    devices = resolve_devices(num_towers=max(tower_counts))
+    devices = resolve_devices(max(tower_counts), kind, per_gpu=per_gpu)
     for precision in chosen:
         if precision.mixed:
             log(precision_support(precision.name, devices))
@@ -155,8 +157,10 @@ def run_compare(model_name, model_fn, input_shape, num_classes, tower_counts, ba
     # measured on the same devices in the same process.
     # Once per (tower count, precision) of the rows: towers' in every one asked, and the
     # textbook's float32 whatever was asked.
-    yardsticks = {key: rates.kernel_rates(resolve_devices(num_towers=key[0]), DTYPES[key[1]],
-                                          data_format=local_plan(key[0]).data_format)
+    yardsticks = {key: rates.kernel_rates(resolve_devices(key[0], kind, per_gpu=per_gpu),
+                                          DTYPES[key[1]], per_gpu=per_gpu,
+                                          data_format=local_plan(key[0], devices=kind,
+                                                                 per_gpu=per_gpu).data_format)
                   for key in dict.fromkeys((r['towers'], r['precision']) for r in rows)}
     for row in rows:
         row['conv_share'] = row['gflops'] / yardsticks[row['towers'], row['precision']]['conv']

@@ -23,7 +23,8 @@ tf1 = tf.compat.v1
 class Textbook:
     """The classic tutorial's multi-GPU loop, as printed there, stepped a block at a time."""
 
-    def __init__(self, model_fn, input_shape, tower_devices, dataset, batch_size, num_steps):
+    def __init__(self, model_fn, input_shape, tower_devices, dataset, batch_size, num_steps,
+                 per_gpu=None):
         self.dataset, self.sampler = dataset, EpochSampler(dataset.num_examples, batch_size)
         self.graph = tf.Graph()
         with self.graph.as_default():
@@ -47,7 +48,9 @@ class Textbook:
             with tf.device('/cpu:0'):
                 self.train_op = opt.apply_gradients(tutorial_average_gradients(tower_grads))
             init = tf1.global_variables_initializer()
-        self.sess = tf1.Session(graph=self.graph, config=session_config(tower_devices))
+        # per_gpu: the process's logical GPUs per GPU (towers/devices.py process_split).
+        self.sess = tf1.Session(graph=self.graph,
+                                config=session_config(tower_devices, per_gpu=per_gpu))
         self.sess.run(init)
         self.step, self.rates, self.batch_size = 0, [], batch_size
 

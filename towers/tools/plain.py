@@ -78,7 +78,7 @@ class Plain:
     """
 
     def __init__(self, net, num_classes, tower_devices, dataset, batch_size, dtype,
-                 num_steps):
+                 num_steps, per_gpu=None):
         del num_steps  # the dataset repeats
         self.graph = tf.Graph()
         with self.graph.as_default():
@@ -108,7 +108,9 @@ class Plain:
                     averaged.append((total * (1.0 / len(grads)), var))
             self.train_op = opt.apply_gradients(averaged)
             init = tf1.global_variables_initializer()
-        self.sess = tf1.Session(graph=self.graph, config=session_config(tower_devices))
+        # per_gpu: the process's logical GPUs per GPU (towers/devices.py process_split).
+        self.sess = tf1.Session(graph=self.graph,
+                                config=session_config(tower_devices, per_gpu=per_gpu))
         self.sess.run(init)
         self.rates, self.batch_size = [], batch_size
 

@@ -32,7 +32,7 @@ def conv_flops(batch, side, channels, filters, kernel):
 
 
 def kernel_rates(devices, dtype=tf.float32, runs=3, conv=None, matmul_size=MATMUL_SIZE,
-                 repeats=1, data_format='NHWC'):
+                 repeats=1, data_format='NHWC', per_gpu=None):
     """{'conv': GFLOP/s, 'matmul': GFLOP/s} of every device at once, in `dtype`.
 
     Args:
@@ -42,6 +42,7 @@ def kernel_rates(devices, dtype=tf.float32, runs=3, conv=None, matmul_size=MATMU
       conv: CONV's keys, to time another shape (tests use a small one).
       matmul_size, repeats: the matmul's side, and how many are chained.
       data_format: the conv's layout, 'NHWC' or 'NCHW' (as the towers' DevicePlan).
+      per_gpu: the process's logical GPUs per GPU (towers/devices.py process_split).
     """
     conv = dict(CONV, **(conv or {}))
     graph = tf.Graph()
@@ -70,7 +71,7 @@ def kernel_rates(devices, dtype=tf.float32, runs=3, conv=None, matmul_size=MATMU
         init = tf1.global_variables_initializer()
     flops = {'conv': conv_flops(**conv) * len(devices),
              'matmul': 2.0 * matmul_size ** 3 * repeats * len(devices)}
-    with tf1.Session(graph=graph, config=session_config(devices)) as sess:
+    with tf1.Session(graph=graph, config=session_config(devices, per_gpu=per_gpu)) as sess:
         sess.run(init)
         return {kind: flops[kind] / _best_seconds(sess, fetch, runs) / 1e9
                 for kind, fetch in fetches.items()}
