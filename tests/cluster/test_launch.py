@@ -9,7 +9,14 @@ import time
 
 import pytest
 
-from towers.cluster.launch import exit_status, free_ports, gpu_shares, launch, local_cluster
+from towers.cluster.launch import (
+    SHARED_GPUS,
+    exit_status,
+    free_ports,
+    gpu_shares,
+    launch,
+    local_cluster,
+)
 from towers.cluster.spec import ClusterError
 
 PY = sys.executable
@@ -171,9 +178,34 @@ def test_each_worker_gets_its_share_of_the_gpus_a_ps_none_and_an_evaluator_the_r
     assert gpu_shares(gpus, 2, 0, gpus_per_worker=1) == {('worker', 0): '0', ('worker', 1): '1',
                                                          ('evaluator', 0): '2,3'}
     assert gpu_shares([], 2, 1) == {}  # a CPU host: the environment is left alone
-    for workers, per in ((5, None), (2, 3)):
+    for workers, per in ((5, 1), (2, 3)):
         with pytest.raises(ClusterError, match=r'do not fit in the 4 GPU\(s\) of this host'):
             gpu_shares(gpus, workers, 0, per)
+
+
+def test_more_workers_than_gpus_share_them_dealt_out_evenly():
+    assert gpu_shares(['0'], 2, 1) == {('worker', 0): '0', ('worker', 1): '0', ('ps', 0): '',
+                                       ('evaluator', 0): ''}
+    assert gpu_shares(['0', '1'], 3, 0) == {('worker', 0): '0', ('worker', 1): '0',
+                                            ('worker', 2): '1', ('evaluator', 0): ''}
+    assert [gpu_shares(list('0123'), 5, 0)['worker', k] for k in range(5)] == [
+        '0', '0', '1', '2', '3']
+
+
+def test_workers_that_share_a_gpu_are_told_so_and_the_others_are_not(tmp_path, monkeypatch):
+    monkeypatch.setenv(SHARED_GPUS, '1')  # never inherited from the launcher's own environment
+    show = _script('import os; print(repr(os.environ.get("CUDA_VISIBLE_DEVICES")), '
+                   'os.environ.get("%s"))' % SHARED_GPUS)
+    for gpus, told in ((['0'], '1'), (['0', '1'], None)):
+        lines = []
+        status = launch([('worker', 0, show, False), ('worker', 1, show, False),
+                         ('ps', 0, show, False)], local_cluster(2, 1), logs=str(tmp_path),
+                        log=lines.append, gpus=gpus)
+        assert status == 0, lines
+        assert "[worker 0] '0' %s" % told in lines and "[ps 0] '' None" in lines
+        shared = [line for line in lines if line.startswith('towers launch: GPUs')]
+        assert shared[0].endswith('(workers share GPUs: their collectives take the ring, not '
+                                  'NCCL)') == (told == '1'), shared
 
 
 def test_launch_hands_each_task_its_cuda_environment(tmp_path):

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from towers.cluster.launch import free_ports
-from towers.cluster.server import check_port_free, server_config, task_towers
+from towers.cluster.server import check_port_free, server_config, task_device_indices, task_towers
 from towers.cluster.spec import Cluster, ClusterError
 
 SERVE = '''
@@ -68,6 +68,11 @@ def test_a_task_on_a_gpu_host_has_its_gpus_beside_one_cpu_and_grows_their_memory
     assert task_towers(2, num_gpus=4) == (2, 'GPU')
     assert task_towers(None, num_gpus=0) == (1, 'CPU')
     assert task_towers(3, num_gpus=0) == (3, 'CPU')
-    with pytest.raises(ClusterError, match=r'^towers 5 on a task that sees 4 GPU\(s\): ask for 4 '
-                                           r'or fewer'):
-        task_towers(5, num_gpus=4)
+    # More towers than its GPUs: logical GPUs, dealt out as in one process.
+    assert task_towers(5, num_gpus=4) == (5, 'GPU')
+    assert task_device_indices(5, 'GPU', 4) == [0, 1, 2, 4, 6]
+    assert task_device_indices(2, 'GPU', 1) == [0, 1]
+    assert task_device_indices(3, 'CPU', 0) == [0, 1, 2]
+    split = server_config(cluster, 5, num_gpus=4).gpu_options.experimental
+    assert (split.num_virtual_devices_per_gpu, gpus.gpu_options.experimental
+            .num_virtual_devices_per_gpu) == (2, 0)

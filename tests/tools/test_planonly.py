@@ -4,6 +4,7 @@ import json
 import pytest
 
 from towers.cli import main
+from towers.cluster.launch import SHARED_GPUS
 
 GPU = '/device:GPU:%d'
 
@@ -61,6 +62,21 @@ def test_collective_workers_all_reduce_gpu_gradients_with_the_nccl_hint(capsys):
         collectives['devices'])
     # Each worker's copy of the variables sits on its first GPU.
     assert report['devices']['/job:worker/task:1/device:GPU:0']['variables'] == 4
+
+
+@pytest.mark.parametrize('mode,ps', [('in-graph', 1), ('collective', 0)])
+def test_more_towers_than_a_tasks_gpus_take_its_logical_gpus(capsys, mode, ps):
+    report = _plan(capsys, '--workers', '2', '--ps', str(ps), '--gpus-per-worker', '1',
+                   '--towers', '2', '--cluster-mode', mode)
+    towers = ['/job:worker/task:%d/device:GPU:%d' % (k, i) for k in range(2) for i in range(2)]
+    assert sum(report['towers'], []) == towers and report['off_device'] == []
+
+
+def test_collective_workers_that_share_a_gpu_all_reduce_without_nccl(capsys, monkeypatch):
+    monkeypatch.setenv(SHARED_GPUS, '1')  # as towers launch tells two workers on one GPU
+    report = _plan(capsys, '--workers', '2', '--gpus-per-worker', '1', '--cluster-mode',
+                   'collective')
+    assert set(report['all_reduce']['CollectiveReduce']['hints']) == {'auto'}
 
 
 def test_staging_puts_a_staging_area_on_each_gpu(capsys):

@@ -58,17 +58,20 @@ def bucket_order(count, gradients):
 class Collectives:
     """All-reduces over the workers, with instance keys in the order they are made.
 
-    On GPUs they ask TensorFlow for NCCL (communication_hint='nccl'); on CPUs
-    it picks its ring.
+    On GPUs they ask TensorFlow for NCCL (communication_hint='nccl') unless told
+    not to; on CPUs it picks its ring.
 
     Args:
       num_workers: the group's size.
       timeout: seconds a collective may wait for the others (a backstop: each
         step also has its own timeout).
+      nccl: NCCL between the workers' GPUs; False where workers share a GPU, between
+        which NCCL cannot all-reduce (TensorFlow's ring then carries the GPUs' sums).
     """
 
-    def __init__(self, num_workers, timeout):
+    def __init__(self, num_workers, timeout, nccl=True):
         self.num_workers, self.timeout, self._next = num_workers, timeout, FIRST_KEY
+        self.nccl = nccl
 
     def all_reduce(self, tensor, merge='Add', key=None, kind='CPU'):
         """The reduction of tensor over the workers' devices of `kind` ('CPU' or 'GPU'; key:
@@ -77,7 +80,8 @@ class Collectives:
             key, self._next = self._next, self._next + 1
         return collective_ops.all_reduce(tensor, self.num_workers, GROUP_KEYS[kind], key, merge,
                                          'Id', timeout=self.timeout,
-                                         communication_hint='nccl' if kind == 'GPU' else 'auto')
+                                         communication_hint='nccl' if kind == 'GPU' and self.nccl
+                                         else 'auto')
 
     def sum_packed(self, tensors, kind='CPU', max_bytes=BUFFER_BYTES):
         """The sum over the workers of each tensor, packed into buffers of one dtype and at

@@ -12,9 +12,12 @@ launcher exits 0.
 On a host with GPUs each worker gets its own share of them (CUDA_VISIBLE_DEVICES)
 and a ps task none, and every task lets GPU memory grow as it is used
 (TF_FORCE_GPU_ALLOW_GROWTH): left alone, each process would map every GPU's
-memory and the second would fail. The launcher itself never loads TensorFlow:
-it reads the GPUs from CUDA_VISIBLE_DEVICES where it is set, else from
-`nvidia-smi -L`.
+memory and the second would fail. More workers than GPUs share them, as more
+towers than GPUs do in one process: two workers on one GPU both see GPU 0, and
+each is told so (SHARED_GPUS), since NCCL cannot all-reduce between two processes
+on one GPU (collective mode then all-reduces through TensorFlow's ring). The
+launcher itself never loads TensorFlow: it reads the GPUs from CUDA_VISIBLE_DEVICES
+where it is set, else from `nvidia-smi -L`.
 """
 import ctypes
 import os
@@ -27,6 +30,9 @@ import threading
 import time
 
 from towers.cluster.spec import Cluster, ClusterError
+
+# Set to '1' in the environment of workers that share a GPU with another worker.
+SHARED_GPUS = 'TOWERS_SHARED_GPUS'
 
 
 def _die_with_parent():
@@ -96,13 +102,20 @@ def host_gpus(env=None):
 
 def gpu_shares(gpus, workers, ps, gpus_per_worker=None):
     """{(task_type, index): the CUDA_VISIBLE_DEVICES of that task}: consecutive shares of
-    the host's GPUs to the workers, none to the ps tasks; {} on a host without GPUs.
+    the host's GPUs to the workers, none to the ps tasks; {} on a host without GPUs. More
+    workers than GPUs (and no gpus_per_worker) share them, dealt out evenly: 3 workers on
+    2 GPUs see 0, 0 and 1.
 
     Raises:
       ClusterError: the workers' shares do not fit in the GPUs there are.
     """
     if not gpus:
         return {}
+    if gpus_per_worker is None and workers > len(gpus):
+        shares = {('worker', k): gpus[k * len(gpus) // workers] for k in range(workers)}
+        shares.update({('ps', k): '' for k in range(ps)})
+        shares['evaluator', 0] = ''  # every GPU has its workers: the evaluator its CPU
+        return shares
     per = len(gpus) // workers if gpus_per_worker is None else gpus_per_worker
     if per < 1 or per * workers > len(gpus):
         raise ClusterError('%d worker(s) x %s GPU(s) each do not fit in the %d GPU(s) of this '
@@ -197,11 +210,16 @@ def launch(tasks, jobs, logs=None, grace=10.0, log=print, poll=0.1, gpus=None,
             log(line)
 
     running = []
+    workers = [shares[key] for key in shares if key[0] == 'worker']
+    shared = len(set(workers)) < len(workers)
     for task_type, index, argv, serves in tasks:
         env = dict(os.environ, TF_CONFIG=Cluster(jobs, task_type, index).tf_config())
+        env.pop(SHARED_GPUS, None)
         if shares:
             env.update(CUDA_VISIBLE_DEVICES=shares[task_type, index],
                        TF_FORCE_GPU_ALLOW_GROWTH='true')
+        if shared and task_type == 'worker':
+            env[SHARED_GPUS] = '1'
         running.append(Task(task_type, index, argv, serves, env,
                             os.path.join(logs, '%s-%d.log' % (task_type, index)), emit))
     emit('towers launch: %d task(s) on %s%s; logs in %s'
@@ -209,9 +227,10 @@ def launch(tasks, jobs, logs=None, grace=10.0, log=print, poll=0.1, gpus=None,
             ' and an evaluator' if any(t.task_type == 'evaluator' for t in running) else '',
             logs))
     if shares:
-        emit('towers launch: GPUs %s' % '; '.join(
+        emit('towers launch: GPUs %s%s' % ('; '.join(
             '%s %d: %s' % (t.task_type, t.index, shares[t.task_type, t.index] or 'none')
-            for t in running))
+            for t in running), ' (workers share GPUs: their collectives take the ring, not '
+                               'NCCL)' if shared else ''))
     interrupted = []
     previous = {s: signal.signal(s, lambda signum, frame: interrupted.append(signum))
                 for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}

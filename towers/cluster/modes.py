@@ -4,10 +4,13 @@
   collective        a worker's: its own towers and copy, the workers' all-reduce
   parameter_server  a worker's: replica_device_setter, SyncReplicasOptimizer
 """
+import os
+
 from towers.cluster.collective import AcrossWorkers, Collectives, bucket_bytes
+from towers.cluster.launch import SHARED_GPUS
 from towers.cluster.placement import in_graph_plan
 from towers.cluster.runtime import FIRST_STEPS_S, ClusterRun
-from towers.cluster.server import server_config, task_towers
+from towers.cluster.server import server_config, task_device_indices, task_towers
 from towers.cluster.spec import ClusterError
 from towers.cluster.syncreplicas import SyncReplicas, ps_device_setter
 from towers.deviceplan import DevicePlan
@@ -38,8 +41,9 @@ def collective(cluster, towers_per_task=None, timeout=None, threads=None, num_gp
     """A worker's ClusterRun of collective training: its own towers, the workers' all-reduce.
 
     On GPUs the worker's copy of the variables sits on its first GPU and the
-    gradients are all-reduced there (NCCL); on CPUs, on its CPU. bucket: --all-reduce-bucket,
-    the all-reduce's buckets, overlapped with the backward pass ('0': one pass after it).
+    gradients are all-reduced there (NCCL, unless the launcher says that workers share a
+    GPU: SHARED_GPUS); on CPUs, on its CPU. bucket: --all-reduce-bucket, the all-reduce's
+    buckets, overlapped with the backward pass ('0': one pass after it).
     """
     if cluster.task_type != 'worker':
         raise ClusterError('collective mode has no ps tasks: every task is a worker')
@@ -55,8 +59,10 @@ def collective(cluster, towers_per_task=None, timeout=None, threads=None, num_gp
     plan = DevicePlan(tower_devices, variables=task + '/device:GPU:0' if num_gpus else host,
                       host=host, default_device=host, variable_update='collective',
                       config=config)
-    strategy = AcrossWorkers(plan, Collectives(cluster.num_workers, timeout or FIRST_STEPS_S),
-                             cluster.is_chief, bucket)
+    # NCCL cannot all-reduce between two processes on one GPU: the ring can.
+    collectives = Collectives(cluster.num_workers, timeout or FIRST_STEPS_S,
+                              nccl=os.environ.get(SHARED_GPUS) != '1')
+    strategy = AcrossWorkers(plan, collectives, cluster.is_chief, bucket)
     return ClusterRun('collective', cluster, plan, timeout, strategy,
                       share=(cluster.task_index, cluster.num_workers))
 
@@ -96,4 +102,5 @@ def _own_towers(cluster, towers_per_task, num_gpus=None):
     num_gpus = visible_gpus() if num_gpus is None else num_gpus
     count, kind = task_towers(towers_per_task, num_gpus)
     task = '/job:worker/task:%d' % cluster.task_index
-    return task, ['%s/device:%s:%d' % (task, kind, i) for i in range(count)], num_gpus
+    return task, ['%s/device:%s:%d' % (task, kind, i)
+                  for i in task_device_indices(count, kind, num_gpus)], num_gpus

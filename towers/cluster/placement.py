@@ -14,15 +14,17 @@ the whole cluster) that is:
 A between-graph worker (collective, parameter-server) plans only its own
 towers: towers/cluster/modes.py.
 """
-from towers.cluster.server import server_config, task_towers
+from towers.cluster.server import server_config, task_device_indices, task_towers
 from towers.deviceplan import make_plan
 from towers.devices import visible_gpus
 
 
-def cluster_tower_devices(cluster, towers_per_task, kind='CPU'):
-    """T devices on each worker task, worker-major: tower k*T + i is task k's device i."""
+def cluster_tower_devices(cluster, towers_per_task, kind='CPU', num_gpus=0):
+    """T devices on each worker task, worker-major: tower k*T + i is task k's i-th device
+    (task_device_indices: its logical GPUs where T exceeds its num_gpus GPUs)."""
     return ['/job:worker/task:%d/device:%s:%d' % (task, kind, i)
-            for task in range(cluster.num_workers) for i in range(towers_per_task)]
+            for task in range(cluster.num_workers)
+            for i in task_device_indices(towers_per_task, kind, num_gpus)]
 
 
 def in_graph_plan(cluster, towers_per_task=None, timeout=None, threads=None, num_gpus=None):
@@ -38,7 +40,7 @@ def in_graph_plan(cluster, towers_per_task=None, timeout=None, threads=None, num
     """
     num_gpus = visible_gpus() if num_gpus is None else num_gpus
     towers_per_task, kind = task_towers(towers_per_task, num_gpus)
-    tower_devices = cluster_tower_devices(cluster, towers_per_task, kind)
+    tower_devices = cluster_tower_devices(cluster, towers_per_task, kind, num_gpus)
     ps = ['/job:ps/task:%d/device:CPU:0' % i for i in range(cluster.num_ps)]
     param = (ps if len(ps) > 1 else ps[0]) if ps else '/job:worker/task:0/device:CPU:0'
     config = server_config(cluster, towers_per_task, threads,

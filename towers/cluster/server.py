@@ -9,6 +9,7 @@ standing in for them, as in one process) and where collective ops meet (worker
 0 leads their groups).
 """
 import errno
+import math
 import signal
 import socket
 import time
@@ -17,7 +18,7 @@ import tensorflow as tf
 
 from towers.cluster.launch import bind_error
 from towers.cluster.spec import ClusterError
-from towers.devices import device_config, visible_gpus
+from towers.devices import device_config, logical_gpu_devices, parse_device, visible_gpus
 from towers.errors import op_error_summary
 
 tf1 = tf.compat.v1
@@ -27,19 +28,20 @@ GROUP_LEADER = '/job:worker/replica:0/task:0'
 
 def task_towers(towers=None, num_gpus=None):
     """(towers, 'GPU' or 'CPU'): a task's towers on its GPUs where it sees any, else on
-    virtual CPUs. towers None: every GPU it sees, or one CPU.
-
-    Raises:
-      ClusterError: more towers asked for than the task has GPUs.
-    """
+    virtual CPUs. towers None: every GPU it sees, or one CPU. More towers than GPUs split
+    them into logical GPUs, as in one process (towers/devices.py)."""
     num_gpus = visible_gpus() if num_gpus is None else num_gpus
     if not num_gpus:
         return towers or 1, 'CPU'
-    if towers is not None and towers > num_gpus:
-        raise ClusterError('{towers} %d on a task that sees %d GPU(s): ask for %d or fewer, '
-                           'or give the task more GPUs (CUDA_VISIBLE_DEVICES)'
-                           % (towers, num_gpus, num_gpus))
     return towers or num_gpus, 'GPU'
+
+
+def task_device_indices(towers, kind, num_gpus):
+    """The device indices of a task's towers: 0..towers-1 of its CPUs, or its logical GPUs
+    dealt out evenly over its GPUs (towers/devices.py logical_gpu_devices)."""
+    if kind == 'CPU':
+        return list(range(towers))
+    return [parse_device(d)[1] for d in logical_gpu_devices(towers, num_gpus)]
 
 
 def server_config(cluster, devices_per_task=1, threads=None, timeout_ms=None, num_gpus=None):
@@ -53,11 +55,15 @@ def server_config(cluster, devices_per_task=1, threads=None, timeout_ms=None, nu
         after this long instead of forever; None for no limit.
       num_gpus: the GPUs the task sees (None asks TensorFlow): with any, they
         are its devices, beside one CPU, and their memory grows as it is used,
-        so that several tasks of one host (a ps among them) share its GPUs.
+        so that several tasks of one host (a ps among them) share its GPUs; more
+        devices_per_task than GPUs split them into logical GPUs.
     """
     num_gpus = visible_gpus() if num_gpus is None else num_gpus
     config = device_config(1 if num_gpus else max(1, devices_per_task))
     config.gpu_options.allow_growth = bool(num_gpus)
+    if num_gpus and devices_per_task > num_gpus:
+        config.gpu_options.experimental.num_virtual_devices_per_gpu = math.ceil(
+            devices_per_task / num_gpus)
     if threads:
         config.intra_op_parallelism_threads = config.inter_op_parallelism_threads = threads
     if timeout_ms:
