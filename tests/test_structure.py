@@ -81,6 +81,42 @@ def test_the_core_never_imports_the_tools_or_the_command_line():
     assert {m: d for m, d in tools_on_cli.items() if d} == {}
 
 
+# Above the core (towers/*.py) and built on it: the inputs and the cluster. The Trainer is
+# where they meet (it picks the run's source and cluster), __main__ is the command line's.
+ABOVE_THE_CORE = ('towers.inputs', 'towers.cluster')
+ASSEMBLERS = ('towers.trainer', 'towers.__main__')
+
+
+def _core(modules):
+    """The core's modules: those of towers/ itself, not of a subpackage, but the assemblers."""
+    top = os.path.join(ROOT, 'towers')
+    return sorted(name for name, path in modules.items()
+                  if os.path.dirname(path) == top and name not in ASSEMBLERS)
+
+
+def _upward(graph, core):
+    """{core module: what it imports of the layers above it}, where it imports any."""
+    found = {module: sorted(d for d in graph[module]
+                            if any(d == p or d.startswith(p + '.') for p in ABOVE_THE_CORE))
+             for module in core}
+    return {module: wrong for module, wrong in found.items() if wrong}
+
+
+def test_the_core_never_imports_the_inputs_or_the_cluster():
+    modules = _modules()
+    core = _core(modules)
+    assert {'towers', 'towers.config', 'towers.graph', 'towers.names'} <= set(core)
+    assert _upward(_imports(modules), core) == {}
+
+
+def test_an_upward_import_is_found_in_a_function_too(tmp_path):
+    graph, feed = tmp_path / 'graph.py', tmp_path / 'feed.py'
+    graph.write_text('def build():\n    from towers.inputs.feed import FeedInput\n')
+    feed.write_text('')
+    modules = {'towers.graph': str(graph), 'towers.inputs.feed': str(feed)}
+    assert _upward(_imports(modules), ['towers.graph']) == {'towers.graph': ['towers.inputs.feed']}
+
+
 def test_the_bottom_layer_needs_no_tensorflow():
     modules = _modules()
     for name in ('towers.names', 'towers.config', 'towers.context', 'towers.errors',

@@ -12,12 +12,11 @@ import math
 import numbers
 import re
 
-from towers.cluster.dataservice import MODES as DATA_SERVICE_MODES
-from towers.cluster.dataservice import parse_address
 from towers.errors import SettingError
 from towers.names import (
     CLUSTER_MODES,
     DATA_FORMATS,
+    DATA_SERVICE_MODES,
     INPUT_MODES,
     OPTIMIZERS,
     PRECISIONS,
@@ -242,6 +241,17 @@ class TrainConfig:
                                    '{warmup_epochs} unset')
             return self.learning_rate
         return LearningRate.parse(self.learning_rate, self.lr_schedule, self.warmup_epochs)
+
+
+def parse_address(text, setting):
+    """'HOST:PORT' of 'HOST:PORT' or 'grpc://HOST:PORT' (a tf.data service dispatcher's);
+    SettingError naming the setting, e.g. 'data_service'."""
+    address = text[len('grpc://'):] if text.startswith('grpc://') else text
+    host, _, port = address.rpartition(':')
+    if '://' in address or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise SettingError('{%s} wants HOST:PORT or grpc://HOST:PORT (the dispatcher of '
+                           '`towers data-service dispatcher`), got %%r' % setting, text)
+    return '%s:%d' % (host, int(port))
 
 
 def check_pattern(pattern, what):

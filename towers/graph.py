@@ -13,8 +13,8 @@ import tensorflow as tf
 
 from towers.checkpoints import restore_map
 from towers.config import check
-from towers.inputs.feed import FeedInput
 from towers.model import normalize
+from towers.placeholders import FedBatch
 from towers.precision import Precision, all_finite, check_kernels
 from towers.schedules import LearningRate
 from towers.tower import build_towers_from_slices, split_batch
@@ -30,7 +30,8 @@ TrainGraph = collections.namedtuple(
 TrainGraph.__doc__ = """Handles on a built training graph.
 
   graph: the tf.Graph holding everything.
-  source: the InputSource the training towers read (towers/inputs/).
+  source: the InputSource the training towers read (towers/inputs/); built
+    without one, the FedBatch whose `images` and `labels` are fed by hand.
   towers: the training Towers.
   train_op: runs one synchronous step over all towers.
   loss: scalar float32, the global batch's mean cost (towers weighted by
@@ -89,8 +90,9 @@ def build_training_graph(model, plan, seed=None, source=None, learning_rate=1e-3
       plan: the towers.deviceplan.DevicePlan: the towers' devices, where the
         variables live, the host ops, and in a cluster the task's own device.
       seed: graph-level random seed (initializers, dropout), or None.
-      source: the InputSource of the training batches; default a FeedInput
-        (placeholders fed by the Session loop).
+      source: the InputSource of the training batches (towers/inputs/);
+        default a FedBatch (towers/placeholders.py): the placeholders
+        `images` and `labels`, fed by hand, that a FeedInput feeds.
       learning_rate: a float, or a towers.schedules.LearningRate.
       steps_per_epoch: what an epoch is, for a schedule counted in epochs.
       ema_decay: keep an exponential moving average of the trainable
@@ -108,7 +110,7 @@ def build_training_graph(model, plan, seed=None, source=None, learning_rate=1e-3
     Returns:
       A TrainGraph.
     """
-    source = source or FeedInput()
+    source = source or FedBatch()
     schedule = learning_rate if isinstance(learning_rate, LearningRate) else \
         LearningRate(learning_rate)
     check('ema', ema_decay)

@@ -28,6 +28,10 @@ SPREAD = 'spread'
 # --cluster-mode: how a cluster's tasks train together (towers/cluster/).
 CLUSTER_MODES = ('in-graph', 'collective', 'parameter-server')
 
+# --data-service-mode: how a tf.data service's workers share out a trainer's pipeline
+# (towers/inputs/dataservice.py).
+DATA_SERVICE_MODES = ('parallel_epochs', 'distributed_epoch')
+
 # --precision: what the towers compute in (towers/precision.py); the variables stay float32.
 PRECISIONS = ('fp32', 'bf16', 'fp16')
 

@@ -19,26 +19,17 @@ import threading
 import time
 
 from towers.cluster.launch import bind_error
-from towers.errors import SettingError, TowersError
+from towers.config import parse_address as parse_address  # the CLI's --dispatcher's too
+from towers.errors import TowersError
+from towers.names import DATA_SERVICE_MODES
 
-# --data-service-mode: how the service's workers share out a trainer's pipeline.
-MODES = ('parallel_epochs', 'distributed_epoch')
+MODES = DATA_SERVICE_MODES  # --data-service-mode, named once in towers/names.py
 DEFAULT_TIMEOUT_S = 60.0  # without --cluster-timeout: how long the dispatcher may be silent
 POLL_S = 1.0  # between a Watch's looks
 ASK_S = 2.0  # how long one question to the dispatcher or a worker may take
 _DISPATCHER = '/tensorflow.data.DispatcherService/'
 _LEFT = []  # workers not stopped, see serve_worker
 _WORKER = '/tensorflow.data.WorkerService/'
-
-
-def parse_address(text, setting):
-    """'HOST:PORT' of 'HOST:PORT' or 'grpc://HOST:PORT'; SettingError naming the setting."""
-    address = text[len('grpc://'):] if text.startswith('grpc://') else text
-    host, _, port = address.rpartition(':')
-    if '://' in address or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise SettingError('{%s} wants HOST:PORT or grpc://HOST:PORT (the dispatcher of '
-                           '`towers data-service dispatcher`), got %%r' % setting, text)
-    return '%s:%d' % (host, int(port))
 
 
 def _ask(address, method, timeout=ASK_S):

@@ -1,18 +1,16 @@
 """feed: placeholders fed from Python each step, the classic loop and the reference.
 
 The Python gather and the host-to-device copy sit on every step's critical path.
+The placeholders are the core's FedBatch (towers/placeholders.py), what a graph
+built without an input source reads too.
 """
 import functools
 
-import tensorflow as tf
-
 from towers.inputs.base import InputSource, sampled_batch
-from towers.tower import split_batch
-
-tf1 = tf.compat.v1
+from towers.placeholders import FedBatch
 
 
-class FeedInput(InputSource):
+class FeedInput(FedBatch, InputSource):
     """Placeholders fed from an in-memory DataSet, in the sampler's order.
 
     Args:
@@ -27,15 +25,9 @@ class FeedInput(InputSource):
     name = 'feed'
 
     def __init__(self, dataset=None, sampler=None, batches=None):
+        super().__init__()
         self.dataset, self.sampler = dataset, sampler
         self._make_batch = batches or functools.partial(sampled_batch, dataset, sampler)
-        self.images = self.labels = None
-
-    def build(self, input_shape, tower_devices):
-        self.images = tf1.placeholder(tf.float32, [None] + list(input_shape), name='images')
-        self.labels = tf1.placeholder(tf.int64, [None], name='labels')
-        with tf.device('/cpu:0'):
-            return split_batch(self.images, self.labels, len(tower_devices))
 
     def step(self, step):
         images, labels = self._make_batch(step)
