@@ -144,12 +144,15 @@ def test_the_plan_knows_which_towers_share_a_gpu_and_keeps_nccl_between_whole_on
 
 
 def test_a_run_says_in_its_first_lines_where_the_variables_are_and_how_copies_meet(capsys):
-    assert main(['train', '--towers', '2', '--variable-update', 'replicated', '--steps', '1',
-                 '--model', 'small_convnet', '--quiet', '--eval-every', '0']) == 0
+    assert main(['train', '--towers', '2', '--devices', 'cpu', '--variable-update',
+                 'replicated', '--steps', '1', '--model', 'small_convnet', '--quiet',
+                 '--eval-every', '0']) == 0
     lines = capsys.readouterr().out.splitlines()
     at = next(i for i, line in enumerate(lines) if line.startswith('training 1 steps'))
-    assert lines[at + 1] == ('variables: a copy on each tower (replicated), all-reduced by one '
-                             'sum per variable that every tower reads (shared memory); maps NHWC')
+    assert lines[at + 1:at + 3] == [
+        'exact: a resume continues bit-exactly (CPU kernels; op determinism off)',
+        'variables: a copy on each tower (replicated), all-reduced by one sum per variable that '
+        'every tower reads (shared memory); maps NHWC']
 
 
 def test_a_run_on_logical_gpus_says_which_towers_share_which_gpu_and_their_memory():

@@ -37,3 +37,24 @@ def describe():
     return 'TF32 %s, op determinism %s' % (
         'on' if tf.config.experimental.tensor_float_32_execution_enabled() else 'off',
         'on' if tf_config.is_op_determinism_enabled() else 'off')
+
+
+def deterministic():
+    """Whether this process runs with op determinism on (inside exact(), say)."""
+    return tf_config.is_op_determinism_enabled()
+
+
+def resume_line(tower_devices):
+    """One line for a run's first lines: whether a resume of it continues bit-exactly.
+
+    On CPUs the kernels give the same numbers run after run; on GPUs cuDNN picks its
+    algorithms anew in each process and reductions add in whatever order their atomics
+    land, so only op determinism makes a resume equal the straight run.
+    """
+    if deterministic():
+        return 'exact: %s; this run and a resume of it are bit-exact' % describe()
+    if any('gpu' in device.lower() for device in tower_devices):
+        return ('not exact: op determinism off on GPU towers, so a resume continues, not '
+                "bit-exactly (cuDNN's algorithms and the GPU's reductions vary from process "
+                'to process); op determinism (train --deterministic) makes it exact')
+    return 'exact: a resume continues bit-exactly (CPU kernels; op determinism off)'

@@ -11,10 +11,11 @@ a ClassifierModel over a registry model_fn, the default callbacks, this loop.
 """
 import fractions
 import math
+import os
 
 import tensorflow as tf
 
-from towers import checkpoints, evaluation
+from towers import checkpoints, evaluation, exactness
 from towers.callbacks import Checkpoint, Throughput, default_callbacks
 from towers.config import TrainConfig
 from towers.dataorder import DataOrder
@@ -24,7 +25,7 @@ from towers.graph import build_training_graph, finalize_graph
 from towers.inputs import source_for
 from towers.logdir import LogdirLock, prepare_logdir
 from towers.model import ClassifierModel
-from towers.names import XLA_CPU_FLAG
+from towers.names import RUN_FILE, XLA_CPU_FLAG
 from towers.precision import Precision
 from towers.session import open_session, run_steps, step_options
 
@@ -151,6 +152,13 @@ class Trainer:
         self.data_order.check(sess, self.logdir)
         self.log('resumed from %s%s' % (latest, '' if latest == newest else
                                          ' (%s, newer, does not read back whole)' % newest))
+        before = checkpoints.read_run(self.logdir).get('deterministic') \
+            if os.path.exists(os.path.join(self.logdir, RUN_FILE)) else None
+        if before is not None and before != exactness.deterministic():
+            # Op determinism changes the kernels themselves, the CPU's too.
+            self.log('warning: %s was trained with op determinism %s and resumes with it %s: '
+                     'it continues, not bit-exactly' % (
+                         self.logdir, 'on' if before else 'off', 'off' if before else 'on'))
         if fresh:
             self.log('%s holds no dynamic loss scale (trained in another precision, or with a '
                      'fixed scale): the scale starts at %g'
@@ -178,7 +186,8 @@ class Trainer:
                         num_classes=getattr(self.model, 'num_classes', None),
                         ema=self.config.ema is not None, precision=self.config.precision,
                         normalization=getattr(self.model, 'normalization', None),
-                        num_steps=self.num_steps, **self.run_info)
+                        num_steps=self.num_steps, deterministic=exactness.deterministic(),
+                        **self.run_info)
                 self.step = int(self.sess.run(self.graph.global_step))
                 self.log('training %d steps on %d tower(s) %s, global batch %d, %s input%s%s'
                          % (self.num_steps, len(self.tower_devices),
@@ -192,6 +201,7 @@ class Trainer:
                 logical = logical_gpu_line(self.plan, session_gpu_memory(self.sess))
                 if logical:
                     self.log(logical)
+                self.log(exactness.resume_line(self.tower_devices))
                 self.log('variables: %s; maps %s' % (self.plan.describe(),
                                                      self.plan.data_format))
                 # (The log as it is when said: the progress bar writes around itself.)
