@@ -11,6 +11,11 @@ A test marked `exact` (the equality tests: N towers against one device, a strate
 another) runs inside towers.exactness.exact(), TF32 off and op determinism on, as `towers
 check` and `train --deterministic` do: on a GPU machine they would otherwise compare TF32
 numbers or a non-deterministic cuDNN algorithm's.
+
+A test marked `gpu` is about what only a GPU shows (logical GPUs, NCCL, cuDNN's layouts,
+tensor cores); it is skipped where TensorFlow sees no GPU, and `python -m pytest -m gpu tests`
+runs just them. The suite passes on both kinds of machine: a test about CPU towers names CPU
+devices (`--devices cpu`, `local_plan(['/cpu:0', '/cpu:1'])`), never the machine's default.
 """
 import contextlib
 import fcntl
@@ -29,6 +34,18 @@ def pytest_configure(config):
                                        'something that another test would slow down)')
     config.addinivalue_line('markers', 'exact: runs with TF32 off and op determinism on '
                                        '(towers.exactness.exact)')
+    config.addinivalue_line('markers', 'gpu: needs a GPU (skipped where TensorFlow sees none)')
+
+
+def pytest_runtest_setup(item):
+    if item.get_closest_marker('gpu') is not None and not _has_gpu():
+        pytest.skip('needs a GPU: TensorFlow sees none here')
+
+
+@functools.lru_cache(maxsize=None)
+def _has_gpu():
+    import tensorflow as tf  # only where a gpu test is about to run
+    return bool(tf.config.list_physical_devices('GPU'))
 
 
 

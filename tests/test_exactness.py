@@ -28,3 +28,17 @@ def test_a_resume_without_the_determinism_its_run_had_is_said_to_be_inexact(tmp_
     assert main(run + ['--steps', '3']) == 0  # made without, resumed without: nothing to say
     assert not [line for line in capsys.readouterr().out.splitlines()
                 if line.startswith('warning:')]
+
+
+def test_bench_times_bit_exact_runs_and_leaves_the_process_as_it_was(capsys):
+    before = exactness.describe()
+    assert main(['bench', '--deterministic', '--devices', 'cpu', '--towers', '1', '--model',
+                 'small_convnet', '--batch-size', '16', '--warmup', '1', '--window', '2']) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == 'deterministic: TF32 off, op determinism on'
+    assert out[-1].startswith('synthetic  1       fp32       /cpu:0')
+    assert exactness.describe() == before
+    assert main(['bench', '--deterministic', '--input-only', '--dataset', 'imagenet:x']) == 1
+    assert capsys.readouterr().err.strip() == (
+        "towers: error: --deterministic times one process's towers: not with --cluster-mode "
+        'or --input-only')

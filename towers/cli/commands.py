@@ -10,7 +10,7 @@ import os
 
 import numpy as np
 
-from towers import data, models
+from towers import data, exactness, models
 from towers.cli.cluster import run_server
 from towers.cli.config import flag, int_list, loss_scale, name_list
 from towers.cli.dataservice import run_data_service
@@ -68,6 +68,17 @@ def run_devices(args, log):
 
 
 def run_bench(args, log):
+    if not args.deterministic:
+        return _run_bench(args, log)
+    if args.cluster_mode or args.input_only:
+        raise SettingError('{deterministic} times one process\'s towers: not with '
+                           '{cluster_mode} or {input_only}')
+    with exactness.exact():
+        log('deterministic: %s' % exactness.describe())
+        return _run_bench(args, log)
+
+
+def _run_bench(args, log):
     from towers.names import PRECISIONS
     from towers.tools import bench, compare
     from towers.tools.trace import check_output

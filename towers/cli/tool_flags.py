@@ -45,6 +45,10 @@ def bench_parser(commands):
                             '(default: parameter_server,replicated)')
     bench.add_argument('--xla', action='store_true',
                        help='with --compare: also time the first combination under XLA')
+    bench.add_argument('--deterministic', action='store_true',
+                       help="every row with op determinism on and TF32 off, as train's "
+                            '--deterministic: what bit-exact runs cost (time it against a '
+                            'bench without)')
     bench.add_argument('--plot', default=None, metavar='FILE.png',
                        help='with --compare: draw images/sec against towers (needs matplotlib)')
     precision_flags(bench, several=True)
