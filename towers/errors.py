@@ -41,18 +41,41 @@ class GradientError(TowersError, ValueError):
     """Towers produced gradient lists that cannot be combined."""
 
 
+# TensorFlow's frame around the causes when one run fails in several places (on
+# GPUs the same failure surfaces in several partitions): 'N root error(s) found.',
+# one '  (i) CODE: message' per cause, then counts; logs and RPC details may follow.
+_ROOT_CAUSE = re.compile(r'^\(\d+\) ([A-Z_]+): ?(.*)$')
+_COUNTS = re.compile(r'^\d+ (root errors?(\(s\))? found|successful operations?'
+                     r'|derived errors? ignored)\.$')
+_TAILS = ('Recent warning and error logs:', 'Additional GRPC error information')
+_NOISE = ('Graph execution error', 'Detected at node', 'File "', 'Node:', '[[',
+          'Original stack', 'Traceback',
+          # Ends every RESOURCE_EXHAUSTED, a full disk too: a hint, not the cause.
+          'Hint: If you want to see a list of allocated tensors')
+
+
 def op_error_summary(error):
     """The line of a TensorFlow OpError's message that says what went wrong.
 
     Graph-mode messages wrap the cause in 'Graph execution error', the node's
-    Python stack and '[[{{node ...}}]]'; this is the cause alone, e.g. 'Read
-    less bytes than requested' or 'No space left on device'.
+    Python stack and '[[{{node ...}}]]'; several causes come as '(0) CODE:
+    message', '(1) ...' between counts. This is the (first) cause alone, the
+    same on every device, e.g. 'Read less bytes than requested' or
+    '/data/train-00001; No such file or directory'.
     """
-    noise = ('Graph execution error', 'Detected at node', 'File "', 'Node:', '[[',
-             'Original stack', 'Traceback',
-             # Ends every RESOURCE_EXHAUSTED, a full disk too: a hint, not the cause.
-             'Hint: If you want to see a list of allocated tensors')
-    lines = [line.strip() for line in error.message.splitlines()]
-    causes = [line for line in lines if line and not line.startswith(noise)
+    lines, tail = [], False
+    for line in (line.strip() for line in error.message.splitlines()):
+        # Logs and RPC details after a cause repeat it or say less: skip to the next cause.
+        tail = (tail or line.startswith(_TAILS)) and not _ROOT_CAUSE.match(line)
+        if line and not tail and not _COUNTS.match(line):
+            lines.append(line)
+    roots = [_ROOT_CAUSE.match(line) for line in lines]
+    # The first cause TensorFlow did not cancel is the one its error's code is taken from.
+    roots = sorted((m for m in roots if m), key=lambda m: m.group(1) == 'CANCELLED')
+    if roots:
+        after = lines[lines.index(roots[0].group(0)) + 1:]
+        # (The code is dropped: the error's type says it, and one cause alone has none.)
+        lines = [roots[0].group(2)] if roots[0].group(2) else after[:1]
+    causes = [line for line in lines if not line.startswith(_NOISE)
               and not line.endswith('(most recent call last):')]
     return causes[-1] if causes else error.message.strip()

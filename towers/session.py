@@ -115,7 +115,8 @@ def run_step(sess, source, step, fetches, options=None, run_metadata=None, feed=
     try:
         with input_errors(step):
             extra, source_feed = source.step(step)
-            feed = {**(source_feed or {}), **feed} if feed else source_feed
+        feed = {**(source_feed or {}), **feed} if feed else source_feed
+        with input_errors(batch_step(step, extra)):
             values = sess.run({'fetches': fetches, 'extra': extra}, feed, options=options,
                               run_metadata=run_metadata)
     except tf.errors.OutOfRangeError:
@@ -123,6 +124,17 @@ def run_step(sess, source, step, fetches, options=None, run_metadata=None, feed=
         return None
     source.fetched(values['extra'])
     return values['fetches']
+
+
+def batch_step(step, extra):
+    """The step whose batch step's run reads, given the source's extra fetches.
+
+    A staged source's run carries the StagingArea put of the next step's batch
+    (towers/inputs/staging.py stage): its towers compute on a batch read a step
+    earlier, so a file gone or corrupt in this run is the next step's to name.
+    """
+    puts = [fetch for fetch in extra or () if getattr(fetch, 'type', None) == 'Stage']
+    return step + 1 if puts else step
 
 
 @contextlib.contextmanager

@@ -8,10 +8,15 @@ import os
 import shutil
 
 import pytest
+import tensorflow as tf
 
+from data.records import RecordSet
 from tests.faults.runs import TINY, assert_same_variables, assert_whole, towers, variables
 from towers import checkpoints, session
 from towers.cli import main
+from towers.devices import session_config
+from towers.errors import TowersError
+from towers.inputs import make_input
 from towers.logdir import in_use_by
 
 
@@ -53,3 +58,32 @@ def test_a_records_shard_deleted_mid_run(tmp_path, records, monkeypatch, capsys)
     assert towers(capsys, 'train', *flags, '--logdir', other)[0] == 0
     assert_same_variables(variables(checkpoints.newest_complete(other)),
                           variables(checkpoints.newest_complete(logdir)))
+
+
+@pytest.mark.parametrize('staged', [False, True])
+def test_the_step_named_is_the_one_whose_batch_is_gone(tmp_path, records, staged):
+    """Staged (as on GPU towers), step 79's run puts step 80's batch: the batch that fails to
+    read is still step 80's, and the error says so, as the unstaged run's does."""
+    folder = str(tmp_path / 'records')
+    shutil.copytree(records, folder)
+    shard = os.path.join(folder, 'train-00002-of-00004.tfrecord')
+    source = make_input('dataset', RecordSet(folder, 'train'), None, 50, 10)
+    source.staged = staged  # (on CPU towers the source stages only when told to)
+    devices = ['/cpu:0', '/cpu:1']
+    with tf.Graph().as_default() as graph:
+        slices = source.build((28, 28, 1), devices)
+        init = tf.compat.v1.local_variables_initializer()
+    with tf.compat.v1.Session(graph=graph, config=session_config(devices)) as sess:
+        sess.run(init)
+        with session.run_steps(sess, source, {'rows': [s.count for s in slices]}, 0,
+                               120) as loop:
+            for _ in range(5):  # every shard opened: the first epoch reads on
+                loop.run_one()
+            os.remove(shard)  # opened again when the second epoch begins, at step 80
+            with pytest.raises(TowersError) as raised:
+                for _ in loop:
+                    pass
+    assert str(raised.value) == ('cannot read the input data at step 80: %s; No such file or '
+                                 'directory; put it back and run again to resume' % shard)
+    # Staged, the run that read it was step 79's, which therefore did not finish.
+    assert loop.step == (79 if staged else 80)
