@@ -34,7 +34,7 @@ def _evaluator(logdir, lines):
     run = checkpoints.read_run(logdir)
     model_fn = models.build_model(run['model'], run['input_shape'], run['num_classes'])
     test = data.load_dataset(run['dataset'], validation_size=0).test
-    return Evaluator(logdir, run, model_fn, ('test', test), local_plan(1), 20, 'accuracy',
+    return Evaluator(logdir, run, model_fn, ('test', test), local_plan(['/cpu:0']), 20, 'accuracy',
                      log=lines.append)
 
 

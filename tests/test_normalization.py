@@ -40,7 +40,7 @@ def _normalized(images):
 def _evaluate(model_fn, checkpoint, images, normalization):
     labels = np.arange(len(images)) % CLASSES
     model = ClassifierModel(model_fn, SHAPE, CLASSES, normalization=normalization)
-    built = build_eval_graph(model, local_plan(1))
+    built = build_eval_graph(model, local_plan(['/cpu:0']))
     with tf1.Session(graph=built.graph) as sess:
         checkpoints.restore(sess, built.saver, checkpoint, built.variables)
         return evaluate(sess, built, DataSet(images, labels, num_classes=CLASSES), 4)

@@ -73,7 +73,7 @@ def _classifier():
 
 def _logits(checkpoint, images):
     """small_convnet's logits for images with the checkpoint's weights, in a graph of its own."""
-    with tf.Graph().as_default() as graph:
+    with tf.Graph().as_default() as graph, tf.device('/cpu:0'):  # as the runs it checks
         logits = _model()(tf.constant(images), False)
         with tf1.Session(graph=graph) as sess:
             tf1.train.Saver(tf1.global_variables()).restore(sess, checkpoint)
@@ -81,8 +81,9 @@ def _logits(checkpoint, images):
 
 
 def _config(**overrides):
+    # The Trainer's tests train on the CPU, GPU machines too (tests/gpu trains on GPUs).
     options = dict(batch_size=10, optimizer='sgd', learning_rate=0.05, log_every=1000,
-                   warmup_steps=0)
+                   warmup_steps=0, towers=('/cpu:0',))
     options.update(overrides)
     return TrainConfig(**options)
 

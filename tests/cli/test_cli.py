@@ -30,8 +30,9 @@ def _towers(*args, timeout=60, cwd=None):
 
 def test_train_end_to_end_on_the_embedded_sample(tmp_path):
     logdir = tmp_path / 'run'
-    process, _ = _towers('train', '--towers', '2', '--epochs', '3', '--batch-size', '50',
-                         '--logdir', str(logdir), timeout=180, cwd=str(tmp_path))
+    process, _ = _towers('train', '--towers', '2', '--devices', 'cpu', '--epochs', '3',
+                         '--batch-size', '50', '--logdir', str(logdir), timeout=180,
+                         cwd=str(tmp_path))
     assert process.returncode == 0, process.stderr
     # How fast is for `towers bench`, not for a timed test on a shared machine
     # (this run takes ~10 s here); the timeout above only catches a hang.
@@ -83,7 +84,8 @@ BAD_INPUT = [
     (['devices', '--towers', '0'], '--towers must be at least 1, got 0'),
     (['devices', '--devices', '/cpu:0,/cpu:0'], 'names a device twice'),
     (['devices', '--devices', ','], 'names no device'),
-    (['devices', '--param-device', 'gpu'], '--param-device gpu needs GPU towers'),
+    (['devices', '--devices', 'cpu', '--param-device', 'gpu'],
+     '--param-device gpu needs GPU towers'),
     (['bench', '--towers', '0,1'], '--towers wants positive integers'),
     (['train', '--validation-size', '4000'], '--validation-size must be in [0, 4000)'),
     (['train', '--batch-size', '4001', '--steps', '1'],

@@ -26,8 +26,10 @@ tf1 = tf.compat.v1
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # PYTHONPATH: a run started with `-m tests.faults.killpoint` imports this repository's tests.
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2', PYTHONPATH=ROOT)
-# A run of a few seconds: 54k parameters, 80 steps an epoch, no evaluation.
-TINY = ('--model', 'small_convnet', '--batch-size', '50', '--eval-every', '0', '--quiet')
+# A run of a few seconds: 54k parameters, 80 steps an epoch, no evaluation; on the CPU, GPU
+# machines too, whose resumes are bit-exact only with --deterministic (tests/gpu has that).
+TINY = ('--model', 'small_convnet', '--batch-size', '50', '--eval-every', '0', '--quiet',
+        '--devices', 'cpu')
 # What a logdir holds besides checkpoints, whatever happened to it.
 KEPT = re.compile(r'^(\.towers\.lock|checkpoint|run\.json|stats\.jsonl|best|'
                   r'events\.out\.tfevents\..*)$')

@@ -12,6 +12,10 @@ from towers.precision import Precision
 
 tf1 = tf.compat.v1
 
+# Numerics against numpy to 1e-5: TF32 off and op determinism on (tests/conftest.py), as on
+# a GPU float32 convolutions and matmuls would otherwise run as TF32.
+pytestmark = pytest.mark.exact
+
 
 def _np_conv2d(x, w, b, stride, padding):
     """Reference NHWC convolution with TF's SAME/VALID padding rules."""

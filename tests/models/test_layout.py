@@ -1,8 +1,10 @@
 """--data-format: every model computes in NCHW what it computes in NHWC, on the same variables.
 
 This machine's CPU kernels (oneDNN) run NCHW convolutions, pools and fused batch
-norms, so the channels-first graphs are run here, not only built; on GPUs NCHW
-is the default (tests/tools/test_planonly.py checks the plan).
+norms, so the channels-first graphs are run here, not only built, on the CPU on any
+machine (on a GPU, inference-mode batch norm has no deterministic gradient kernel);
+on GPUs NCHW is the default (tests/tools/test_planonly.py checks the plan, and
+tests/gpu the layouts there).
 """
 import os
 import subprocess
@@ -69,7 +71,7 @@ def _compare(name):
     options = {'dropout_rate': 0.0} if name in ('mnist_convnet', 'alexnet') else {}
     model_fn = models.build_model(name, shape, 5, **options)
     images = np.random.RandomState(0).rand(3, *shape).astype(np.float32)
-    with tf.Graph().as_default():
+    with tf.Graph().as_default(), tf.device('/cpu:0'):
         tf1.set_random_seed(1)
         outputs = {}
         for fmt in ('NHWC', 'NCHW'):

@@ -63,8 +63,8 @@ def test_the_step_graph_names_fusions_casts_and_xla_clusters():
 
 def _towers_step_graph(precision):
     model_fn = models.build_model('mnist_convnet', SHAPE, 10)
-    trainer = _Trainer(model_fn, SHAPE, local_plan(1), make_input('synthetic', None, None, 16,
-                                                                  10), 2, precision=precision)
+    trainer = _Trainer(model_fn, SHAPE, local_plan(['/cpu:0']),
+                       make_input('synthetic', None, None, 16, 10), 2, precision=precision)
     try:
         return trainer.step_graph()
     finally:
