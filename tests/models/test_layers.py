@@ -12,11 +12,8 @@ from towers.precision import Precision
 
 tf1 = tf.compat.v1
 
-# Numerics against numpy to 1e-5: TF32 off and op determinism on (tests/conftest.py), as on
-# a GPU float32 convolutions and matmuls would otherwise run as TF32.
-pytestmark = pytest.mark.exact
-
-
+# The numerics against numpy to 1e-5 are marked exact: TF32 off and op determinism on
+# (tests/conftest.py), as on a GPU float32 convolutions and matmuls would otherwise run as TF32.
 def _np_conv2d(x, w, b, stride, padding):
     """Reference NHWC convolution with TF's SAME/VALID padding rules."""
     _, height, width, _ = x.shape
@@ -38,6 +35,7 @@ def _np_conv2d(x, w, b, stride, padding):
     return out + b
 
 
+@pytest.mark.exact
 @pytest.mark.parametrize('stride,padding', [(1, 'SAME'), (2, 'SAME'), (1, 'VALID'),
                                             (2, 'VALID')])
 @pytest.mark.parametrize('activation', [None, tf.nn.relu])
@@ -89,6 +87,7 @@ def test_conv2d_empty_and_dynamic_shapes(stride, padding, out_hw):
                 assert out.shape == (batch, *out_hw, 8)
 
 
+@pytest.mark.exact
 @pytest.mark.parametrize('shape', [(4, 6), (4, 2, 3, 1)])
 def test_dense_matches_numpy_and_flattens(shape):
     rng = np.random.default_rng(1)
@@ -124,6 +123,7 @@ def test_flatten_rejects_unknown_inner_dims():
             layers.flatten(tf1.placeholder(tf.float32, [None, None, 3]))
 
 
+@pytest.mark.exact
 def test_max_pool_matches_numpy():
     x = np.arange(2 * 4 * 6 * 3, dtype=np.float32).reshape(2, 4, 6, 3) % 7
     with tf.Graph().as_default(), tf1.Session() as sess:
@@ -189,6 +189,7 @@ def test_batch_norm_variables_and_collections():
         assert len(tf1.get_collection(tf1.GraphKeys.UPDATE_OPS)) == 2
 
 
+@pytest.mark.exact
 def test_batch_norm_training_normalises_per_channel():
     x = _bn_input()
     with tf.Graph().as_default(), tf1.Session() as sess:
@@ -199,6 +200,7 @@ def test_batch_norm_training_normalises_per_channel():
     np.testing.assert_allclose(out.var(axis=(0, 1, 2)), 1, atol=1e-3)
 
 
+@pytest.mark.exact
 def test_batch_norm_update_ops_follow_moving_average_formula():
     decay = 0.9
     batches = [_bn_input(1), _bn_input(2)]
@@ -218,6 +220,7 @@ def test_batch_norm_update_ops_follow_moving_average_formula():
             np.testing.assert_allclose(got_var, expected_var, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.exact
 def test_batch_norm_inference_uses_moving_stats():
     x = _bn_input()
     mean, var = np.array([1.0, -1.0, 4.0]), np.array([4.0, 0.25, 9.0])
