@@ -72,15 +72,16 @@ def test_replicated_gives_each_tower_its_copy_a_shared_sum_on_cpus_and_nccl_on_g
 
 def test_in_graph_puts_the_towers_on_every_worker_and_the_variables_on_the_ps():
     jobs = {'worker': ('h:1', 'h:2'), 'ps': ('h:3', 'h:4')}
-    plan = in_graph_plan(Cluster(jobs, 'worker', 0), towers_per_task=2)
+    plan = in_graph_plan(Cluster(jobs, 'worker', 0), towers_per_task=2, num_gpus=0)
     assert plan.towers == tuple('/job:worker/task:%d/device:CPU:%d' % (t, i)
                                 for t in range(2) for i in range(2))
     assert plan.variables.devices == ('/job:ps/task:0/device:CPU:0',
                                       '/job:ps/task:1/device:CPU:0')
     assert (plan.host, plan.default_device) == ('/cpu:0', '/job:worker/task:0/device:CPU:0')
-    one_ps = in_graph_plan(Cluster({'worker': ('h:1',), 'ps': ('h:3',)}, 'worker', 0))
+    one_ps = in_graph_plan(Cluster({'worker': ('h:1',), 'ps': ('h:3',)}, 'worker', 0),
+                           num_gpus=0)
     assert one_ps.variables == one_ps.host == '/job:ps/task:0/device:CPU:0'
-    no_ps = in_graph_plan(Cluster({'worker': ('h:1',)}, 'worker', 0))
+    no_ps = in_graph_plan(Cluster({'worker': ('h:1',)}, 'worker', 0), num_gpus=0)
     assert no_ps.variables == '/job:worker/task:0/device:CPU:0'
 
 

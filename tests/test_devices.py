@@ -226,10 +226,10 @@ def test_check_and_train_deterministic_run_exact_and_leave_the_process_as_it_was
     before, seen = describe(), []
     assert before == 'TF32 on, op determinism off'
     monkeypatch.setattr(check, 'run_check', lambda *args, **kwargs: seen.append(describe()))
-    assert main(['check', '--towers', '2', '--model', 'small_convnet']) == 0
+    assert main(['check', '--towers', '2', '--devices', 'cpu', '--model', 'small_convnet']) == 0
     assert seen == ['TF32 off, op determinism on'] and describe() == before
-    assert main(['train', '--deterministic', '--steps', '1', '--model', 'small_convnet',
-                 '--quiet', '--eval-every', '0']) == 0
+    assert main(['train', '--deterministic', '--devices', 'cpu', '--steps', '1', '--model',
+                 'small_convnet', '--quiet', '--eval-every', '0']) == 0
     assert capsys.readouterr().out.splitlines()[0] == (
         'deterministic: TF32 off, op determinism on')
     assert describe() == before

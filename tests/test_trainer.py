@@ -371,7 +371,8 @@ def test_bad_loop_numbers_are_errors(field, value, message):
                                          (['--xla'], tf1.OptimizerOptions.ON_1)])
 def test_train_xla_reaches_the_sessions_config_and_is_off_by_default(monkeypatch, flags, level):
     args = build_parser().parse_args(['train', '--model', 'small_convnet', '--steps', '1',
-                                      '--batch-size', '10', '--eval-every', '0'] + flags)
+                                      '--batch-size', '10', '--eval-every', '0',
+                                      '--devices', 'cpu'] + flags)
     config, _, _ = settings(args, from_records=False)
     opened, open_session = [], towers.trainer.open_session
 

@@ -10,7 +10,7 @@ from towers.evaluator import EVAL_DIR, RESULTS_FILE, listed
 
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
 FLAGS = ['--model', 'small_convnet', '--batch-size', '20', '--eval-every', '0', '--quiet',
-         '--log-every', '1', '--checkpoint-every', '2']
+         '--log-every', '1', '--checkpoint-every', '2', '--devices', 'cpu']
 
 
 def test_launch_evaluator_evaluates_every_kept_checkpoint_as_towers_eval_does(tmp_path,
@@ -30,6 +30,6 @@ def test_launch_evaluator_evaluates_every_kept_checkpoint_as_towers_eval_does(tm
     kept = [step for step, _ in listed(logdir)]
     assert kept == [2, 4, 6] and evaluated == sorted(set(evaluated)) and set(kept) <= set(
         evaluated)
-    assert main(['eval', '--logdir', logdir, '--batch-size', '20']) == 0
+    assert main(['eval', '--logdir', logdir, '--batch-size', '20', '--devices', 'cpu']) == 0
     final = {name: results[-1][name] for name in ('loss', 'accuracy')}
     assert 'test: %s (1000 images)' % format_metrics(final) in capsys.readouterr().out

@@ -80,7 +80,7 @@ def test_each_task_moves_the_planned_bytes_in_the_planned_step(tmp_path, compute
          '--emulate-link', link + ',0', '--grace', '5', '--logs', str(tmp_path / 'logs'),
          '--', 'train', '--cluster-mode', mode, '--model', model, '--threads', '1',
          '--batch-size', str(workers * batch), '--steps', str(STEPS), '--eval-every', '0',
-         '--quiet', '--log-every', '1'] + flags,
+         '--quiet', '--log-every', '1', '--devices', 'cpu'] + flags,
         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2'), cwd=str(tmp_path),
         capture_output=True, text=True, timeout=180)
     assert process.returncode == 0, process.stdout[-2000:]

@@ -21,8 +21,9 @@ from towers.cli import main
 tf1 = tf.compat.v1
 
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
+# On CPUs, GPU hosts too: a one-process run and the clusters it is held against alike.
 FLAGS = ['--model', 'small_convnet', '--batch-size', '20', '--eval-every', '0', '--quiet',
-         '--log-every', '1', '--optimizer', 'momentum', '--lr', '0.05']
+         '--log-every', '1', '--optimizer', 'momentum', '--lr', '0.05', '--devices', 'cpu']
 
 
 def _variables(logdir):

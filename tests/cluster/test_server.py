@@ -17,7 +17,7 @@ import sys
 from towers.cluster.server import serve, server_config
 from towers.cluster.spec import from_tf_config
 cluster = from_tf_config(os.environ['TF_CONFIG'])
-sys.exit(serve(cluster, server_config(cluster, devices_per_task=2, threads=1)))
+sys.exit(serve(cluster, server_config(cluster, devices_per_task=2, threads=1, num_gpus=0)))
 '''
 
 

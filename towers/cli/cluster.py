@@ -43,6 +43,8 @@ def cluster_run(args, cluster, log):
     _not_the_evaluator(cluster)
     mode = args.cluster_mode or 'in-graph'
     towers = args.towers  # None: every GPU the task sees, or one CPU
+    # --devices cpu: each task's towers on virtual CPUs, on GPU hosts too (None: its GPUs).
+    num_gpus = 0 if (args.devices or '').strip().lower() == 'cpu' else None
     if mode == 'collective':
         if cluster.num_ps:
             raise ClusterError('{cluster_mode} collective has no ps tasks: give the cluster '
@@ -56,7 +58,7 @@ def cluster_run(args, cluster, log):
         bucket = args.all_reduce_bucket or ALL_REDUCE_BUCKET
         bucket_bytes(bucket, [])  # a bad size is refused before any server starts
         return modes.collective(cluster, towers, args.cluster_timeout, args.threads,
-                                bucket=bucket)
+                                num_gpus=num_gpus, bucket=bucket)
     if args.all_reduce_bucket is not None:
         raise ClusterError('{all_reduce_bucket} sizes the all-reduce of {cluster_mode} '
                            'collective; %s mode has none' % mode)
@@ -74,15 +76,18 @@ def cluster_run(args, cluster, log):
                                'parameter_server')
         if cluster.task_type == 'ps':  # the same command on every task: a ps task serves
             log('parameter-server mode: ps %d serves the variables' % cluster.task_index)
-            serve(cluster, server_config(cluster, 1, args.threads), log=log)
+            serve(cluster, server_config(cluster, 1, args.threads, num_gpus=num_gpus), log=log)
             return None
-        return modes.parameter_server(cluster, towers, args.cluster_timeout, args.threads)
+        return modes.parameter_server(cluster, towers, args.cluster_timeout, args.threads,
+                                      num_gpus=num_gpus)
     if args.variable_update != 'parameter_server':
         raise ClusterError('{cluster_mode} in-graph keeps one copy of the variables on the ps '
                            'tasks (or the chief): leave {variable_update} at parameter_server')
     if not cluster.is_chief:
         log('in-graph mode: %s %d serves; worker 0 trains' % (cluster.task_type,
                                                               cluster.task_index))
-        serve(cluster, server_config(cluster, towers or 1, args.threads), log=log)
+        serve(cluster, server_config(cluster, towers or 1, args.threads, num_gpus=num_gpus),
+              log=log)
         return None
-    return modes.in_graph(cluster, towers, args.cluster_timeout, args.threads)
+    return modes.in_graph(cluster, towers, args.cluster_timeout, args.threads,
+                          num_gpus=num_gpus)

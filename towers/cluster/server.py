@@ -147,7 +147,8 @@ def serve(cluster, config, log=print, poll=0.2):
                 for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         start_server(cluster, config)
-        gpus = visible_gpus()
+        # server_config lets GPU memory grow exactly where the task computes on its GPUs.
+        gpus = visible_gpus() if config.gpu_options.allow_growth else 0
         log('serving %s %d on %s (%s); SIGTERM stops it'
             % (cluster.task_type, cluster.task_index, cluster.address,
                '%d GPU(s)' % gpus if gpus else '%d device(s)' % config.device_count['CPU']))
