@@ -4,8 +4,9 @@
 # Runs, on this machine's GPUs: towers devices; check (N towers against one device, exact:
 # TF32 off, op determinism on); bench in fp32, bf16 and fp16; training with replicated
 # variables (NCCL); explain (one real step: where each op ran, the placement audit); and a
-# 2-worker collective job on this host's GPUs (towers launch splits them). Prints one table,
-# a row per check, and exits 1 if any failed.
+# 2-worker collective job on this host's GPUs (towers launch splits them, or shares one).
+# Two towers on a one-GPU machine run on two logical GPUs of it. Prints one table, a row per
+# check, and exits 1 if any failed.
 #
 # Written for GPUs and not run by the project: no GPU with TensorFlow was at hand (the
 # GPU paths are checked there with `towers explain --plan-only` instead). On a machine
@@ -18,7 +19,7 @@ if [ "${gpus:-0}" -lt 1 ]; then
   echo "gpu_check: $(towers devices --devices /gpu:0 2>&1 | tail -n 1 | sed 's/^towers: error: //')"
   exit 1
 fi
-towers=$(( gpus >= 2 ? 2 : 1 ))
+towers=2  # two logical GPUs of one GPU where there is one
 rows=() failed=0
 
 run() {  # run NAME COMMAND...: one row of the table
@@ -34,13 +35,11 @@ run "devices" towers devices
 run "check: $towers towers = 1 device" towers check --towers "$towers" --model mnist_convnet
 run "bench: fp32, bf16, fp16" towers bench --towers "1,$towers" --precision fp32,bf16,fp16 \
   --warmup 5 --window 20
-run "train: replicated (NCCL)" towers train --towers "$towers" --variable-update replicated \
+run "train: replicated (NCCL/shared sum)" towers train --towers "$towers" --variable-update replicated \
   --steps 100 --quiet --eval-every 0
 run "explain: one real step" towers explain --towers "$towers" --variable-update replicated
-if [ "$gpus" -ge 2 ]; then
-  run "launch: 2 collective workers" towers launch --workers 2 -- train --cluster-mode \
-    collective --steps 50 --quiet --eval-every 0
-fi
+run "launch: 2 collective workers" towers launch --workers 2 -- train --cluster-mode \
+  collective --steps 50 --quiet --eval-every 0
 
 printf '%-40s %-7s %6s  %s\n' check status time 'last line'
 printf '%s\n' "${rows[@]}"
