@@ -198,9 +198,8 @@ class Trainer:
                     self.log('XLA: TensorFlow clusters nothing on CPU towers unless TF_XLA_FLAGS '
                              'holds %s before its first Session (towers train --xla sets it)'
                              % XLA_CPU_FLAG)
-                logical = logical_gpu_line(self.plan, session_gpu_memory(self.sess))
-                if logical:
-                    self.log(logical)
+                if self.plan.shared_gpus():
+                    self.log(logical_gpu_line(self.plan, session_gpu_memory(self.sess)))
                 self.log(exactness.resume_line(self.tower_devices))
                 self.log('variables: %s; maps %s' % (self.plan.describe(),
                                                      self.plan.data_format))
