@@ -14,7 +14,8 @@ Without GPUs the devices are virtual CPUs (`session_config` makes them), so
 
     python examples/classic_recipe.py --towers 2 --steps 200
 
-runs on two "devices" anywhere; on a machine with GPUs the same file uses them.
+runs on two "devices" anywhere; on a machine with GPUs the same file uses them
+(`--devices cpu` keeps it on virtual CPUs there).
 towers' Trainer (towers/trainer.py) is this loop with callbacks around it.
 """
 import argparse
@@ -75,13 +76,16 @@ def build_graph(model_fn, input_shape, devices, learning_rate):
 
 
 def train(model='mnist_convnet', num_towers=2, steps=200, batch_size=100, learning_rate=0.05,
-          seed=0, log=print):
+          seed=0, log=print, devices=None):
     """Train on the shipped digits; returns the final {variable name: value}.
 
     5. The Session loop: feed a batch, run the step; then test once.
+
+    devices: None (GPUs where there are any, else virtual CPUs), a kind ('cpu'
+    or 'gpu': num_towers of them) or explicit names ('/gpu:0,/gpu:1').
     """
     mnist = data.load_dataset('mnist_sample', seed=seed)
-    devices = resolve_devices(num_towers)
+    devices = resolve_devices(num_towers, devices)
     options = {'dropout_rate': 0.0} if model == 'mnist_convnet' else {}  # one mask per tower
     model_fn = models.build_model(model, mnist.train.images.shape[1:], 10, **options)
     with tf.Graph().as_default():
@@ -110,8 +114,10 @@ def main():
     parser.add_argument('--steps', type=int, default=200)
     parser.add_argument('--batch-size', type=int, default=100)
     parser.add_argument('--lr', type=float, default=0.05)
+    parser.add_argument('--devices', default=None,
+                        help='cpu or gpu (default: GPUs where there are any), or device names')
     args = parser.parse_args()
-    train(args.model, args.towers, args.steps, args.batch_size, args.lr)
+    train(args.model, args.towers, args.steps, args.batch_size, args.lr, devices=args.devices)
 
 
 if __name__ == '__main__':

@@ -19,7 +19,7 @@ from towers.evaluator import EVAL_DIR, RESULTS_FILE, Evaluator, listed, wait_for
 tf1 = tf.compat.v1
 
 FLAGS = ['--model', 'small_convnet', '--batch-size', '20', '--eval-every', '0', '--quiet',
-         '--checkpoint-every', '1', '--keep-checkpoints', '2']
+         '--checkpoint-every', '1', '--keep-checkpoints', '2', '--devices', 'cpu']
 
 
 @pytest.fixture(scope='module')
@@ -57,7 +57,7 @@ def test_each_kept_checkpoint_once_with_the_numbers_towers_eval_gives(trained, t
     with open(os.path.join(logdir, EVAL_DIR, RESULTS_FILE)) as f:
         assert [json.loads(line) for line in f] == written
     assert lines[-1] == "evaluator: the last step's checkpoint (4) is evaluated; done"
-    assert main(['eval', '--logdir', logdir, '--batch-size', '20']) == 0
+    assert main(['eval', '--logdir', logdir, '--batch-size', '20', '--devices', 'cpu']) == 0
     metrics = {name: written[-1][name] for name in ('loss', 'accuracy')}
     assert 'test: %s (%d images)' % (format_metrics(metrics), written[-1]['examples']) \
         in capsys.readouterr().out

@@ -143,7 +143,7 @@ def test_a_logdir_in_use_refuses_a_second_run_and_is_read_by_eval_and_export(tmp
                 'dataset mnist_sample: 4000 train, 0 validation, 1000 test; model small_convnet']
             in_use = '%s is in use by %s: reading its newest complete checkpoint, %s' % (
                 logdir, in_use_by(logdir), newest)
-            status, out, err = towers(capsys, 'eval', '--logdir', logdir)
+            status, out, err = towers(capsys, 'eval', '--devices', 'cpu', '--logdir', logdir)
             assert (status, err, out[:2]) == (0, [], [in_use, 'checkpoint: %s' % newest])
             assert out[2].startswith('test: loss ') and out[2].endswith(' (1000 images)')
             exported = str(tmp_path / 'exported')

@@ -81,9 +81,9 @@ def test_a_run_records_its_normalisation_for_eval(tmp_path, capsys):
     logdir = str(tmp_path / 'run')
     assert main(['train', '--model', 'small_convnet', '--input', 'dataset', '--mean', '0.13',
                  '--std', '0.3', '--steps', '2', '--batch-size', '8', '--eval-every', '0',
-                 '--logdir', logdir, '--no-tensorboard']) == 0
+                 '--devices', 'cpu', '--logdir', logdir, '--no-tensorboard']) == 0
     with open(logdir + '/run.json') as f:
         assert json.load(f)['normalization'] == [[0.13], [0.3]]
     capsys.readouterr()
-    assert main(['eval', '--logdir', logdir]) == 0
+    assert main(['eval', '--devices', 'cpu', '--logdir', logdir]) == 0
     assert capsys.readouterr().out.splitlines()[-1].endswith('(1000 images)')

@@ -174,10 +174,12 @@ def test_the_trainer_starts_replicas_from_the_masters_values():
 def test_spread_variables_train_and_evaluate_through_the_command_line(tmp_path, capsys):
     from towers.cli import main
     logdir = str(tmp_path / 'run')
-    assert main(['train', '--model', 'small_convnet', '--towers', '2', '--param-device',
-                 'spread', '--steps', '3', '--logdir', logdir, '--quiet']) == 0
+    assert main(['train', '--model', 'small_convnet', '--towers', '2', '--devices', 'cpu',
+                 '--param-device', 'spread', '--steps', '3', '--logdir', logdir,
+                 '--quiet']) == 0
     test_line = capsys.readouterr().out.splitlines()[-1]
-    assert main(['eval', '--logdir', logdir, '--towers', '2', '--param-device', 'spread']) == 0
+    assert main(['eval', '--logdir', logdir, '--towers', '2', '--devices', 'cpu',
+                 '--param-device', 'spread']) == 0
     assert capsys.readouterr().out.splitlines()[-1] == test_line
 
 

@@ -224,7 +224,7 @@ def _train_until_step_then(sig, logdir, cwd):
     """Start a long training run, send `sig` once step 5 is logged; (process, out, err)."""
     process = subprocess.Popen(
         [sys.executable, '-m', 'towers', 'train', '--model', 'small_convnet', '--towers', '2',
-         '--steps', '100000', '--log-every', '5', '--logdir', logdir],
+         '--devices', 'cpu', '--steps', '100000', '--log-every', '5', '--logdir', logdir],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, cwd=cwd)
     lines = []
     try:
@@ -262,8 +262,8 @@ def test_kill_9_at_any_moment_leaves_the_last_checkpoint_loadable(tmp_path, dela
     # A checkpoint every step: a SIGKILL that lands mid-save is likely.
     logdir = str(tmp_path / 'run')
     process = subprocess.Popen(
-        [sys.executable, '-m', 'towers', 'train', '--model', 'small_convnet', '--steps', '100000',
-         '--log-every', '1', '--checkpoint-every', '1', '--logdir', logdir],
+        [sys.executable, '-m', 'towers', 'train', '--model', 'small_convnet', '--devices', 'cpu',
+         '--steps', '100000', '--log-every', '1', '--checkpoint-every', '1', '--logdir', logdir],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=ENV,
         cwd=str(tmp_path))
     try:
@@ -282,8 +282,8 @@ def test_kill_9_at_any_moment_leaves_the_last_checkpoint_loadable(tmp_path, dela
     # Every variable the model needs reads back, and training resumes from there.
     for name, _ in tf1.train.list_variables(latest):
         tf.train.load_variable(latest, name)
-    assert main(['train', '--model', 'small_convnet', '--steps', str(saved_step + 2),
-                 '--logdir', logdir]) == 0
+    assert main(['train', '--model', 'small_convnet', '--devices', 'cpu',
+                 '--steps', str(saved_step + 2), '--logdir', logdir]) == 0
     assert tf.train.load_variable(logdir, 'global_step') == saved_step + 2
 
 

@@ -22,7 +22,7 @@ def test_train_runs_from_a_folder_with_its_own_data_and_models_packages(tmp_path
             "raise ImportError('the user\\'s own %s package was imported')\n" % name)
     process = subprocess.run(
         [sys.executable, '-m', 'towers', 'train', '--steps', '2', '--model', 'small_convnet',
-         '--eval-every', '0', '--quiet'],
+         '--eval-every', '0', '--quiet', '--devices', 'cpu'],
         cwd=str(tmp_path), env=ENV, capture_output=True, text=True, timeout=120)
     assert process.returncode == 0, process.stderr
     assert 'training 2 steps on 1 tower(s) /cpu:0' in process.stdout

@@ -22,7 +22,7 @@ def _recipe():
 def test_the_recipe_runs_as_a_script_and_learns(tmp_path):
     process = subprocess.run(
         [sys.executable, RECIPE, '--model', 'small_convnet', '--towers', '3', '--steps', '60',
-         '--batch-size', '50', '--lr', '0.2'],
+         '--batch-size', '50', '--lr', '0.2', '--devices', 'cpu'],
         capture_output=True, text=True, timeout=120, cwd=str(tmp_path),
         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2'))
     assert process.returncode == 0, process.stderr
@@ -39,10 +39,10 @@ def test_three_towers_of_the_recipe_train_as_one_device():
     recipe = _recipe()
     lines = []
     one = recipe.train('small_convnet', 1, steps=4, batch_size=10, learning_rate=0.1,
-                       log=lines.append)
+                       log=lines.append, devices='cpu')
     # 10 over 3 towers is 4/3/3: the weighted average makes the split exact.
     three = recipe.train('small_convnet', 3, steps=4, batch_size=10, learning_rate=0.1,
-                         log=lines.append)
+                         log=lines.append, devices='cpu')
     assert sorted(one) == sorted(three) == ['conv1/biases', 'conv1/weights', 'global_step',
                                             'logits/biases', 'logits/weights']
     assert three['global_step'] == one['global_step'] == 4

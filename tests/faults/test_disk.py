@@ -158,7 +158,7 @@ def test_a_read_only_logdir_is_refused_for_training_and_read_for_eval(tmp_path, 
     before = snapshot(logdir)
     assert towers(capsys, 'train', *FLAGS, '--steps', '25', '--logdir', logdir)[::2] == (
         1, ['towers: error: --logdir %s is not writable; choose another folder' % logdir])
-    status, out, err = towers(capsys, 'eval', '--logdir', logdir)
+    status, out, err = towers(capsys, 'eval', '--devices', 'cpu', '--logdir', logdir)
     assert (status, err) == (0, [])
     assert out[0] == 'checkpoint: %s' % os.path.join(logdir, 'model.ckpt-20')
     assert re.fullmatch(r'test: loss \d\.\d{4} accuracy 0\.\d{4} \(1000 images\)', out[1]), out
@@ -244,7 +244,7 @@ def test_a_checkpoint_cut_short_is_passed_over(tmp_path, capsys, uninterrupted):
     newest = os.path.join(logdir, 'model.ckpt-20')
     with open(newest + '.data-00000-of-00001', 'r+b') as f:
         f.truncate(1000)
-    status, out, _ = towers(capsys, 'eval', '--logdir', logdir)
+    status, out, _ = towers(capsys, 'eval', '--devices', 'cpu', '--logdir', logdir)
     assert (status, out[0]) == (0, 'checkpoint: %s' % os.path.join(logdir, 'model.ckpt-15'))
     status, out, _ = towers(capsys, 'train', *flags, '--steps', '25', '--logdir', logdir)
     assert status == 0

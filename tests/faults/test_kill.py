@@ -133,7 +133,7 @@ def test_kill_9_between_the_writes_of_a_checkpoint(tmp_path, capsys, uninterrupt
 # Held-out validation: 60 steps an epoch, evaluated at 60, 120 and the end (130),
 # the best checkpoint kept in best/ (at 60, then 120: it improves).
 EVALUATED = ('--model', 'small_convnet', '--batch-size', '50', '--quiet', '--validation-size',
-             '1000', '--steps', '130', '--log-every', '60')
+             '1000', '--steps', '130', '--log-every', '60', '--devices', 'cpu')
 
 
 def _assert_best_is_described(logdir):
