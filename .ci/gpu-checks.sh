@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# gpu-checks.sh OUT STAGE: what a GPU machine checks of towers (issue 33), each step bounded in
+# time, each log under OUT, a line a step in OUT/summary. Run from the project root after
+# ../shared/gpu's setup (its README), a stage per call (each under the device's 10 minutes):
+#   gpu     towers devices, the gpu-marked tests, check --towers 4, train --towers 2
+#   bench   what op determinism costs: ResNet-50 and mnist_convnet, fp32 and bf16, with and
+#           without --deterministic (one GPU, variables on it)
+#   suite   the rest of the suite, 14 workers
+set -u
+out=${1:?usage: gpu-checks.sh OUT gpu|bench|suite}
+stage=${2:?usage: gpu-checks.sh OUT gpu|bench|suite}
+mkdir -p "$out"
+export TF_CPP_MIN_LOG_LEVEL=2 CUDA_CACHE_MAXSIZE=4294967296
+summary="$out/summary"
+: > "$summary"
+
+step() {  # step NAME SECONDS COMMAND...: run it, its output in OUT/NAME.log, a line in summary
+  local name=$1 limit=$2 start status
+  shift 2
+  start=$(date +%s)
+  timeout "$limit" "$@" > "$out/$name.log" 2>&1
+  status=$?
+  printf '%-28s status %3d  %4ds  %s\n' "$name" "$status" "$(( $(date +%s) - start ))" \
+    "$(grep -v '^$' "$out/$name.log" | tail -n 1 | cut -c1-150)" >> "$summary"
+}
+
+case $stage in
+  gpu)
+    step devices 60 towers devices --towers 2
+    step gpu-tests 330 python3 -m pytest -q -m gpu -n 4 -p no:cacheprovider tests
+    step check-4-resnet20 100 towers check --towers 4 --model resnet20
+    step train-2-towers 60 towers train --towers 2 --epochs 1 --eval-every 0 ;;
+  bench)
+    for model in resnet50 mnist_convnet; do
+      step "bench-$model" 130 towers bench --model "$model" --towers 1 --param-device gpu \
+        --warmup 8 --window 30 --precision fp32,bf16
+      step "bench-$model-deterministic" 130 towers bench --model "$model" --towers 1 \
+        --param-device gpu --warmup 8 --window 30 --precision fp32,bf16 --deterministic
+    done ;;
+  suite)
+    step suite 560 python3 -m pytest -q -n 14 -p no:cacheprovider -m 'not gpu' tests ;;
+  *) echo "gpu-checks.sh: unknown stage $stage: gpu, bench or suite" >&2; exit 2 ;;
+esac
+cat "$summary"
