@@ -180,10 +180,12 @@ def _datasets():
                          data.DataSet(*easy_digits.images_and_labels(40, rng), seed=0))
 
 
-def _train(logdir, steps, **settings):
+def _train(logdir, steps, towers=1, **settings):
+    """towers.train on `towers` CPU towers; (its result, the lines it logged)."""
     lines = []
-    config = TrainConfig(batch_size=20, steps=steps, logdir=logdir, log_every=1000,
-                         warmup_steps=0, eval_every=0, checkpoint_every=0, **settings)
+    config = TrainConfig(towers=tuple('/cpu:%d' % i for i in range(towers)), batch_size=20,
+                         steps=steps, logdir=logdir, log_every=1000, warmup_steps=0,
+                         eval_every=0, checkpoint_every=0, **settings)
     result = train(config, models.build_model('small_convnet', SHAPE, 10), _datasets(), SHAPE,
                    log=lines.append)
     return result, lines
@@ -231,8 +233,11 @@ def test_export_of_a_bf16_run_is_float32(tmp_path):
     images = easy_digits.images_and_labels(5, np.random.RandomState(1))[0]
     serve = tf.saved_model.load(out).signatures['serving_default']
     assert serve.structured_input_signature[1]['images'].dtype == tf.float32
-    probabilities = serve(images=tf.constant(images))['probabilities'].numpy()
-    with tf.Graph().as_default() as graph:
+    # Both on the CPU: on a GPU each would compute in TF32, and exact() cannot turn that
+    # off here (its op determinism refuses the export graph's unseeded initializers).
+    with tf.device('/cpu:0'):
+        probabilities = serve(images=tf.constant(images))['probabilities'].numpy()
+    with tf.Graph().as_default() as graph, tf.device('/cpu:0'):
         logits = model_fn(tf.constant(images), False)
         with tf1.Session(graph=graph) as sess:
             tf1.train.Saver().restore(sess, tf.train.latest_checkpoint(logdir))

@@ -1,11 +1,12 @@
-"""Mixed precision ends where float32 ends: the default run (`towers train`: mnist_convnet on the
-shipped sample, seed 0) in bf16 and fp16 within half a point of fp32's test accuracy, and a short
-fp16 run whose dynamic loss scale skips steps and grows back, anywhere.
+"""Mixed precision ends where float32 ends: the default run on the CPU (`towers train --devices
+cpu`: mnist_convnet on the shipped sample, seed 0) in bf16 and fp16 within half a point of fp32's
+test accuracy, and a short fp16 run whose dynamic loss scale skips steps and grows back,
+anywhere.
 
 A run in a precision is made only where the probe (towers/tools/probe.py) measured that
-precision fast enough here for the run to fit in a test, never from CPU flags: on an Intel Xeon
-with avx512_fp16, TensorFlow's float16 convolutions ran at 0.003x float32, and the default run
-in fp16 would have taken two hours.
+precision fast enough on this CPU for the run to fit in a test, never from CPU flags: on an
+Intel Xeon with avx512_fp16, TensorFlow's float16 convolutions ran at 0.003x float32, and the
+default run in fp16 would have taken two hours.
 """
 import contextlib
 import functools
@@ -49,7 +50,8 @@ def _timed(run, *args):
 
 
 def _default_run(*flags):
-    """(test images right of the 1000, the run's output) of `towers train` plus flags.
+    """(test images right of the 1000, the run's output) of `towers train --devices cpu` plus
+    flags.
 
     Without the evaluation after each epoch (--eval-every 0): it changes nothing of
     the training, and the final test is the one compared.
@@ -57,7 +59,7 @@ def _default_run(*flags):
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         assert main(['train', '--quiet', '--log-every', '1000', '--eval-every', '0',
-                     *flags]) == 0
+                     '--devices', 'cpu', *flags]) == 0
     match = re.search(r'^test: loss \d+\.\d+ accuracy (\d\.\d+) \(1000 images\)$',
                       out.getvalue(), re.M)
     assert match, out.getvalue()
@@ -91,8 +93,8 @@ def _mlp(images, training):
 def _mlp_run(name, digits):
     """(test images right of the 1000, log lines) of the MLP trained 10 epochs in `name`."""
     lines = []
-    config = TrainConfig(precision=name, steps=400, batch_size=100, eval_every=0, quiet=True,
-                         log_every=1000)
+    config = TrainConfig(towers=('/cpu:0',), precision=name, steps=400, batch_size=100,
+                         eval_every=0, quiet=True, log_every=1000)
     result = train(config, _mlp, digits, (28, 28, 1), 10, log=lines.append)
     return round(result['test_accuracy'] * 1000), lines
 

@@ -109,8 +109,8 @@ def test_a_converted_folder_trains_on_two_towers(tmp_path, capsys):
                  '--workers', '1']) == 0
     capsys.readouterr()
     assert main(['train', '--dataset', 'imagenet:' + out, '--model', 'small_convnet',
-                 '--image-size', '32', '--towers', '2', '--batch-size', '4', '--steps', '3',
-                 '--logdir', str(tmp_path / 'run'), '--eval-every', '0',
+                 '--image-size', '32', '--towers', '2', '--devices', 'cpu', '--batch-size', '4',
+                 '--steps', '3', '--logdir', str(tmp_path / 'run'), '--eval-every', '0',
                  '--no-tensorboard']) == 0
     out_lines = capsys.readouterr().out.splitlines()
     assert 'dataset imagenet:%s: 9 train, 0 validation, 0 test; model small_convnet' % out \

@@ -139,8 +139,8 @@ def _checkpoint(logdir):
 def _train(folder, logdir, steps, capsys, eval_every=0):
     from towers.cli import main
     assert main(['train', '--dataset', 'imagenet:' + folder, '--model', 'small_convnet',
-                 '--image-size', '32', '--towers', '2', '--batch-size', '4', '--steps',
-                 str(steps), '--logdir', logdir, '--eval-every', str(eval_every),
+                 '--image-size', '32', '--towers', '2', '--devices', 'cpu', '--batch-size',
+                 '4', '--steps', str(steps), '--logdir', logdir, '--eval-every', str(eval_every),
                  '--log-every', '100', '--seed', '5', '--no-tensorboard',
                  '--optimizer', 'momentum']) == 0
     return capsys.readouterr().out.splitlines()
@@ -170,10 +170,10 @@ def test_a_validation_split_too_big_to_hold_is_streamed_to_the_same_numbers(tmp_
     from towers.cli import main
     folder, logdir = _folder(tmp_path), str(tmp_path / 'run')
     _train(folder, logdir, 2, capsys, eval_every=1)
-    assert main(['eval', '--logdir', logdir, '--batch-size', '2']) == 0
+    assert main(['eval', '--logdir', logdir, '--batch-size', '2', '--devices', 'cpu']) == 0
     held = capsys.readouterr().out.splitlines()[-1]
     monkeypatch.setattr('towers.cli.train.EVAL_MEMORY', 10_000)  # 3 images at 32x32: 36,864
-    assert main(['eval', '--logdir', logdir, '--batch-size', '2']) == 0
+    assert main(['eval', '--logdir', logdir, '--batch-size', '2', '--devices', 'cpu']) == 0
     streamed = capsys.readouterr().out.splitlines()[-1]
     assert held.startswith('test: loss ') and held.endswith('(3 images)') and streamed == held
     # Training evaluates a streamed split too, to the numbers towers eval gives.
@@ -267,9 +267,9 @@ def test_a_shard_cut_short_is_skipped_and_listed_when_asked(tmp_path):
 def _train_lines(folder, tmp_path, capsys, *flags):
     from towers.cli import main
     code = main(['train', '--dataset', 'imagenet:' + folder, '--model', 'small_convnet',
-                 '--image-size', '16', '--towers', '2', '--batch-size', '4', '--steps', '4',
-                 '--logdir', str(tmp_path / 'run'), '--eval-every', '0', '--log-every',
-                 '100', '--no-tensorboard'] + list(flags))
+                 '--image-size', '16', '--towers', '2', '--devices', 'cpu', '--batch-size', '4',
+                 '--steps', '4', '--logdir', str(tmp_path / 'run'), '--eval-every', '0',
+                 '--log-every', '100', '--no-tensorboard'] + list(flags))
     out, err = capsys.readouterr()
     return code, out.splitlines(), err.strip().splitlines()
 
@@ -301,7 +301,7 @@ def test_eval_reads_the_validation_split_at_the_evaluation_view(tmp_path, capsys
     from towers.cli import main
     folder, logdir = _folder(tmp_path), str(tmp_path / 'run')
     _train(folder, logdir, 2, capsys)
-    assert main(['eval', '--logdir', logdir]) == 0
+    assert main(['eval', '--logdir', logdir, '--devices', 'cpu']) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[-1].startswith('test: ') and lines[-1].endswith('(3 images)'), lines
 

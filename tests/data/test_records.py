@@ -181,14 +181,15 @@ def test_cli_converts_the_sample_and_trains_from_the_records(tmp_path, capsys):
         'train: 4000 records in 3 shard(s)', 'test: 1000 records in 3 shard(s)',
         'wrote %s' % os.path.join(out_dir, 'manifest.json')]
     assert main(['train', '--dataset', 'records:' + out_dir, '--model', 'small_convnet',
-                 '--towers', '2', '--steps', '5']) == 0
+                 '--towers', '2', '--devices', 'cpu', '--steps', '5']) == 0
     out = capsys.readouterr().out
     assert 'dataset records:%s: 4000 train, 0 validation, 1000 test' % out_dir in out
     assert 'training 5 steps on 2 tower(s) /cpu:0,/cpu:1, global batch 100, dataset input' in out
     assert '(1000 images)' in out.splitlines()[-1]
     # Worker 2 of 3 reads the third shard only: 4000 split 1334/1333/1333.
     assert main(['train', '--dataset', 'records:' + out_dir, '--model', 'small_convnet',
-                 '--num-workers', '3', '--worker-index', '2', '--steps', '1']) == 0
+                 '--num-workers', '3', '--worker-index', '2', '--steps', '1', '--devices',
+                 'cpu']) == 0
     assert 'dataset records:%s: 1333 train' % out_dir in capsys.readouterr().out
     assert main(['train', '--dataset', 'records:' + out_dir, '--input', 'feed']) == 1
     assert 'records:DIR streams from disk through --input dataset' in capsys.readouterr().err

@@ -32,7 +32,7 @@ def test_more_images_than_memory_allows_is_one_line(monkeypatch):
 def _train(tmp_path, capsys, *flags):
     logdir = str(tmp_path / 'run')
     code = main(['train', '--steps', '1', '--batch-size', '4', '--eval-every', '0',
-                 '--logdir', logdir, '--no-tensorboard'] + list(flags))
+                 '--logdir', logdir, '--no-tensorboard', '--devices', 'cpu'] + list(flags))
     out, err = capsys.readouterr()
     return code, logdir, out.splitlines(), err.strip().splitlines()
 

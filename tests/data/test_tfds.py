@@ -161,11 +161,11 @@ def test_training_on_a_tfds_folder_on_two_towers_and_evaluating_it(tmp_path, cap
                                              'test': [_digits(4, 2)]})
     logdir = str(tmp_path / 'run')
     assert main(['train', '--dataset', 'tfds:' + folder, '--model', 'small_convnet',
-                 '--towers', '2', '--batch-size', '4', '--steps', '3', '--logdir', logdir,
-                 '--eval-every', '0', '--no-tensorboard']) == 0
+                 '--towers', '2', '--devices', 'cpu', '--batch-size', '4', '--steps', '3',
+                 '--logdir', logdir, '--eval-every', '0', '--no-tensorboard']) == 0
     out = capsys.readouterr().out
     assert 'dataset tfds:%s: 11 train, 0 validation, 0 test; model small_convnet' % folder in out
-    assert main(['eval', '--logdir', logdir]) == 0
+    assert main(['eval', '--logdir', logdir, '--devices', 'cpu']) == 0
     assert capsys.readouterr().out.splitlines()[-1].endswith('(4 images)')
     assert main(['train', '--dataset', 'tfds:' + folder, '--model', 'small_convnet',
                  '--image-size', '16', '--steps', '1', '--logdir', str(tmp_path / 'r2')]) == 1

@@ -40,8 +40,8 @@ def _tasks(worker):
 
 def _train_flags(folder, address, *more):
     return ['train', '--dataset', 'imagenet:' + folder, '--model', 'trivial', '--image-size',
-            '32', '--batch-size', '8', '--eval-every', '0', '--quiet', '--data-service',
-            address] + list(more)
+            '32', '--batch-size', '8', '--eval-every', '0', '--quiet', '--devices', 'cpu',
+            '--data-service', address] + list(more)
 
 
 def _in_a_thread(act):

@@ -255,7 +255,7 @@ def test_ctrl_c_during_staged_training_exits_cleanly(tmp_path):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
     process = subprocess.Popen(
         [sys.executable, '-m', 'towers', 'train', '--input', 'staging', '--towers', '2',
-         '--model', 'small_convnet', '--steps', '100000', '--log-every', '5'],
+         '--devices', 'cpu', '--model', 'small_convnet', '--steps', '100000', '--log-every', '5'],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=str(tmp_path))
     try:
         for line in process.stdout:
@@ -327,8 +327,8 @@ def test_training_on_a_dataset_input_stops_at_the_end_of_its_epochs():
     test_set = data.DataSet(np.zeros((5,) + SHAPE, np.float32), rng.randint(0, 10, 5))
     datasets = data.Datasets(data.DataSet(images, rng.randint(0, 10, 20)), None, test_set)
     lines = []
-    config = TrainConfig(batch_size=4, epochs=2, input='dataset', optimizer='sgd',
-                         learning_rate=0.01, warmup_steps=0, log_every=100)
+    config = TrainConfig(towers=('/cpu:0',), batch_size=4, epochs=2, input='dataset',
+                         optimizer='sgd', learning_rate=0.01, warmup_steps=0, log_every=100)
     result = train(config, models.build_model('small_convnet', SHAPE, 10), datasets, SHAPE,
                    log=lines.append)
     assert result['steps'] == 8 and result['dropped'] == 8

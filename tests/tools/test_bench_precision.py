@@ -16,7 +16,7 @@ def test_run_bench_times_each_precision_against_the_first():
     lines = []
     rows = run_bench(models.build_model('small_convnet', SHAPE, 10), SHAPE, 10, [1],
                      batch_size=8, warmup_steps=1, timed_steps=2, log=lines.append,
-                     precisions=['fp32', 'bf16'])
+                     precisions=['fp32', 'bf16'], devices='cpu')
     assert [(r['towers'], r['input'], r['precision']) for r in rows] == [
         (1, 'synthetic', 'fp32'), (1, 'synthetic', 'bf16')]
     fp32, bf16 = rows
@@ -60,14 +60,15 @@ def test_the_keras_twin_is_built_under_its_policy_and_leaves_the_global_one_alon
 
 def test_compare_gives_keras_a_row_in_each_precision(monkeypatch):
     monkeypatch.setattr(rates, 'kernel_rates',  # test_rates' part
-                        lambda devices, dtype, data_format: {'conv': 1.0, 'matmul': 1.0})
+                        lambda devices, dtype, data_format, per_gpu=None: {'conv': 1.0,
+                                                                           'matmul': 1.0})
     train = data.load_dataset('mnist_sample').train
     tf.config.list_logical_devices()  # eager on one CPU device, as in test_compare
     lines = []
     rows = compare.run_compare(
         'small_convnet', models.build_model('small_convnet', SHAPE, 10), SHAPE, 10, [1],
         batch_size=8, dataset=train, variable_updates=('parameter_server',), warmup_steps=1,
-        timed_steps=2, log=lines.append, precisions=['fp32', 'bf16'])
+        timed_steps=2, log=lines.append, precisions=['fp32', 'bf16'], devices='cpu')
     assert [(r['config'], r['precision']) for r in rows] == [
         ('towers parameter_server/synthetic', 'fp32'),
         ('towers parameter_server/synthetic bf16', 'bf16'), ('textbook', 'fp32'),
@@ -117,7 +118,8 @@ def test_the_cluster_bench_passes_its_precision_to_every_run(monkeypatch, capsys
 def test_the_bench_title_names_the_precisions(monkeypatch, capsys):
     seen = {}
     monkeypatch.setattr(bench, 'run_bench', lambda *args, **kwargs: seen.update(kwargs))
-    assert main(['bench', '--precision', 'fp32,bf16,fp32', '--towers', '1']) == 0
+    assert main(['bench', '--precision', 'fp32,bf16,fp32', '--towers', '1', '--devices',
+                 'cpu']) == 0
     from towers.tools.hardware import machine
     assert capsys.readouterr().out.splitlines()[0].endswith(
         'timed steps per row; in fp32, bf16, each against fp32; on %s' % machine())

@@ -17,11 +17,13 @@ def batches():
     return [(train.images[i:i + 10], train.labels[i:i + 10]) for i in (0, 10, 20)]
 
 
+@pytest.mark.exact
 @pytest.mark.parametrize('num_towers', [1, 2, 3, 4])
 def test_n_towers_match_one_device(batches, num_towers):
     # 10 over 3 towers is 4/3/3, over 4 it is 3/3/2/2: uneven shares too.
     result, has_batch_norm = check_towers(models.build_model('small_convnet', SHAPE, 10),
-                                          SHAPE, num_towers, batches, learning_rate=0.1)
+                                          SHAPE, num_towers, batches, learning_rate=0.1,
+                                          devices='cpu')
     assert not has_batch_norm
     assert result.gradient_diff <= 1e-6 and result.variable_diff <= 1e-6 * result.scale
     if num_towers == 1:
@@ -33,9 +35,10 @@ def _summed(tower_grads, weights):
     return average_gradients(tower_grads, [1.0] * len(tower_grads))
 
 
+@pytest.mark.exact
 def test_a_wrong_average_is_caught(batches):
     result, _ = check_towers(models.build_model('small_convnet', SHAPE, 10), SHAPE, 2, batches,
-                             learning_rate=0.1, average=_summed)
+                             learning_rate=0.1, average=_summed, devices='cpu')
     assert result.gradient_diff > 1e-3 and result.variable_diff > 1e-3
 
 
@@ -44,9 +47,12 @@ def _bn_net(images, training):
     return layers.dense(tf.nn.relu(layers.batch_norm(x, training, name='bn')), 10, name='logits')
 
 
+@pytest.mark.exact
 def test_batch_norm_differs_per_tower_unless_synced(batches):
-    plain, has_batch_norm = check_towers(_bn_net, SHAPE, 2, batches, learning_rate=0.01)
-    synced, _ = check_towers(_bn_net, SHAPE, 2, batches, learning_rate=0.01, sync_bn=True)
+    plain, has_batch_norm = check_towers(_bn_net, SHAPE, 2, batches, learning_rate=0.01,
+                                         devices='cpu')
+    synced, _ = check_towers(_bn_net, SHAPE, 2, batches, learning_rate=0.01, sync_bn=True,
+                             devices='cpu')
     assert has_batch_norm
     # Per-tower moments are another computation; pooled ones differ by rounding only
     # (batch norm divides by the slice's spread, which magnifies it a little).
@@ -57,7 +63,7 @@ def test_batch_norm_differs_per_tower_unless_synced(batches):
 
 def test_the_command_reports_and_passes(capsys):
     assert main(['check', '--model', 'small_convnet', '--towers', '3', '--batch-size', '10',
-                 '--steps', '2']) == 0
+                 '--steps', '2', '--devices', 'cpu']) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0] == ('check: small_convnet on 3 tower(s) /cpu:0,/cpu:1,/cpu:2 against 1 '
                       'device, global batch 10 (4/3/3), 2 SGD steps')
@@ -90,7 +96,7 @@ def test_the_command_refuses_more_examples_than_the_dataset_has(capsys):
 
 def test_bf16_towers_are_checked_against_fp32_with_a_bf16_tolerance(capsys):
     assert main(['check', '--model', 'small_convnet', '--towers', '2', '--batch-size', '10',
-                 '--steps', '2', '--precision', 'bf16']) == 0
+                 '--steps', '2', '--precision', 'bf16', '--devices', 'cpu']) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith('check: small_convnet on 2 tower(s) /cpu:0,/cpu:1 in bf16 against '
                              '1 device in fp32')
@@ -103,6 +109,7 @@ def test_bf16_towers_are_checked_against_fp32_with_a_bf16_tolerance(capsys):
 
 def test_fp16_is_checked_with_a_fixed_loss_scale(capsys):
     assert main(['check', '--model', 'small_convnet', '--towers', '2', '--batch-size', '10',
-                 '--steps', '2', '--precision', 'fp16', '--loss-scale', '256']) == 0
+                 '--steps', '2', '--precision', 'fp16', '--loss-scale', '256', '--devices',
+                 'cpu']) == 0
     out = capsys.readouterr().out
     assert 'fp16 loss scale: fixed 256' in out and 'within tolerance 0.0156 (32 float16' in out

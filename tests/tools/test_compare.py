@@ -74,7 +74,7 @@ def test_compare_times_every_row_and_draws_the_plot(tmp_path):
         'small_convnet', models.build_model('small_convnet', SHAPE, 10), SHAPE, 10, [1, 2],
         batch_size=8, dataset=train, modes=('synthetic', 'feed'),
         variable_updates=('parameter_server', 'replicated'), xla=True, warmup_steps=1,
-        timed_steps=2, plot=str(plot), log=lines.append)
+        timed_steps=2, plot=str(plot), log=lines.append, devices='cpu')
     configs = [(r['config'], r['towers']) for r in rows]
     per_count = ['towers parameter_server/synthetic', 'towers parameter_server/feed',
                  'towers replicated/synthetic', 'towers replicated/feed',
@@ -114,8 +114,8 @@ def test_the_command_times_keras_on_every_tower_count_in_a_fresh_process(tmp_pat
     process = subprocess.run(
         [sys.executable, '-m', 'towers', 'bench', '--compare', '--model', 'small_convnet',
          '--towers', '1,2', '--batch-size', '8', '--warmup', '1', '--window', '2',
-         '--variable-update', 'replicated'], capture_output=True, text=True, timeout=300,
-        cwd=str(tmp_path), env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2'))
+         '--variable-update', 'replicated', '--devices', 'cpu'], capture_output=True, text=True,
+        timeout=300, cwd=str(tmp_path), env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2'))
     assert process.returncode == 0, process.stderr
     rows = [(line[:40].strip(), int(line[40:48])) for line in process.stdout.splitlines()
             if line.startswith(('towers replicated', 'textbook', 'keras'))]

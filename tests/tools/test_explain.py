@@ -59,8 +59,8 @@ def test_report_lines_and_json(report, capsys):
     assert lines[1].startswith('/cpu:0   tower_0, 2 of 4 examples; ')
     assert lines[1].endswith('; 3 variables, 152 B; gradient averaging, apply')
     assert lines[3] == 'between devices per step: 380 B'
-    assert main(['explain', '--model', 'small_convnet', '--towers', '2', '--batch-size', '8',
-                 '--json']) == 0
+    assert main(['explain', '--model', 'small_convnet', '--towers', '2', '--devices', 'cpu',
+                 '--batch-size', '8', '--json']) == 0
     parsed = json.loads(capsys.readouterr().out)
     assert sorted(parsed['devices']) == ['/cpu:0', '/cpu:1']
     # small_convnet's 54,410 float32 parameters (217,640 B) cross to tower 1 and back.
@@ -77,8 +77,8 @@ def test_on_a_cluster_each_part_is_named_by_task_and_the_network_bytes_counted(t
     import sys
     process = subprocess.run(
         [sys.executable, '-m', 'towers', 'explain', '--model', 'small_convnet', '--workers', '2',
-         '--ps', '1', '--batch-size', '20', '--json'], capture_output=True, text=True,
-        timeout=120, cwd=str(tmp_path), env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2'))
+         '--ps', '1', '--devices', 'cpu', '--batch-size', '20', '--json'], capture_output=True,
+        text=True, timeout=120, cwd=str(tmp_path), env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2'))
     assert process.returncode == 0, process.stderr
     report = json.loads(process.stdout)
     ps, chief, worker = ('/job:ps/task:0/cpu:0', '/job:worker/task:0/cpu:0',

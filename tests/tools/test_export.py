@@ -14,6 +14,8 @@ import pytest
 from towers import data
 from towers.cli import main
 
+CPU = ['--devices', 'cpu']  # every train and eval here on virtual CPU towers, GPU or not
+
 
 @pytest.fixture(scope='module')
 def run(tmp_path_factory):
@@ -22,7 +24,7 @@ def run(tmp_path_factory):
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         assert main(['train', '--model', 'small_convnet', '--towers', '2', '--steps', '40',
-                     '--logdir', logdir]) == 0
+                     '--logdir', logdir] + CPU) == 0
     return logdir, out.getvalue().splitlines()[-1]
 
 
@@ -33,14 +35,14 @@ def test_train_records_what_made_the_run(run):
     assert info == {'model': 'small_convnet', 'model_options': {}, 'dataset': 'mnist_sample',
                     'data_dir': None, 'input_shape': [28, 28, 1], 'num_classes': 10,
                     'ema': False, 'precision': 'fp32', 'normalization': None,
-                    'num_steps': 40}
+                    'num_steps': 40, 'deterministic': False}
 
 
 @pytest.mark.parametrize('towers', ['1', '3'])
 def test_eval_reproduces_the_runs_test_line_on_any_number_of_towers(run, towers, capsys):
     logdir, test_line = run
     assert test_line.startswith('test: loss ')
-    assert main(['eval', '--logdir', logdir, '--towers', towers]) == 0
+    assert main(['eval', '--logdir', logdir, '--towers', towers] + CPU) == 0
     out = capsys.readouterr().out.splitlines()
     assert out == ['checkpoint: %s' % os.path.join(logdir, 'model.ckpt-40'), test_line]
 
@@ -88,7 +90,7 @@ def test_export_serves_the_same_accuracy_without_this_package(run, tmp_path, cap
 
 
 def test_eval_and_export_need_a_trained_logdir(tmp_path, capsys):
-    assert main(['eval', '--logdir', str(tmp_path)]) == 1
+    assert main(['eval', '--logdir', str(tmp_path)] + CPU) == 1
     assert 'has no run.json' in capsys.readouterr().err
     assert main(['export', '--logdir', str(tmp_path), '--out', str(tmp_path / 'x')]) == 1
     assert 'has no run.json' in capsys.readouterr().err
@@ -102,7 +104,7 @@ def ema_run(tmp_path_factory):
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         assert main(['train', '--model', 'small_convnet', '--towers', '2', '--steps', '35',
-                     '--validation-size', '500', '--ema', '0.9', '--logdir', logdir]) == 0
+                     '--validation-size', '500', '--ema', '0.9', '--logdir', logdir] + CPU) == 0
     return logdir, out.getvalue().splitlines()
 
 
@@ -110,13 +112,13 @@ def test_eval_of_an_ema_run_reads_the_moving_averages(ema_run, capsys):
     logdir, lines = ema_run
     with open(os.path.join(logdir, 'run.json')) as f:
         assert json.load(f)['ema'] is True
-    assert main(['eval', '--logdir', logdir, '--towers', '3']) == 0
+    assert main(['eval', '--logdir', logdir, '--towers', '3'] + CPU) == 0
     out = capsys.readouterr().out.splitlines()
     # The run's own test line came from its evaluation towers, which read the
     # averages; eval restores the averages into the plain variables.
     assert out == ['checkpoint: %s (moving averages of the weights)'
                    % os.path.join(logdir, 'model.ckpt-35'), lines[-1]]
-    assert main(['eval', '--logdir', logdir, '--best']) == 0
+    assert main(['eval', '--logdir', logdir, '--best'] + CPU) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith('checkpoint: %s' % os.path.join(logdir, 'best', 'model.ckpt-35'))
     assert out[1] == lines[-1]
@@ -137,7 +139,7 @@ def test_export_of_an_ema_run_holds_the_moving_averages(ema_run, tmp_path, capsy
 
 def test_best_needs_a_best_checkpoint_and_excludes_checkpoint(run, tmp_path, capsys):
     logdir, _ = run
-    assert main(['eval', '--logdir', logdir, '--best', '--checkpoint', 'x']) == 1
+    assert main(['eval', '--logdir', logdir, '--best', '--checkpoint', 'x'] + CPU) == 1
     assert 'give --best or --checkpoint, not both' in capsys.readouterr().err
     # The run held nothing out for validation: it kept no best checkpoint.
     assert not os.path.exists(os.path.join(logdir, 'best'))
@@ -149,11 +151,11 @@ def test_a_refused_resume_leaves_the_runs_record_as_it_was(run, tmp_path, capsys
     logdir, _ = run
     copy = str(tmp_path / 'copy')
     shutil.copytree(logdir, copy)
-    assert main(['train', '--model', 'mnist_convnet', '--steps', '41', '--logdir', copy]) == 1
+    assert main(['train', '--model', 'mnist_convnet', '--steps', '41', '--logdir', copy] + CPU) == 1
     assert 'does not match this model' in capsys.readouterr().err
     with open(os.path.join(copy, 'run.json')) as f:
         assert json.load(f)['model'] == 'small_convnet'
-    assert main(['eval', '--logdir', copy]) == 0
+    assert main(['eval', '--logdir', copy] + CPU) == 0
 
 
 def test_a_truncated_checkpoint_is_one_line_for_eval_and_for_a_resume(run, tmp_path, capsys):
@@ -165,7 +167,7 @@ def test_a_truncated_checkpoint_is_one_line_for_eval_and_for_a_resume(run, tmp_p
         f.truncate(1000)  # the model variables lie beyond this
     for argv in (['eval', '--logdir', copy],
                  ['train', '--model', 'small_convnet', '--steps', '41', '--logdir', copy]):
-        assert main(argv) == 1
+        assert main(argv + CPU) == 1
         err = capsys.readouterr().err.splitlines()
         assert len(err) == 1 and err[0].startswith(
             'towers: error: cannot read checkpoint %s/model.ckpt-40 (' % copy), err
@@ -176,7 +178,7 @@ def test_a_resume_with_another_input_order_is_refused(run, tmp_path, capsys):
     copy = str(tmp_path / 'copy')
     shutil.copytree(logdir, copy)
     assert main(['train', '--model', 'small_convnet', '--steps', '41', '--input', 'dataset',
-                 '--logdir', copy]) == 1
+                 '--logdir', copy] + CPU) == 1
     err = capsys.readouterr().err
     assert 'tf_data_order 0, this run asks for' in err and 'tf_data_order 1:' in err
 
@@ -184,7 +186,7 @@ def test_a_resume_with_another_input_order_is_refused(run, tmp_path, capsys):
 def test_eval_refuses_test_images_that_do_not_fit_the_trained_model(tmp_path, capsys):
     logdir = str(tmp_path / 'run')
     assert main(['train', '--model', 'small_convnet', '--steps', '2', '--eval-every', '0',
-                 '--logdir', logdir, '--quiet']) == 0
+                 '--logdir', logdir, '--quiet'] + CPU) == 0
     # run.json says the model takes 32x32 digits; the test split holds 28x28 ones.
     path = os.path.join(logdir, 'run.json')
     with open(path) as f:
@@ -193,7 +195,7 @@ def test_eval_refuses_test_images_that_do_not_fit_the_trained_model(tmp_path, ca
     with open(path, 'w') as f:
         json.dump(run, f)
     capsys.readouterr()
-    assert main(['eval', '--logdir', logdir]) == 1
+    assert main(['eval', '--logdir', logdir] + CPU) == 1
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1, err
     assert err[0].startswith('towers: error: ') and err[0].endswith(

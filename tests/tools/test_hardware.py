@@ -141,7 +141,7 @@ def test_slow_gpus_are_advised_as_gpus():
 def test_train_warns_before_its_first_step_where_the_precision_is_slow(monkeypatch, capsys):
     monkeypatch.setattr(probe, 'measure', _measured(fp16=0.003, bf16=2.0))
     assert main(['train', '--precision', 'fp16', '--steps', '2', '--model', 'small_convnet',
-                 '--quiet', '--eval-every', '0', '--log-every', '1']) == 0
+                 '--quiet', '--eval-every', '0', '--log-every', '1', '--devices', 'cpu']) == 0
     out = capsys.readouterr().out.splitlines()
     warnings = [i for i, line in enumerate(out) if line.startswith('warning: ')]
     assert len(warnings) == 1, out
@@ -154,14 +154,14 @@ def test_train_warns_before_its_first_step_where_the_precision_is_slow(monkeypat
 def test_train_says_nothing_where_the_precision_is_not_slow(monkeypatch, capsys):
     monkeypatch.setattr(probe, 'measure', _measured(bf16=0.9))
     assert main(['train', '--precision', 'bf16', '--steps', '1', '--model', 'small_convnet',
-                 '--quiet', '--eval-every', '0']) == 0
+                 '--quiet', '--eval-every', '0', '--devices', 'cpu']) == 0
     assert 'warning' not in capsys.readouterr().out
 
 
 def test_devices_says_what_each_precision_measured(monkeypatch, capsys):
     measure = _measured(bf16=1.3, fp16=0.003)
     monkeypatch.setattr(probe, 'measure', measure)
-    assert main(['devices', '--towers', '2']) == 0
+    assert main(['devices', '--towers', '2', '--devices', 'cpu']) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[-2:] == [precision_support('bf16', ['/cpu:0', '/cpu:1'], measure=measure),
                         precision_support('fp16', ['/cpu:0', '/cpu:1'], measure=measure)]
