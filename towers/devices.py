@@ -145,6 +145,12 @@ def logical_gpu_devices(num_towers, num_gpus, per_gpu=None):
     return ['/gpu:%d' % (gpu * per_gpu + j) for gpu in range(num_gpus) for j in range(counts[gpu])]
 
 
+def task_gpus(devices):
+    """The GPUs a cluster task computes on for --devices: 0 for the kind 'cpu' (its towers on
+    virtual CPUs, on a GPU host too), else None (the GPUs it sees)."""
+    return 0 if isinstance(devices, str) and devices.strip().lower() == 'cpu' else None
+
+
 def process_split(tower_counts, devices=None, num_gpus=None):
     """The logical GPUs per GPU of a process that runs several tower counts (bench, check):
     its largest count's split, for every count, since TensorFlow fixes a process's logical

@@ -12,6 +12,7 @@ from towers.cluster import modes
 from towers.cluster.collective import bucket_bytes
 from towers.cluster.server import serve, server_config
 from towers.cluster.spec import ClusterError, resolve
+from towers.devices import task_gpus
 from towers.names import ALL_REDUCE_BUCKET
 
 
@@ -43,8 +44,7 @@ def cluster_run(args, cluster, log):
     _not_the_evaluator(cluster)
     mode = args.cluster_mode or 'in-graph'
     towers = args.towers  # None: every GPU the task sees, or one CPU
-    # --devices cpu: each task's towers on virtual CPUs, on GPU hosts too (None: its GPUs).
-    num_gpus = 0 if (args.devices or '').strip().lower() == 'cpu' else None
+    num_gpus = task_gpus(args.devices)  # --devices cpu: virtual CPUs, on GPU hosts too
     if mode == 'collective':
         if cluster.num_ps:
             raise ClusterError('{cluster_mode} collective has no ps tasks: give the cluster '

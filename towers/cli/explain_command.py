@@ -12,7 +12,7 @@ from towers.cli.config import loss_scale
 from towers.cli.datasets import dataset_info
 from towers.config import check
 from towers.deviceplan import local_plan, logical_gpu_line
-from towers.devices import parse_device
+from towers.devices import parse_device, task_gpus
 from towers.errors import SettingError
 from towers.names import DEVICE_KINDS
 from towers.precision import Precision
@@ -37,7 +37,9 @@ def run_explain(args, log):
         if args.variable_update != 'parameter_server':
             raise SettingError('explain on a cluster is in-graph, one copy of the variables: '
                                'leave {variable_update} at parameter_server')
-        plan, target = explain.local_in_graph(args.workers, args.ps, args.towers or 1)
+        plan, target = explain.local_in_graph(
+            args.workers, args.ps, args.towers or 1,
+            num_gpus=task_gpus(args.devices))
     else:
         plan = local_plan(args.towers, args.param_device, args.variable_update, args.devices,
                           logical_gpus=not args.no_logical_gpus)

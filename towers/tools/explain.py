@@ -45,18 +45,20 @@ _APPLY_TYPE = re.compile(r'(Resource)?(Sparse)?Apply')
 _TRANSFER = ('_Send', '_Recv', '_HostSend', '_HostRecv')
 
 
-def local_in_graph(workers, ps=0, towers_per_task=1):
+def local_in_graph(workers, ps=0, towers_per_task=1, num_gpus=None):
     """(plan, target) of in-graph replication over a cluster served by this process.
 
     Every task's server runs here, on free ports of 127.0.0.1; they live as long
-    as the process (TensorFlow has no way to stop one).
+    as the process (TensorFlow has no way to stop one). num_gpus: each task's GPUs
+    (0: its towers on virtual CPUs; None: the GPUs this process sees).
     """
     jobs = local_cluster(workers, ps)
     tasks = [Cluster(jobs, job, index) for job in jobs for index in range(len(jobs[job]))]
-    servers = [start_server(task, server_config(task, towers_per_task)) for task in tasks]
+    servers = [start_server(task, server_config(task, towers_per_task, num_gpus=num_gpus))
+               for task in tasks]
     _SERVERS.extend(servers)  # kept alive: a collected Server stops serving
     chief = tasks[0]  # local_cluster lists the workers first
-    return in_graph_plan(chief, towers_per_task), servers[0].target
+    return in_graph_plan(chief, towers_per_task, num_gpus=num_gpus), servers[0].target
 
 
 _SERVERS = []
