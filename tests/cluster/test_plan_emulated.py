@@ -57,7 +57,7 @@ def compute():
               'for model, batch in json.loads(sys.argv[1]).items():\n'
               '    model_fn = models.build_model(model, (28, 28, 1), 10)\n'
               '    rate, _ = measure_one_worker(model_fn, (28, 28, 1), 10, 1, batch, 3, 15,\n'
-              '                                 threads=1)\n'
+              '                                 threads=1, devices=\'cpu\')\n'
               '    seconds[model] = batch / rate\n'
               'print(json.dumps(seconds))\n')
     batches = json.dumps({model: batch for model, (batch, _) in MODELS.items()})

@@ -91,7 +91,8 @@ def test_the_dataset_input_is_staged_on_gpus_and_its_bytes_cross_as_bytes(capsys
                                  for i in range(2)}
     assert report['off_device'] == []
     # On CPU towers the host's memory is the towers': nothing is staged.
-    assert _plan(capsys, '--towers', '2', '--input', 'dataset')['staging'] == {}
+    assert _plan(capsys, '--towers', '2', '--devices', 'cpu', '--input', 'dataset')[
+        'staging'] == {}
 
 
 def test_more_towers_than_gpus_plan_logical_gpus_that_share_a_sum_instead_of_nccl(capsys):
@@ -149,7 +150,7 @@ def test_gpu_towers_build_their_maps_channels_first_unless_asked(capsys):
     devices = ['--devices', '/gpu:0,/gpu:1']
     assert set(_plan(capsys, *devices)['convolutions']) == {'NCHW'}
     assert set(_plan(capsys, *devices, '--data-format', 'NHWC')['convolutions']) == {'NHWC'}
-    assert set(_plan(capsys, '--towers', '2')['convolutions']) == {'NHWC'}
+    assert set(_plan(capsys, '--towers', '2', '--devices', 'cpu')['convolutions']) == {'NHWC'}
     report = _plan(capsys, '--workers', '2', '--gpus-per-worker', '2', '--cluster-mode',
                    'collective')
     assert set(report['convolutions']) == {'NCHW'} and report['off_device'] == []

@@ -154,13 +154,14 @@ def measure(model_fn, input_shape, plan, source, warmup_steps=10, timed_steps=50
 
 
 def measure_one_worker(model_fn, input_shape, num_classes, towers, batch_size, warmup_steps,
-                       timed_steps, precision=None, threads=None):
+                       timed_steps, precision=None, threads=None, devices=None):
     """(mean, stderr) images/sec of one worker's step: its towers on a synthetic batch, with
-    `threads` intra- and inter-op threads (None: TensorFlow's choice), as a task runs them.
+    `threads` intra- and inter-op threads (None: TensorFlow's choice), as a task runs them;
+    devices: the towers' kind, 'cpu' or 'gpu' (None: GPUs where there are any).
 
     TensorFlow sizes a process's thread pools at its first Session, for good: threads holds
     only where this is that Session (as in `towers plan`)."""
-    plan = local_plan(towers)
+    plan = local_plan(towers, devices=devices)
     if threads:
         session = tf1.ConfigProto()
         session.CopyFrom(plan.config)
