@@ -7,10 +7,11 @@ from tests import easy_digits, harness
 from towers import data, models
 from towers.config import TrainConfig
 from towers.deviceplan import DevicePlan, local_plan
+from towers.devices import session_config
 from towers.errors import SettingError
 from towers.graph import build_training_graph
 from towers.model import ClassifierModel
-from towers.precision import Precision
+from towers.precision import Precision, all_finite
 from towers.session import run_steps
 from towers.tools.export import export_saved_model
 from towers.trainer import train
@@ -327,3 +328,32 @@ def test_a_skipped_step_does_not_move_the_moving_average_of_the_weights():
     assert shadows
     for name in shadows:
         np.testing.assert_array_equal(after[name], before[name], name)
+
+
+def test_the_finite_guard_brings_one_scalar_per_device_to_the_host():
+    """Each device's gradients checked and reduced where they are (on a GPU one copy to the
+    host a step, not one a gradient), and still false for one NaN anywhere."""
+    with tf.Graph().as_default() as graph:
+        tensors, feeds = [], {}
+        for device, count in (('/cpu:1', 3), ('/cpu:2', 2)):
+            with tf.device(device):
+                for i in range(count):
+                    tensors.append(tf1.placeholder(tf.float32, [4]))
+        with tf.device('/cpu:0'):
+            finite = all_finite(tensors)
+        reads = {t.device for op in graph.get_operations() if op.device.endswith('CPU:0')
+                 for t in op.inputs if t.device != op.device}
+        assert reads == {'/device:CPU:1', '/device:CPU:2'}
+        crossing = [t for op in graph.get_operations() if op.device.endswith('CPU:0')
+                    for t in op.inputs if t.device != op.device]
+        assert len(crossing) == 2 and all(t.dtype == tf.bool and t.shape.rank == 0
+                                          for t in crossing)
+        with tf1.Session(graph=graph, config=session_config(['/cpu:0', '/cpu:1', '/cpu:2'])) \
+                as sess:
+            feeds = {t: np.ones(4, np.float32) for t in tensors}
+            assert sess.run(finite, feeds)
+            for bad in (np.nan, np.inf):
+                for t in tensors:
+                    values = np.ones(4, np.float32)
+                    values[2] = bad
+                    assert not sess.run(finite, {**feeds, t: values})
