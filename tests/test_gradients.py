@@ -106,3 +106,29 @@ def test_replicas_of_other_variables_are_the_same_readable_error():
         with pytest.raises(GradientError, match=r"only in tower 0: \['b'\]; only in tower 1: "
                                                 r"\['c'\]"):
             check_same_variables([[a, b], [a1, c1]], name=variable_name)
+
+
+def test_a_tower_that_holds_the_whole_batch_is_not_weighted_by_one():
+    """One tower of one process: its weight is the number 1, and its gradients and loss reach
+    the apply as they are (multiplying by 1 would copy each gradient, 161 for ResNet-50)."""
+    from towers import models
+    from towers.deviceplan import local_plan
+    from towers.graph import build_training_graph
+    from towers.model import ClassifierModel
+    model = ClassifierModel(models.build_model('small_convnet', (28, 28, 1), 10), (28, 28, 1),
+                            10, optimizer='sgd')
+    one = build_training_graph(model, local_plan(['/cpu:0']), seed=0, learning_rate=0.1)
+    assert one.towers[0].weight == 1.0 and not isinstance(one.towers[0].weight, tf.Tensor)
+    averaged = [op for op in one.graph.get_operations()
+                if op.name.startswith('average_gradients/')]
+    assert averaged == []
+    two = build_training_graph(model, local_plan(['/cpu:0', '/cpu:1']), seed=0,
+                               learning_rate=0.1)
+    assert all(isinstance(t.weight, tf.Tensor) for t in two.towers)
+    assert sum(op.type == 'Mul' for op in two.graph.get_operations()
+               if op.name.startswith('average_gradients/')) == 2 * 4  # 4 variables
+    with tf.Graph().as_default():
+        g = tf.constant([1.0, 2.0])
+        v = tf.Variable([0.0, 0.0])
+        [(summed, _)] = average_gradients([[(g, v)]], weights=[1.0])
+        assert summed is g

@@ -27,6 +27,7 @@ import tensorflow as tf
 from tensorflow.python.ops import collective_ops, nccl_ops
 
 from towers.deviceplan import LeastLoaded
+from towers.gradients import weighted as scaled
 
 tf1 = tf.compat.v1
 
@@ -105,7 +106,7 @@ class TowerAllReduce:
         for grads, weight, device in zip(per_tower, weights, self.devices):
             with tf.device(device):
                 dense = [tf.convert_to_tensor(grads[j][0]) for j in present]
-                weighted.append([g * tf.cast(weight, g.dtype) for g in dense])
+                weighted.append([scaled(g, weight) for g in dense])
         summed = self._sum(weighted) if len(self.devices) > 1 else weighted
         out = []
         for grads, sums in zip(per_tower, summed):

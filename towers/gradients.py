@@ -54,12 +54,25 @@ def combine(grads, weights):
     if not present:
         return None
     if all(isinstance(g, tf.IndexedSlices) for g, _ in present):
+        if len(present) == 1 and is_one(present[0][1]):
+            return present[0][0]
         dense_shape = present[0][0].dense_shape
-        values = tf.concat([g.values * tf.cast(w, g.values.dtype) for g, w in present], 0)
+        values = tf.concat([weighted(g.values, w) for g, w in present], 0)
         indices = tf.concat([g.indices for g, _ in present], 0)
         return tf.IndexedSlices(values, indices, dense_shape)
-    terms = [tf.convert_to_tensor(g) * tf.cast(w, g.dtype) for g, w in present]
+    terms = [weighted(tf.convert_to_tensor(g), w) for g, w in present]
     return tf.add_n(terms) if len(terms) > 1 else terms[0]
+
+
+def weighted(tensor, weight):
+    """tensor * weight in tensor's dtype; the tensor itself for a weight of exactly 1 (a
+    tower that holds the whole batch), which multiplying would only copy."""
+    return tensor if is_one(weight) else tensor * tf.cast(weight, tensor.dtype)
+
+
+def is_one(weight):
+    """Whether a tower's weight is the number 1 (not a tensor that may be 1 at run time)."""
+    return isinstance(weight, (int, float)) and weight == 1
 
 
 def average_gradients(tower_grads, weights=None, device=None):

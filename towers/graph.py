@@ -13,6 +13,7 @@ import tensorflow as tf
 
 from towers.checkpoints import restore_map
 from towers.config import check
+from towers.gradients import weighted
 from towers.model import normalize
 from towers.placeholders import FedBatch
 from towers.precision import Precision, all_finite, check_kernels
@@ -64,7 +65,7 @@ TrainGraph.__doc__ = """Handles on a built training graph.
 
 def weighted_loss(towers, name='loss'):
     """The global batch's mean loss: each tower's mean weighted by its share."""
-    return tf.add_n([t.weight * t.loss for t in towers], name=name)
+    return tf.add_n([weighted(t.loss, t.weight) for t in towers], name=name)
 
 
 def weighted_metrics(towers):

@@ -46,7 +46,8 @@ Tower.__doc__ = """The tensors of one tower.
   metrics: dict name -> scalar float, each a mean over the slice (e.g.
     'accuracy'); towers combine them weighted by their share, as the loss.
   count: scalar int32, n_i.
-  weight: scalar float32, n_i / global batch: the tower's share.
+  weight: scalar float32, n_i / global batch: the tower's share; the number 1.0 where
+    the tower holds the whole batch (one tower of one process).
   grads_and_vars: num_vars x (grad, var), or None when built without optimizer.
 """
 
@@ -221,9 +222,11 @@ def build_towers_from_slices(loss_fn, slices, plan, optimizer=None, training=Tru
                 tf1.device(variables_on(variable_device, device)), \
                 layout.prefer(plan.data_format), \
                 tf1.name_scope('tower_%d' % i) as scope:
-            weight = tf.math.divide(tf.cast(piece.count, tf.float32),
-                                    tf.cast(tf.maximum(piece.batch, 1), tf.float32),
-                                    name='weight')
+            # A tower that holds the whole batch has a weight of exactly 1: the number,
+            # which the gradients' combination and the loss leave out (towers/gradients.py).
+            weight = 1.0 if piece.count is piece.batch else tf.math.divide(
+                tf.cast(piece.count, tf.float32), tf.cast(tf.maximum(piece.batch, 1),
+                                                          tf.float32), name='weight')
             context = TowerContext(TRAIN if training else EVAL, i, plan.num_towers,
                                    piece.count, weight, sync_bn=sync_bn)
             loss, metrics = loss_fn(precision.cast(piece.images), piece.labels, piece.count,
