@@ -2,7 +2,8 @@
 # gpu-checks.sh OUT STAGE: what a GPU machine checks of towers (issue 33), each step bounded in
 # time, each log under OUT, a line a step in OUT/summary. Run from the project root after
 # ../shared/gpu's setup (its README), a stage per call (each under the device's 10 minutes):
-#   gpu     towers devices, the gpu-marked tests, check --towers 4, train --towers 2
+#   gpu     towers devices, the gpu-marked tests, check --towers 4 (mnist_convnet; resnet20 with
+#           --sync-bn, whose figure is read, not judged), train --towers 2
 #   bench   what op determinism costs: ResNet-50 and mnist_convnet, fp32 and bf16, with and
 #           without --deterministic (one GPU, variables on it)
 #   suite   the rest of the suite, 14 workers
@@ -28,7 +29,8 @@ case $stage in
   gpu)
     step devices 60 towers devices --towers 2
     step gpu-tests 330 python3 -m pytest -q -m gpu -n 4 -p no:cacheprovider tests
-    step check-4-resnet20 100 towers check --towers 4 --model resnet20
+    step check-4-mnist 60 towers check --towers 4 --model mnist_convnet
+    step check-4-resnet20 60 towers check --towers 4 --model resnet20 --sync-bn --steps 2
     step train-2-towers 60 towers train --towers 2 --epochs 1 --eval-every 0 ;;
   bench)
     for model in resnet50 mnist_convnet; do

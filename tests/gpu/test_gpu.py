@@ -59,7 +59,8 @@ def test_no_logical_gpus_refuses_in_one_line():
                               '--no-logical-gpus', '--steps', '1', *SMALL], env=ENV,
                              capture_output=True, text=True, timeout=120)
     assert process.returncode == 1
-    assert process.stderr.strip().splitlines() == [
+    # (TensorFlow's CUDA build may log lines of its own there first.)
+    assert [line for line in process.stderr.splitlines() if line.startswith('towers')] == [
         'towers: error: asked for %d GPU towers but this machine has %d visible GPU(s), and '
         '--no-logical-gpus refuses to split a GPU into logical ones; use --towers %d or fewer, '
         'or --devices cpu for CPU towers' % (count, _gpus(), _gpus())]
@@ -82,10 +83,13 @@ def test_replicated_towers_on_gpus_of_their_own_meet_in_nccl():
 
 
 def test_check_four_towers_on_the_gpus_is_exact():
-    process = _towers('check', '--towers', '4', '--devices', 'gpu', '--model', 'resnet20',
-                      '--batch-size', '32', '--steps', '2')
+    # mnist_convnet, not resnet20: at its initial weights resnet20's gradients move by 7e-4 of
+    # their scale when one device's batch is only permuted (ReLUs near zero flip), far past
+    # float32's 1e-5, however the batch is split.
+    process = _towers('check', '--towers', '4', '--devices', 'gpu', '--model',
+                      'mnist_convnet')
     first = process.stdout.splitlines()[0]
-    assert first.startswith('check: resnet20 on 4 tower(s) %s against 1 device'
+    assert first.startswith('check: mnist_convnet on 4 tower(s) %s against 1 device'
                             % ','.join(logical_gpu_devices(4, _gpus()))), first
 
 
