@@ -125,3 +125,20 @@ def test_the_bench_title_names_the_precisions(monkeypatch, capsys):
         'timed steps per row; in fp32, bf16, each against fp32; on %s' % machine())
     assert (seen['precisions'], seen['loss_scale']) == (['fp32', 'bf16'], None)
 
+
+
+def test_bench_times_the_step_with_the_optimizer_and_layout_asked(monkeypatch, capsys):
+    built = []
+
+    def measured(configs, *args, **kwargs):
+        built.extend(configs)
+        return [(100.0, 1.0)] * len(configs)
+    monkeypatch.setattr(bench, 'measure_interleaved', measured)
+    assert main(['bench', '--towers', '1,2', '--devices', 'cpu', '--model', 'small_convnet',
+                 '--optimizer', 'adam', '--data-format', 'NCHW', '--batch-size', '16']) == 0
+    assert ', global batch 16, adam, maps NCHW, 10 warm-up' in capsys.readouterr().out
+    assert [(c['optimizer'], c['plan'].data_format) for c in built] == [('adam', 'NCHW')] * 2
+    assert main(['bench', '--compare', '--optimizer', 'adam']) == 1
+    assert capsys.readouterr().err.strip() == (
+        'towers: error: --optimizer and --data-format set the rows of bench itself: not with '
+        '--compare, --cluster-mode or --input-only')

@@ -45,6 +45,12 @@ def bench_parser(commands):
                             '(default: parameter_server,replicated)')
     bench.add_argument('--xla', action='store_true',
                        help='with --compare: also time the first combination under XLA')
+    bench.add_argument('--optimizer', default='sgd', choices=OPTIMIZERS,
+                       help="the step's optimizer (default: sgd; train's default is adam: "
+                            "--optimizer adam times train's step)")
+    bench.add_argument('--data-format', default=None, choices=DATA_FORMATS,
+                       help="the towers' layout, as train's (default: NCHW on GPU towers, NHWC "
+                            'on CPUs)')
     bench.add_argument('--deterministic', action='store_true',
                        help="every row with op determinism on and TF32 off, as train's "
                             '--deterministic: what bit-exact runs cost (time it against a '

@@ -196,7 +196,8 @@ def precisions_of(names, loss_scale=None):
 
 def run_bench(model_fn, input_shape, num_classes, tower_counts, batch_size, modes=('synthetic',),
               dataset=None, warmup_steps=10, timed_steps=50, param_device='cpu', log=print,
-              trace=None, name_of=str, precisions=('fp32',), loss_scale=None, devices=None):
+              trace=None, name_of=str, precisions=('fp32',), loss_scale=None, devices=None,
+              optimizer='sgd', data_format=None):
     """Measure every input mode at every tower count in every precision; print one table.
 
     Args:
@@ -211,6 +212,8 @@ def run_bench(model_fn, input_shape, num_classes, tower_counts, batch_size, mode
       precisions: names of towers.names.PRECISIONS, each timed against the first.
       loss_scale: fp16's loss scale (None or 'dynamic': dynamic; or a number).
       devices: the towers' kind, 'cpu' or 'gpu'; None: GPUs where there are any.
+      optimizer: the step's optimizer, 'sgd', 'momentum' or 'adam' (train's default).
+      data_format: the towers' layout, 'NHWC' or 'NCHW'; None: the plan's.
     Returns:
       list of dicts: input, towers, precision, devices, mean, stderr, and the
       ratios vs_synthetic (same tower count and precision; None without a
@@ -232,7 +235,8 @@ def run_bench(model_fn, input_shape, num_classes, tower_counts, batch_size, mode
     per_gpu = process_split(tower_counts, devices)  # every row under the largest's split
     for count in tower_counts:
         try:
-            plan = local_plan(count, param_device, devices=devices, per_gpu=per_gpu)
+            plan = local_plan(count, param_device, devices=devices, per_gpu=per_gpu,
+                              data_format=data_format)
         except TowersError as e:
             log('%d towers: skipped (%s)' % (count, e.named(name_of)))
             continue
@@ -242,7 +246,7 @@ def run_bench(model_fn, input_shape, num_classes, tower_counts, batch_size, mode
                              'devices': ','.join(plan.towers)})
                 configs.append(dict(
                     model_fn=model_fn, input_shape=input_shape, plan=plan,
-                    precision=precision,
+                    precision=precision, optimizer=optimizer,
                     source=make_input(mode, dataset, sampler, batch_size, num_classes)))
     if not rows:
         raise TowersError('no tower count could run; try {towers} 1')
