@@ -100,8 +100,8 @@ def resolve_devices(num_towers=None, devices=None, num_gpus=None, logical_gpus=T
     """
     if num_gpus is None:
         num_gpus = visible_gpus()
-    kind = devices.strip().lower() if isinstance(devices, str) else None
-    if kind in DEVICE_KINDS:
+    kind = device_kind_named(devices)
+    if kind:
         devices = None
     elif devices:
         if isinstance(devices, str):
@@ -137,7 +137,7 @@ def logical_gpu_devices(num_towers, num_gpus, per_gpu=None):
     ceil(num_towers / num_gpus), 1 while the GPUs suffice): the towers dealt out evenly
     (5 towers on 4 GPUs: two on GPU 0, one on each other), the lowest logical GPUs first.
     """
-    per_gpu = per_gpu or math.ceil(num_towers / num_gpus)
+    per_gpu = per_gpu or split_for(num_towers, num_gpus)
     counts = [num_towers // num_gpus + (gpu < num_towers % num_gpus) for gpu in range(num_gpus)]
     if max(counts) > per_gpu:
         raise DeviceError('%d towers do not fit in %d GPU(s) of %d logical GPUs each'
@@ -145,10 +145,22 @@ def logical_gpu_devices(num_towers, num_gpus, per_gpu=None):
     return ['/gpu:%d' % (gpu * per_gpu + j) for gpu in range(num_gpus) for j in range(counts[gpu])]
 
 
+def device_kind_named(devices):
+    """'cpu' or 'gpu' where --devices names a kind (DEVICE_KINDS), else None."""
+    kind = devices.strip().lower() if isinstance(devices, str) else None
+    return kind if kind in DEVICE_KINDS else None
+
+
 def task_gpus(devices):
     """The GPUs a cluster task computes on for --devices: 0 for the kind 'cpu' (its towers on
     virtual CPUs, on a GPU host too), else None (the GPUs it sees)."""
-    return 0 if isinstance(devices, str) and devices.strip().lower() == 'cpu' else None
+    return 0 if device_kind_named(devices) == 'cpu' else None
+
+
+def split_for(num_towers, num_gpus):
+    """The logical GPUs per GPU for num_towers GPU towers on num_gpus GPUs: 1 while each has
+    a GPU of its own, else ceil(num_towers / num_gpus). The one rule of the split."""
+    return max(1, math.ceil(num_towers / num_gpus)) if num_gpus else 1
 
 
 def process_split(tower_counts, devices=None, num_gpus=None):
@@ -156,16 +168,12 @@ def process_split(tower_counts, devices=None, num_gpus=None):
     its largest count's split, for every count, since TensorFlow fixes a process's logical
     GPUs at its first Session. 1 on CPU towers (devices 'cpu', or no GPU)."""
     num_gpus = visible_gpus() if num_gpus is None else num_gpus
-    if not num_gpus or devices == 'cpu':
-        return 1
-    return max(1, math.ceil(max(tower_counts) / num_gpus))
+    return 1 if device_kind_named(devices) == 'cpu' else split_for(max(tower_counts), num_gpus)
 
 
 def gpu_split(tower_devices, num_gpus):
-    """The logical GPUs per GPU that these towers need: 1 while each GPU tower has a GPU of
-    its own, else ceil(GPU towers / num_gpus)."""
-    towers = sum(1 for d in tower_devices if parse_device(d)[0] == 'gpu')
-    return max(1, math.ceil(towers / num_gpus)) if num_gpus else 1
+    """The logical GPUs per GPU that these towers need (split_for their GPU towers)."""
+    return split_for(sum(1 for d in tower_devices if parse_device(d)[0] == 'gpu'), num_gpus)
 
 
 def check_gpu_split(tower_devices, num_gpus, logical_gpus=True):

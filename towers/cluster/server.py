@@ -9,7 +9,6 @@ standing in for them, as in one process) and where collective ops meet (worker
 0 leads their groups).
 """
 import errno
-import math
 import signal
 import socket
 import time
@@ -18,7 +17,13 @@ import tensorflow as tf
 
 from towers.cluster.launch import bind_error
 from towers.cluster.spec import ClusterError
-from towers.devices import device_config, logical_gpu_devices, parse_device, visible_gpus
+from towers.devices import (
+    device_config,
+    logical_gpu_devices,
+    parse_device,
+    split_for,
+    visible_gpus,
+)
 from towers.errors import op_error_summary
 
 tf1 = tf.compat.v1
@@ -61,9 +66,9 @@ def server_config(cluster, devices_per_task=1, threads=None, timeout_ms=None, nu
     num_gpus = visible_gpus() if num_gpus is None else num_gpus
     config = device_config(1 if num_gpus else max(1, devices_per_task))
     config.gpu_options.allow_growth = bool(num_gpus)
-    if num_gpus and devices_per_task > num_gpus:
-        config.gpu_options.experimental.num_virtual_devices_per_gpu = math.ceil(
-            devices_per_task / num_gpus)
+    if split_for(devices_per_task, num_gpus) > 1:
+        config.gpu_options.experimental.num_virtual_devices_per_gpu = split_for(
+            devices_per_task, num_gpus)
     if threads:
         config.intra_op_parallelism_threads = config.inter_op_parallelism_threads = threads
     if timeout_ms:

@@ -121,7 +121,8 @@ def _measured(name, kinds, measure):
 
 def _probe(devices):
     """probe.measure under the towers' split of their GPUs into logical GPUs."""
-    per_gpu = gpu_split(_gpus(devices), visible_gpus()) if _gpus(devices) else 1
+    gpus = _gpus(devices)
+    per_gpu = gpu_split(gpus, visible_gpus()) if gpus else 1
     return functools.partial(probe.measure, per_gpu=per_gpu) if per_gpu > 1 else probe.measure
 
 
