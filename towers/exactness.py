@@ -32,6 +32,18 @@ def exact():
             tf_config.disable_op_determinism()
 
 
+@contextlib.contextmanager
+def exact_if(wanted, log):
+    """exact() where wanted (a command's --deterministic), saying so in one line; else
+    nothing changes."""
+    if not wanted:
+        yield
+        return
+    with exact():
+        log('deterministic: %s' % describe())
+        yield
+
+
 def describe():
     """'TF32 off, op determinism on' (or on/off as they are)."""
     return 'TF32 %s, op determinism %s' % (

@@ -68,13 +68,10 @@ def run_devices(args, log):
 
 
 def run_bench(args, log):
-    if not args.deterministic:
-        return _run_bench(args, log)
-    if args.cluster_mode or args.input_only:
+    if args.deterministic and (args.cluster_mode or args.input_only):
         raise SettingError('{deterministic} times one process\'s towers: not with '
                            '{cluster_mode} or {input_only}')
-    with exactness.exact():
-        log('deterministic: %s' % exactness.describe())
+    with exactness.exact_if(args.deterministic, log):
         return _run_bench(args, log)
 
 

@@ -31,10 +31,7 @@ from towers.trainer import train
 
 
 def run_train(args, log):
-    if not args.deterministic:
-        return _run_train(args, log)
-    with exactness.exact():
-        log('deterministic: %s' % exactness.describe())
+    with exactness.exact_if(args.deterministic, log):
         return _run_train(args, log)
 
 
