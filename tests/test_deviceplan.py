@@ -7,15 +7,14 @@ from towers.cluster.placement import in_graph_plan
 from towers.cluster.spec import Cluster
 from towers.deviceplan import (
     DevicePlan,
-    Spread,
     device_kind,
     local_plan,
-    logical_gpu_line,
     make_plan,
-    session_gpu_memory,
     xla_reaches,
 )
 from towers.errors import DeviceError
+from towers.logicalgpus import logical_gpu_line, session_gpu_memory
+from towers.spread import Spread
 from towers.tower import variables_on
 
 tf1 = tf.compat.v1

@@ -6,10 +6,11 @@ import tensorflow as tf
 from tests.harness import fed, run_graph
 from towers import data, models
 from towers.callbacks import Callback
-from towers.deviceplan import LeastLoaded, local_plan
+from towers.deviceplan import local_plan
 from towers.errors import TowersError
 from towers.graph import build_training_graph
 from towers.model import ClassifierModel
+from towers.spread import LeastLoaded
 from towers.trainer import Trainer
 from towers.variables import make_strategy
 

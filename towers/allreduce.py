@@ -26,8 +26,8 @@ copies stay equal step after step.
 import tensorflow as tf
 from tensorflow.python.ops import collective_ops, nccl_ops
 
-from towers.deviceplan import LeastLoaded
 from towers.gradients import weighted as scaled
+from towers.spread import LeastLoaded
 
 tf1 = tf.compat.v1
 

@@ -38,7 +38,6 @@ never something a module re-interprets.
 """
 import dataclasses
 import os
-import weakref
 
 import tensorflow as tf
 
@@ -50,54 +49,12 @@ from towers.devices import (
     visible_gpus,
 )
 from towers.errors import DeviceError
+from towers.logicalgpus import share_text
 from towers.names import SPREAD, XLA_CPU_FLAG
+from towers.spread import Spread
 
 # --variable-update names whose towers hold copies of their own.
 COPIES = ('replicated', 'independent')
-
-
-def variable_bytes(op):
-    """Bytes of the variable a VarHandleOp / VariableV2 op creates."""
-    shape = tf.TensorShape(op.get_attr('shape'))
-    return (shape.num_elements() or 0) * tf.as_dtype(op.get_attr('dtype')).size
-
-
-class LeastLoaded:
-    """A device chooser: each variable to the device holding the fewest bytes so far.
-
-    Deterministic (ties go to the earliest device), so every run of the same
-    model places its variables alike.
-    """
-
-    def __init__(self, devices):
-        self.devices, self.load = list(devices), [0] * len(devices)
-
-    def place(self, size):
-        index = min(range(len(self.devices)), key=lambda i: (self.load[i], i))
-        self.load[index] += size
-        return self.devices[index]
-
-    def __call__(self, op):
-        """A device function (or replica_device_setter's ps_strategy) for variable ops."""
-        return self.place(variable_bytes(op))
-
-
-class Spread:
-    """A device function for variables, each to the device with the fewest bytes so far.
-
-    The bytes are counted per graph (a LeastLoaded each), so one plan places a
-    training graph's variables and, later, an evaluation graph's alike.
-    """
-
-    def __init__(self, devices):
-        self.devices = tuple(devices)
-        self._choosers = weakref.WeakKeyDictionary()  # graph -> its LeastLoaded
-
-    def __call__(self, op):
-        return self._choosers.setdefault(op.graph, LeastLoaded(self.devices))(op)
-
-    def __repr__(self):
-        return 'Spread(%s)' % ', '.join(self.devices)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -204,39 +161,6 @@ class DevicePlan:
 
 ALL_REDUCE_NAMES = {'nccl': 'NCCL', 'ring': "TensorFlow's collective ring",
                     'host': 'one sum per variable that every tower reads (shared memory)'}
-
-
-def logical_gpu_line(plan, memory):
-    """One line for a plan whose towers split GPUs into logical GPUs, else None: e.g.
-    'logical GPUs: 2 towers on GPU 0 (/gpu:0, /gpu:1), 39.2 GiB each'.
-
-    Args:
-      memory: {'/gpu:i': bytes} the Session gave each logical GPU (session_gpu_memory).
-    """
-    if not plan.shared_gpus():
-        return None
-    towers = {}
-    for device, gpu in zip(plan.towers, plan.gpus):
-        towers.setdefault(gpu, []).append(device)
-    # TensorFlow gives every logical GPU of a GPU an equal share of its memory.
-    return 'logical GPUs: %s' % '; '.join(
-        '%d tower(s) on GPU %d (%s), %s' % (
-            len(devices), gpu, ', '.join(devices),
-            '%.1f GiB each' % (memory[devices[0]] / 2 ** 30) if devices[0] in memory
-            else 'an equal share of its memory each')
-        for gpu, devices in sorted(towers.items()))
-
-
-def session_gpu_memory(sess):
-    """{'/gpu:i': the bytes TensorFlow gave the Session's GPU i}."""
-    return {'/gpu:%d' % tf.DeviceSpec.from_string(d.name).device_index: d.memory_limit_bytes
-            for d in sess.list_devices() if d.device_type == 'GPU'}
-
-
-def share_text(shared):
-    """'towers 0,1 share GPU 0', from DevicePlan.shared_gpus()."""
-    return '; '.join('towers %s share GPU %d' % (','.join(map(str, towers)), gpu)
-                     for gpu, towers in sorted(shared.items()))
 
 
 def device_kind(devices):

@@ -19,11 +19,12 @@ from towers import checkpoints, evaluation, exactness
 from towers.callbacks import Checkpoint, Throughput, default_callbacks
 from towers.config import TrainConfig
 from towers.dataorder import DataOrder
-from towers.deviceplan import local_plan, logical_gpu_line, session_gpu_memory, xla_reaches
+from towers.deviceplan import local_plan, xla_reaches
 from towers.errors import TowersError
 from towers.graph import build_training_graph, finalize_graph
 from towers.inputs import source_for
 from towers.logdir import LogdirLock, prepare_logdir
+from towers.logicalgpus import logical_gpu_line, session_gpu_memory
 from towers.model import ClassifierModel
 from towers.names import RUN_FILE, XLA_CPU_FLAG
 from towers.precision import Precision

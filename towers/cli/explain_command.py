@@ -11,9 +11,10 @@ from towers import models
 from towers.cli.config import loss_scale
 from towers.cli.datasets import dataset_info
 from towers.config import check
-from towers.deviceplan import local_plan, logical_gpu_line
+from towers.deviceplan import local_plan
 from towers.devices import parse_device, task_gpus
 from towers.errors import SettingError
+from towers.logicalgpus import logical_gpu_line
 from towers.names import DEVICE_KINDS
 from towers.precision import Precision
 from towers.tools import explain, planonly

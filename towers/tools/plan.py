@@ -57,9 +57,10 @@ import tensorflow as tf
 from towers.allreduce import BUFFER_BYTES, byte_packs
 from towers.cluster.collective import bucket_order
 from towers.cluster.emulate import SCALES
-from towers.deviceplan import LeastLoaded, local_plan
+from towers.deviceplan import local_plan
 from towers.errors import SettingError
 from towers.model import ClassifierModel
+from towers.spread import LeastLoaded
 from towers.tools.explain import bytes_text, op_flops
 from towers.tools.trace import pyplot_for, save_png
 
