@@ -4,6 +4,7 @@ import tensorflow as tf
 
 from towers import data, models
 from towers.cli import main
+from towers.cli.parsers import build_parser
 from towers.errors import SettingError
 from towers.tools import bench, clusterbench, compare, peers, rates
 from towers.tools.bench import precisions_of, run_bench
@@ -135,9 +136,17 @@ def test_bench_times_the_step_with_the_optimizer_and_layout_asked(monkeypatch, c
         return [(100.0, 1.0)] * len(configs)
     monkeypatch.setattr(bench, 'measure_interleaved', measured)
     assert main(['bench', '--towers', '1,2', '--devices', 'cpu', '--model', 'small_convnet',
-                 '--optimizer', 'adam', '--data-format', 'NCHW', '--batch-size', '16']) == 0
-    assert ', global batch 16, adam, maps NCHW, 10 warm-up' in capsys.readouterr().out
-    assert [(c['optimizer'], c['plan'].data_format) for c in built] == [('adam', 'NCHW')] * 2
+                 '--optimizer', 'sgd', '--data-format', 'NCHW', '--batch-size', '16']) == 0
+    assert ', global batch 16, sgd, maps NCHW, 10 warm-up' in capsys.readouterr().out
+    assert [(c['optimizer'], c['plan'].data_format) for c in built] == [('sgd', 'NCHW')] * 2
+    # Without --optimizer a row steps with train's optimizer: it times train's step.
+    built.clear()
+    assert main(['bench', '--towers', '1', '--devices', 'cpu', '--model', 'small_convnet',
+                 '--batch-size', '16']) == 0
+    train = build_parser().parse_args(['train']).optimizer
+    assert train == bench.TRAIN_OPTIMIZER == 'adam'
+    assert ', global batch 16, adam, 10 warm-up' in capsys.readouterr().out
+    assert [c['optimizer'] for c in built] == [train]
     assert main(['bench', '--compare', '--optimizer', 'adam']) == 1
     assert capsys.readouterr().err.strip() == (
         'towers: error: --optimizer and --data-format set the rows of bench itself: not with '

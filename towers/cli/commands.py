@@ -77,7 +77,7 @@ def run_bench(args, log):
 
 def _run_bench(args, log):
     from towers.names import PRECISIONS
-    if (args.optimizer != 'sgd' or args.data_format) and (
+    if (args.optimizer or args.data_format) and (
             args.compare or args.cluster_mode or args.input_only):
         raise SettingError('{optimizer} and {data_format} set the rows of bench itself: not with '
                            '{compare}, {cluster_mode} or {input_only}')
@@ -106,12 +106,14 @@ def _run_bench(args, log):
     train_set = None
     if set(modes) - {'synthetic'} or args.compare:  # the textbook and Keras feed it too
         train_set = load_dataset(args, info).train
+    # train's optimizer, so that a row times train's step; --compare's rows step as its peers.
+    optimizer = 'sgd' if args.compare else args.optimizer or bench.TRAIN_OPTIMIZER
     in_precisions = '' if precisions == ['fp32'] else '; in %s%s' % (
         ', '.join(precisions), ', each against %s' % precisions[0] if len(precisions) > 1
         else '')
     log('bench: model %s on %s images, global batch %d, %s%s, %d warm-up + %d timed steps per '
         'row%s; on %s' % (args.model, 'x'.join(map(str, info.input_shape)), args.batch_size,
-                          args.optimizer,
+                          optimizer,
                           ', maps %s' % args.data_format if args.data_format else '',
                           args.warmup, args.window, in_precisions,
                           machine(resolve_devices(devices=args.devices))))
@@ -119,7 +121,7 @@ def _run_bench(args, log):
         bench.run_bench(model_fn, info.input_shape, info.num_classes, counts, args.batch_size,
                         modes, train_set, args.warmup, args.window, args.param_device, log=log,
                         trace=args.trace, name_of=flag, precisions=precisions,
-                        loss_scale=scale, devices=args.devices, optimizer=args.optimizer,
+                        loss_scale=scale, devices=args.devices, optimizer=optimizer,
                         data_format=args.data_format)
         return
     compare.run_compare(args.model, model_fn, info.input_shape, info.num_classes, counts,

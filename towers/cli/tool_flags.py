@@ -45,9 +45,10 @@ def bench_parser(commands):
                             '(default: parameter_server,replicated)')
     bench.add_argument('--xla', action='store_true',
                        help='with --compare: also time the first combination under XLA')
-    bench.add_argument('--optimizer', default='sgd', choices=OPTIMIZERS,
-                       help="the step's optimizer (default: sgd; train's default is adam: "
-                            "--optimizer adam times train's step)")
+    bench.add_argument('--optimizer', default=None, choices=OPTIMIZERS,
+                       help="the step's optimizer (default: adam, train's, so that a row times "
+                            "train's step; sgd as tf_cnn_benchmarks times it); not with "
+                            '--compare, whose peers all step with sgd')
     bench.add_argument('--data-format', default=None, choices=DATA_FORMATS,
                        help="the towers' layout, as train's (default: NCHW on GPU towers, NHWC "
                             'on CPUs)')

@@ -38,6 +38,10 @@ from towers.tools.hardware import precision_support
 
 tf1 = tf.compat.v1
 
+# train's --optimizer default (towers/cli/train_flags.py), which bench's rows step with too, so
+# that a row times train's step (Adam's update reads and writes three times SGD's bytes).
+TRAIN_OPTIMIZER = 'adam'
+
 
 def mean_stderr(values):
     """Mean and standard error of the mean of a list of numbers."""
@@ -197,7 +201,7 @@ def precisions_of(names, loss_scale=None):
 def run_bench(model_fn, input_shape, num_classes, tower_counts, batch_size, modes=('synthetic',),
               dataset=None, warmup_steps=10, timed_steps=50, param_device='cpu', log=print,
               trace=None, name_of=str, precisions=('fp32',), loss_scale=None, devices=None,
-              optimizer='sgd', data_format=None):
+              optimizer=TRAIN_OPTIMIZER, data_format=None):
     """Measure every input mode at every tower count in every precision; print one table.
 
     Args:
@@ -212,7 +216,8 @@ def run_bench(model_fn, input_shape, num_classes, tower_counts, batch_size, mode
       precisions: names of towers.names.PRECISIONS, each timed against the first.
       loss_scale: fp16's loss scale (None or 'dynamic': dynamic; or a number).
       devices: the towers' kind, 'cpu' or 'gpu'; None: GPUs where there are any.
-      optimizer: the step's optimizer, 'sgd', 'momentum' or 'adam' (train's default).
+      optimizer: the step's optimizer, 'sgd', 'momentum' or 'adam' (train's default, so
+        that a row times train's step).
       data_format: the towers' layout, 'NHWC' or 'NCHW'; None: the plan's.
     Returns:
       list of dicts: input, towers, precision, devices, mean, stderr, and the
