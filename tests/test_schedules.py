@@ -113,14 +113,14 @@ def test_describe_says_the_schedule():
     'piecewise:x=1', 'piecewise:2=y', 'piecewise:2', 'piecewise:2=0.1,', 'piecewise:2=0.1=3',
     'exponential:0.1', 'exponential:', 'exponential:0.1,2,3', 'exponential:a,2',
     'exponential:-0.1,2', 'exponential:0,2', 'exponential:0.1,0', 'exponential:0.1,-2',
-    'cosine', 'cosine:1', 'constant:1', 'Piecewise:2=0.1',
+    'cosine:x', 'cosine:1,2', 'cosine:nan', 'linear', 'constant:1', 'Piecewise:2=0.1',
 ])
 def test_malformed_spec_is_a_one_line_error_naming_the_option(spec):
     with pytest.raises(TowersError) as error:
         LearningRate.parse(0.1, spec)
     message = str(error.value)
-    assert message.startswith('lr_schedule wants constant, piecewise:EPOCH=LR,... or '
-                              'exponential:FACTOR,EPOCHS, got %r' % spec)
+    assert message.startswith('lr_schedule wants constant, piecewise:EPOCH=LR,..., '
+                              'exponential:FACTOR,EPOCHS or cosine[:EPOCHS], got %r' % spec)
     assert '\n' not in message
 
 
@@ -147,6 +147,50 @@ def test_warmup_epochs_must_not_be_negative():
 
 
 def test_unknown_kind_in_the_constructor_lists_the_kinds():
-    with pytest.raises(TowersError, match='unknown lr_schedule .cosine.; choose one of: '
-                                          'constant, piecewise, exponential'):
-        LearningRate(0.1, 'cosine')
+    with pytest.raises(TowersError, match='unknown lr_schedule .linear.; choose one of: '
+                                          'constant, piecewise, exponential, cosine'):
+        LearningRate(0.1, 'linear')
+
+
+def _cosine(base, step, warmup, length):
+    """The cosine rate by its formula (Loshchilov & Hutter), after a warm-up of warmup steps."""
+    after = max(step - warmup, 0)
+    rate = base * 0.5 * (1 + np.cos(np.pi * min(after, length - warmup) / (length - warmup)))
+    return rate * min(1.0, (step + 1) / warmup) if warmup else rate
+
+
+def test_cosine_decays_from_the_rate_to_zero_over_the_run():
+    """cosine over a 100-step run: the rate at step 0, half at step 50, 0 from step 100 on."""
+    schedule = LearningRate.parse(0.1, 'cosine')
+    steps = [0, 25, 50, 75, 99, 100, 150]
+    with tf.Graph().as_default():
+        global_step = tf1.placeholder(tf.int64, [])
+        rate = schedule.build(global_step, 10, total_steps=100)
+        with tf1.Session() as sess:
+            seen = [float(sess.run(rate, {global_step: s})) for s in steps]
+    np.testing.assert_allclose(seen, [_cosine(0.1, s, 0, 100) for s in steps], rtol=1e-5,
+                               atol=1e-8)  # float32's cos near 0
+    assert seen[2] == pytest.approx(0.05, rel=1e-6) and seen[-2] == seen[-1] == 0
+
+
+def test_cosine_of_given_epochs_starts_after_the_warmup():
+    """cosine:10 with 2 warm-up epochs at 10 steps an epoch: the ramp to step 19, then half a
+    cosine over the 80 steps left of the 10 epochs."""
+    schedule = LearningRate.parse(0.2, 'cosine:10', warmup_epochs=2)
+    steps = [0, 9, 19, 20, 60, 99, 100]
+    np.testing.assert_allclose(_rates(schedule, steps, 10),
+                               [_cosine(0.2, s, 20, 100) for s in steps], rtol=1e-5, atol=1e-8)
+    assert schedule.describe() == 'cosine from 0.2 to 0 over 10 epochs, linear warm-up over 2 ' \
+                                  'epochs'
+
+
+def test_cosine_needs_a_length_longer_than_its_warmup():
+    with pytest.raises(TowersError, match=r'^lr_schedule cosine decays over the run: give its '
+                                          r'length \(cosine:EPOCHS\) where the run has none$'):
+        _rates(LearningRate.parse(0.1, 'cosine'), [0], 10)
+    with pytest.raises(TowersError, match=r"EPOCHS must pass the warm-up's 5"):
+        LearningRate.parse(0.1, 'cosine:5', warmup_epochs=5)
+    with pytest.raises(TowersError, match=r'^lr_schedule cosine decays after the warm-up of 20 '
+                                          r'steps, but the run is only 20 steps long$'):
+        with tf.Graph().as_default():
+            LearningRate.parse(0.1, 'cosine', warmup_epochs=2).build(tf.constant(0), 10, 20)

@@ -83,7 +83,7 @@ def weighted_metrics(towers):
 
 def build_training_graph(model, plan, seed=None, source=None, learning_rate=1e-3,
                          steps_per_epoch=1, ema_decay=None, finalize=True, strategy=None,
-                         sync_bn=False, precision=None):
+                         sync_bn=False, precision=None, total_steps=None):
     """Build a fresh tf.Graph with training and evaluation towers.
 
     Args:
@@ -96,6 +96,7 @@ def build_training_graph(model, plan, seed=None, source=None, learning_rate=1e-3
         `images` and `labels`, fed by hand, that a FeedInput feeds.
       learning_rate: a float, or a towers.schedules.LearningRate.
       steps_per_epoch: what an epoch is, for a schedule counted in epochs.
+      total_steps: the run's length, which a cosine schedule without its own decays over.
       ema_decay: keep an exponential moving average of the trainable
         variables with this decay (the CIFAR-10 tutorial's 0.9999), or None.
       finalize: finalize the graph; the Trainer says False, adds its
@@ -124,7 +125,7 @@ def build_training_graph(model, plan, seed=None, source=None, learning_rate=1e-3
         slices = source.build(model.input_shape, list(plan.towers))
         with tf.device(plan.host):
             global_step = tf1.train.get_or_create_global_step()
-            rate = schedule.build(global_step, steps_per_epoch)
+            rate = schedule.build(global_step, steps_per_epoch, total_steps)
             loss_scale = precision.build_loss_scale()
         # One optimizer per copy of the variables (each keeps its own slots).
         optimizers = [model.optimizer(rate)

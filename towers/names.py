@@ -17,7 +17,16 @@ INPUT_MODES = ('feed', 'staging', 'dataset', 'synthetic')
 OPTIMIZERS = ('sgd', 'momentum', 'adam')
 
 # --lr-schedule kinds (towers/schedules.py).
-SCHEDULES = ('constant', 'piecewise', 'exponential')
+SCHEDULES = ('constant', 'piecewise', 'exponential', 'cosine')
+
+# --augment: how training images are varied (towers/data/augment.py); evaluation always takes
+# the centre view.
+AUGMENTATIONS = ('inception', 'pad-crop-flip', 'center')
+
+# --decay-on: which trainable variables weight decay pulls toward 0 (towers/processors.py):
+# the conv and dense kernels alone, everything but batch norm's beta and gamma (as
+# tf_cnn_benchmarks), or every trainable variable.
+DECAY_ON = ('weights', 'not-norms', 'all')
 
 # --devices may name a kind instead of devices: the towers on that kind (towers/devices.py).
 DEVICE_KINDS = ('cpu', 'gpu')

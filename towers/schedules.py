@@ -9,6 +9,9 @@ From the command line (`--lr 0.1 --lr-schedule SPEC --warmup-epochs W`):
   piecewise:EPOCH=LR,...        from each EPOCH on the rate is LR, e.g. piecewise:80=0.01,120=0.001
   exponential:FACTOR,EPOCHS     multiply by FACTOR every EPOCHS epochs, in steps (a staircase),
                                 as the classic CIFAR-10 tutorial does with 0.1 every 350 epochs
+  cosine[:EPOCHS]               half a cosine from the rate down to 0 over EPOCHS (default: the
+                                whole run), after the warm-up (Loshchilov & Hutter 2017, as
+                                NVIDIA's ResNet-50 v1.5)
 --warmup-epochs W ramps the rate up linearly over the first W epochs (Goyal
 et al. 2017), in front of any schedule.
 """
@@ -26,11 +29,12 @@ class LearningRate:
       kind: 'constant', 'piecewise' or 'exponential'.
       points: piecewise: [(epoch, rate)] in increasing epoch order.
       factor, every: exponential: multiply by factor every `every` epochs.
+      length: cosine: the epochs it decays over, None for the whole run (build's total_steps).
       warmup_epochs: linear ramp from base/warmup_steps to base over this many epochs.
     """
 
     def __init__(self, base, kind='constant', points=(), factor=None, every=None,
-                 warmup_epochs=0.0):
+                 warmup_epochs=0.0, length=None):
         if not (base > 0 and math.isfinite(base)):
             raise SettingError('{learning_rate} must be positive, got %g', base)
         if not (warmup_epochs >= 0 and math.isfinite(warmup_epochs)):
@@ -40,13 +44,14 @@ class LearningRate:
                                ', '.join(SCHEDULES))
         self.base, self.kind, self.points = float(base), kind, list(points)
         self.factor, self.every, self.warmup_epochs = factor, every, float(warmup_epochs)
+        self.length = length
 
     @classmethod
     def parse(cls, base, spec='constant', warmup_epochs=0.0):
         """A LearningRate from the --lr-schedule text; SettingError naming what is wrong."""
         kind, _, args = (spec or 'constant').partition(':')
-        usage = ('{lr_schedule} wants constant, piecewise:EPOCH=LR,... or '
-                 'exponential:FACTOR,EPOCHS, got %r')
+        usage = ('{lr_schedule} wants constant, piecewise:EPOCH=LR,..., '
+                 'exponential:FACTOR,EPOCHS or cosine[:EPOCHS], got %r')
         try:
             if kind == 'constant' and not args:
                 return cls(base, warmup_epochs=warmup_epochs)
@@ -62,6 +67,12 @@ class LearningRate:
                     raise SettingError(usage + ': epochs must increase from above 0 and rates '
                                        'be positive', spec)
                 return cls(base, 'piecewise', points=points, warmup_epochs=warmup_epochs)
+            if kind == 'cosine':
+                length = float(args) if args else None
+                if length is not None and not length > warmup_epochs:
+                    raise SettingError(usage + ': its EPOCHS must pass the warm-up\'s %g',
+                                       spec, warmup_epochs)
+                return cls(base, 'cosine', length=length, warmup_epochs=warmup_epochs)
             if kind == 'exponential':
                 factor, every = (float(v) for v in args.split(','))
                 if not 0 < factor or not every > 0:
@@ -72,8 +83,9 @@ class LearningRate:
             pass
         raise SettingError(usage, spec)
 
-    def build(self, global_step, steps_per_epoch):
-        """Scalar float32 tensor: the rate for the step global_step is about to take."""
+    def build(self, global_step, steps_per_epoch, total_steps=None):
+        """Scalar float32 tensor: the rate for the step global_step is about to take;
+        total_steps: the run's length, which a cosine without EPOCHS decays over."""
         import tensorflow as tf  # only here: a schedule is parsed without TensorFlow
         tf1 = tf.compat.v1
         with tf1.name_scope('learning_rate'):
@@ -89,6 +101,8 @@ class LearningRate:
                 rate = tf1.train.exponential_decay(
                     self.base, step, _steps(self.every, steps_per_epoch), self.factor,
                     staircase=True)
+            elif self.kind == 'cosine':
+                rate = self._cosine(step, steps_per_epoch, total_steps)
             else:
                 rate = tf.constant(self.base)
             warmup_steps = _steps(self.warmup_epochs, steps_per_epoch)
@@ -97,12 +111,29 @@ class LearningRate:
                 rate = rate * ramp
             return tf.identity(tf.cast(rate, tf.float32), name='value')
 
+    def _cosine(self, step, steps_per_epoch, total_steps):
+        """TensorFlow's cosine_decay from the end of the warm-up to the end of its length."""
+        import tensorflow as tf
+        warmup_steps = _steps(self.warmup_epochs, steps_per_epoch)
+        length = total_steps if self.length is None else _steps(self.length, steps_per_epoch)
+        if length is None:
+            raise SettingError('{lr_schedule} cosine decays over the run: give its length '
+                               '(cosine:EPOCHS) where the run has none')
+        if length <= warmup_steps:
+            raise SettingError('{lr_schedule} cosine decays after the warm-up of %d steps, but '
+                               'the run is only %d steps long', warmup_steps, length)
+        after = tf.maximum(step - warmup_steps, 0)
+        return tf.compat.v1.train.cosine_decay(self.base, after, length - warmup_steps)
+
     def describe(self):
         text = {'constant': 'constant %g' % self.base,
                 'piecewise': '%g, then %s' % (self.base, ', '.join(
                     '%g from epoch %g' % (r, e) for e, r in self.points)),
                 'exponential': '%g x %g every %g epochs' % (self.base, self.factor or 0,
-                                                            self.every or 0)}[self.kind]
+                                                            self.every or 0),
+                'cosine': 'cosine from %g to 0 over %s' % (
+                    self.base, 'the run' if self.length is None else '%g epochs' % self.length),
+                }[self.kind]
         return text + (', linear warm-up over %g epochs' % self.warmup_epochs
                        if self.warmup_epochs else '')
 

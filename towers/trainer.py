@@ -111,7 +111,7 @@ class Trainer:
         graph = build_training_graph(
             self.model, self.plan, seed=config.seed, source=self.source,
             learning_rate=config.schedule(), steps_per_epoch=self.steps_per_epoch,
-            ema_decay=config.ema, finalize=False,
+            total_steps=self.num_steps, ema_decay=config.ema, finalize=False,
             strategy=self.cluster and self.cluster.strategy, sync_bn=config.sync_bn,
             precision=Precision(config.precision, config.loss_scale))
         # In a cluster the chief's task completes every device here too: its Savers

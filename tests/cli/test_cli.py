@@ -91,8 +91,8 @@ BAD_INPUT = [
     (['train', '--batch-size', '4001', '--steps', '1'],
      '--batch-size 4001 exceeds the 4000 training examples'),
     (['train', '--steps', '1', '--logdir', None], 'cannot create --logdir'),
-    (['train', '--lr-schedule', 'cosine'], "--lr-schedule wants constant, "
-     "piecewise:EPOCH=LR,... or exponential:FACTOR,EPOCHS, got 'cosine'"),
+    (['train', '--lr-schedule', 'linear'], "--lr-schedule wants constant, "
+     "piecewise:EPOCH=LR,..., exponential:FACTOR,EPOCHS or cosine[:EPOCHS], got 'linear'"),
     (['train', '--lr-schedule', 'piecewise:3=0.1,2=0.01'], 'epochs must increase'),
     (['train', '--warmup-epochs', '-1'], '--warmup-epochs must be 0 or more, got -1'),
     (['train', '--freeze', 'conv1/('], "--freeze 'conv1/(' is not a valid regular expression"),
