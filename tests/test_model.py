@@ -244,3 +244,22 @@ def test_every_trainer_setting_on_three_towers_equals_one_device(tmp_path):
     assert one.keys() == three.keys()
     for name in one:
         np.testing.assert_allclose(three[name], one[name], rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_the_recipes_settings_on_three_towers_equal_one_device(tmp_path):
+    """Label smoothing, decay on every variable and a warmed-up cosine, through the Trainer."""
+    from towers.model import ClassifierModel
+
+    def run(towers, logdir):
+        model = ClassifierModel(lambda images, training: layers.dense(images, 4, name='logits'),
+                                SHAPE, 4, optimizer='momentum', weight_decay=0.01,
+                                decay_pattern='all', label_smoothing=0.1)
+        _trainer(model=model, towers=towers, steps=12, logdir=logdir, callbacks=None,
+                 steps_per_epoch=4, learning_rate=LearningRate.parse(0.5, 'cosine', 1.0)).train()
+        return _variables(logdir)
+
+    one = run(['/cpu:0'], str(tmp_path / 'one'))
+    three = run(['/cpu:0', '/cpu:1', '/cpu:2'], str(tmp_path / 'three'))
+    assert one.keys() == three.keys()
+    for name in one:
+        np.testing.assert_allclose(three[name], one[name], rtol=1e-5, atol=1e-6, err_msg=name)

@@ -340,3 +340,20 @@ def test_ema_follows_tensorflows_formula_and_feeds_the_eval_towers():
 
     np.testing.assert_allclose(eval_loss, loss_with(averaged), rtol=1e-5)
     assert abs(eval_loss - loss_with(raw)) > 1e-4
+
+
+@pytest.mark.parametrize('decay_on,decayed', [
+    ('weights', ['conv1/weights', 'logits/weights']),
+    ('not-norms', ['conv1/weights', 'conv1/biases', 'logits/weights', 'logits/biases']),
+    ('all', ['conv1/weights', 'conv1/biases', 'bn1/beta', 'bn1/gamma', 'logits/weights',
+             'logits/biases']),
+])
+def test_decay_on_picks_the_variables_by_name(decay_on, decayed):
+    """--decay-on: the kernels alone; all but batch norm's beta and gamma; everything."""
+    from towers.model import DECAY_PATTERNS
+    names = ['conv1/weights', 'conv1/biases', 'bn1/beta', 'bn1/gamma', 'logits/weights',
+             'logits/biases']
+    with tf.Graph().as_default():
+        variables = [tf1.get_variable(n, [2]) for n in names]
+        decay = WeightDecay(0.1, DECAY_PATTERNS[decay_on])
+        assert [v.op.name for v in variables if decay.matches(v)] == decayed

@@ -7,7 +7,7 @@ from towers import models
 from towers.devices import session_config
 from towers.gradients import build_train_op
 from towers.model import make_optimizer
-from towers.tower import build_towers, share_of, split_sizes
+from towers.tower import build_towers, share_of, split_sizes, tower_loss
 
 tf1 = tf.compat.v1
 
@@ -198,3 +198,18 @@ def test_a_share_is_where_split_sizes_cuts(batch, parts):
     sizes = split_sizes(batch, parts).numpy().tolist()
     starts = [sum(sizes[:i]) for i in range(parts)]
     assert [share_of(batch, parts, i) for i in range(parts)] == list(zip(starts, sizes))
+
+
+def test_label_smoothing_is_the_cross_entropy_with_smoothed_targets():
+    """(1 - eps) on the label plus eps / K on every class; a stand-in example still counts 0."""
+    logits = np.array([[2.0, -1.0, 0.5], [0.1, 0.2, 3.0], [1.0, 1.0, 1.0]], np.float32)
+    labels = np.array([0, 2, 1])
+    targets = np.full((3, 3), 0.1 / 3) + 0.9 * np.eye(3)[labels]
+    log_softmax = logits - np.log(np.exp(logits).sum(1, keepdims=True))
+    expected = -(targets * log_softmax).sum(1)[:2].mean()  # the third is a stand-in
+    with tf.Graph().as_default():
+        loss, _ = tower_loss(lambda images, training: images, tf.constant(logits),
+                             tf.constant(labels, tf.int64), tf.constant(2), True,
+                             label_smoothing=0.1)
+        with tf1.Session() as sess:
+            assert sess.run(loss) == pytest.approx(expected, rel=1e-6)

@@ -14,9 +14,11 @@ import re
 
 from towers.errors import SettingError
 from towers.names import (
+    AUGMENTATIONS,
     CLUSTER_MODES,
     DATA_FORMATS,
     DATA_SERVICE_MODES,
+    DECAY_ON,
     INPUT_MODES,
     OPTIMIZERS,
     PRECISIONS,
@@ -66,6 +68,10 @@ RULES = {
     'eval_every': _at_least(0, '0 (off) or more epochs'),
     'warmup_steps': _at_least(0, '0 or more'),
     'weight_decay': _NON_NEGATIVE,
+    'decay_on': _one_of(DECAY_ON),
+    'label_smoothing': ((lambda v: _is_number(v) and 0 <= v < 1),
+                        'must lie in [0, 1) (e.g. 0.1)'),
+    'augment': _one_of(AUGMENTATIONS, optional=True),
     'clip_norm': _optional(_POSITIVE),
     'ema': ((lambda v: v is None or (_is_number(v) and 0 < v < 1)),
             'must lie between 0 and 1 (e.g. 0.999)'),
@@ -119,7 +125,8 @@ RENAMED = {'max_epoch': 'epochs', 'max_steps': 'steps', 'ema_decay': 'ema',
            'tower_devices': 'towers', 'input': 'input (a mode) or source (an InputSource)'}
 
 # The settings that describe the ClassifierModel towers.train builds.
-CLASSIFIER_SETTINGS = ('optimizer', 'momentum', 'weight_decay', 'clip_norm', 'freeze')
+CLASSIFIER_SETTINGS = ('optimizer', 'momentum', 'weight_decay', 'decay_on', 'label_smoothing',
+                       'clip_norm', 'freeze')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,6 +165,9 @@ class TrainConfig:
     seed: int = 0  # graph seed and data order, saved with every checkpoint
     mean: tuple = None  # per-channel normalisation, --input dataset only
     std: tuple = None
+    # How training images are varied: 'inception', 'pad-crop-flip' or 'center' (none); None:
+    # by the images' size (towers/data/augment.py). Evaluation takes the centre view.
+    augment: str = None
     # How long.
     epochs: float = 10.0
     steps: int = None
@@ -169,6 +179,8 @@ class TrainConfig:
     warmup_epochs: float = 0.0
     momentum: float = 0.9
     weight_decay: float = 0.0
+    decay_on: str = 'weights'  # what weight decay pulls toward 0: towers/names.py DECAY_ON
+    label_smoothing: float = 0.0  # the targets' mass spread evenly over the classes
     clip_norm: float = None
     freeze: str = None  # regex of variables not to train
     ema: float = None  # decay of the weights' moving average, used to evaluate and export

@@ -20,6 +20,14 @@ from towers.tower import tower_loss
 tf1 = tf.compat.v1
 
 
+# --decay-on: the variables weight decay applies to, as a regex searched in their names.
+DECAY_PATTERNS = {
+    'weights': r'(^|/)weights$',  # the conv and dense kernels: not biases, not batch norm
+    'not-norms': r'^(?!(.*/)?(beta|gamma)$)',  # all but batch norm's (tf_cnn_benchmarks)
+    'all': r'.',  # every trainable variable
+}
+
+
 def make_optimizer(name, learning_rate, momentum=0.9):
     """A tf.compat.v1 optimizer by name: 'sgd', 'momentum' or 'adam'.
 
@@ -147,7 +155,10 @@ class ClassifierModel(ModelDesc):
       momentum: for 'momentum'.
       weight_decay: L2 rate on variables whose name matches decay_pattern
         (default: every `weights`, not biases or batch-norm), 0 for none.
-      decay_pattern: regex searched in variable names.
+      decay_pattern: regex searched in variable names, or a name of DECAY_PATTERNS
+        (--decay-on: 'weights', 'not-norms', 'all').
+      label_smoothing: the training targets put this much of their mass evenly on every
+        class (Szegedy et al. 2016); 0 for one-hot targets.
       clip_norm: clip the averaged gradients to this global norm, or None.
       freeze: regex; variables it matches are not updated, or None.
       normalization: (mean, std), per channel, that the training input applied to images
@@ -158,9 +169,11 @@ class ClassifierModel(ModelDesc):
     METRICS = ('loss', 'accuracy')  # what evaluation reports, and --best-metric chooses from
 
     def __init__(self, model_fn, input_shape, num_classes, optimizer='adam', momentum=0.9,
-                 weight_decay=0.0, decay_pattern=r'(^|/)weights$', clip_norm=None, freeze=None,
-                 normalization=None):
+                 weight_decay=0.0, decay_pattern='weights', clip_norm=None, freeze=None,
+                 normalization=None, label_smoothing=0.0):
         self.model_fn, self.num_classes, self.normalization = model_fn, num_classes, normalization
+        self.label_smoothing = check('label_smoothing', label_smoothing)
+        decay_pattern = DECAY_PATTERNS.get(decay_pattern, decay_pattern)
         self._input_shape = tuple(input_shape)
         self._optimizer, self._momentum = check('optimizer', optimizer), momentum
         self._decay = processors.WeightDecay(weight_decay, decay_pattern) if weight_decay \
@@ -176,6 +189,7 @@ class ClassifierModel(ModelDesc):
         """The classifier a TrainConfig describes (its optimizer and gradient settings)."""
         return cls(model_fn, input_shape, num_classes, optimizer=config.optimizer,
                    momentum=config.momentum, weight_decay=config.weight_decay,
+                   decay_pattern=config.decay_on, label_smoothing=config.label_smoothing,
                    clip_norm=config.clip_norm, freeze=config.freeze,
                    normalization=normalization_of(config.mean, config.std))
 
@@ -188,13 +202,14 @@ class ClassifierModel(ModelDesc):
 
     def build_graph(self, images, labels, *, training):
         count = tf.shape(labels)[0]
-        cost, metrics = tower_loss(self.model_fn, images, labels, count, training)
+        cost, metrics = tower_loss(self.model_fn, images, labels, count, training,
+                                   self.label_smoothing)
         return dict(metrics, cost=cost)
 
     def tower_loss(self, images, labels, count, training):
         # With the count, a stand-in example of an empty share is masked out:
         # the tower reports loss 0 and accuracy 0 for it (its weight is 0 anyway).
-        return tower_loss(self.model_fn, images, labels, count, training)
+        return tower_loss(self.model_fn, images, labels, count, training, self.label_smoothing)
 
     def optimizer(self, learning_rate):
         return make_optimizer(self._optimizer, learning_rate, self._momentum)

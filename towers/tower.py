@@ -120,7 +120,7 @@ def split_batch(images, labels, num_towers):
         return slices
 
 
-def tower_loss(model_fn, images, labels, count, training):
+def tower_loss(model_fn, images, labels, count, training, label_smoothing=0.0):
     """Build the model on one slice: its mean loss and accuracy.
 
     Args:
@@ -131,6 +131,9 @@ def tower_loss(model_fn, images, labels, count, training):
         stand-ins for an empty slice, see split_batch).
       training: Python bool or the tower's TowerContext (dropout, batch-norm
         mode), handed to model_fn.
+      label_smoothing: Python float in [0, 1): the target of each example is
+        (1 - label_smoothing) on its label plus label_smoothing / num_classes on
+        every class; 0 for the label alone.
     Returns:
       (loss, metrics): scalar float32, the mean cross-entropy over the real
       examples (0 for none, never NaN); {'accuracy': scalar float64}, the
@@ -139,7 +142,14 @@ def tower_loss(model_fn, images, labels, count, training):
     # float32 whatever the towers compute in: the softmax needs its range (precision.py).
     logits = tf.cast(model_fn(images, training), tf.float32)
     real = tf.range(tf.shape(labels)[0]) < count
-    xent = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
+    if label_smoothing:
+        # Per example, so that every tower count sums the same terms.
+        targets = tf.one_hot(labels, tf.shape(logits)[1], on_value=1.0 - label_smoothing,
+                             off_value=0.0) + label_smoothing / tf.cast(tf.shape(logits)[1],
+                                                                          tf.float32)
+        xent = tf.nn.softmax_cross_entropy_with_logits(labels=targets, logits=logits)
+    else:
+        xent = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
     xent = tf.where(real, xent, tf.zeros_like(xent))
     loss = tf.math.divide(tf.reduce_sum(xent), tf.cast(tf.maximum(count, 1), tf.float32),
                           name='loss')

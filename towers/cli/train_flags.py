@@ -5,7 +5,14 @@ TensorFlow-free; config.py turns them into a TrainConfig.
 from towers.cli.cluster_flags import cluster_train_flags
 from towers.cli.flags import device_flags, model_flags, precision_flags
 from towers.cluster.dataservice import MODES as DATA_SERVICE_MODES
-from towers.names import DATA_FORMATS, INPUT_MODES, OPTIMIZERS, VARIABLE_UPDATES
+from towers.names import (
+    AUGMENTATIONS,
+    DATA_FORMATS,
+    DECAY_ON,
+    INPUT_MODES,
+    OPTIMIZERS,
+    VARIABLE_UPDATES,
+)
 
 
 def train_parser(commands):
@@ -73,6 +80,12 @@ def _train_strategy_flags(train):
                             'staging (host queue + per-tower StagingArea), dataset (in-graph '
                             'tf.data), synthetic (random, benchmarks only); default: feed, '
                             'or dataset for records:DIR')
+    train.add_argument('--augment', default=None, choices=AUGMENTATIONS,
+                       help="how training images are varied: inception (a random box of 5%%-100%% "
+                            "of the area, aspect 3:4-4:3, resized, flipped: tf_cnn_benchmarks'), "
+                            "pad-crop-flip (CIFAR's: zero-pad 4, crop back, flip), center (none); "
+                            'evaluation takes the centre view (default: by the images\' size, '
+                            'said in the first lines)')
     train.add_argument('--mean', default=None,
                        help='with --input dataset: per-channel means subtracted after /255, '
                             'e.g. 0.4914,0.4822,0.4465 (needs --std)')
@@ -102,14 +115,21 @@ def _train_optimizer_flags(train):
     train.add_argument('--lr-schedule', default='constant',
                        help='constant; piecewise:EPOCH=LR,... (e.g. piecewise:80=0.01,120=0.001); '
                             'exponential:FACTOR,EPOCHS (x FACTOR every EPOCHS epochs, e.g. '
-                            'exponential:0.1,350 as the CIFAR-10 tutorial) (default: constant)')
+                            'exponential:0.1,350 as the CIFAR-10 tutorial); cosine[:EPOCHS] '
+                            '(half a cosine down to 0 over EPOCHS, default the whole run, after '
+                            'the warm-up) (default: constant)')
     train.add_argument('--warmup-epochs', type=float, default=0.0,
                        help='ramp the learning rate up linearly over these epochs (default: 0)')
     train.add_argument('--momentum', type=float, default=0.9,
                        help='momentum for --optimizer momentum (default: 0.9)')
     train.add_argument('--weight-decay', type=float, default=0.0,
-                       help='L2 weight decay on the weights (not biases), added once to the '
-                            'averaged gradients (default: 0)')
+                       help='L2 weight decay, added once to the averaged gradients (default: 0)')
+    train.add_argument('--decay-on', default='weights', choices=DECAY_ON,
+                       help="what --weight-decay applies to: weights (conv and dense kernels; "
+                            "not biases or batch norm), not-norms (all but batch norm's beta "
+                            "and gamma, as tf_cnn_benchmarks), all (default: weights)")
+    train.add_argument('--label-smoothing', type=float, default=0.0, metavar='EPS',
+                       help='spread EPS of each target over all classes, e.g. 0.1 (default: 0)')
     train.add_argument('--clip-norm', type=float, default=None,
                        help='clip the averaged gradients to this global norm')
     train.add_argument('--freeze', default=None, metavar='REGEX',
