@@ -5,6 +5,7 @@ TensorFlow is imported here, after its C++ log level is set, so that
 banner. Errors a user can fix become one line, naming flags, and exit
 status 1; --debug shows the traceback instead.
 """
+import argparse
 import os
 import sys
 import traceback
@@ -12,6 +13,7 @@ import traceback
 from towers.cli.parsers import build_parser
 from towers.names import XLA_CPU_FLAG
 from towers.quiet import native_stderr_silenced
+from towers.recipes import apply_recipe, explicit_flags
 
 
 def _import_tensorflow_quietly():
@@ -43,7 +45,9 @@ WITHOUT_TENSORFLOW = ('launch',)
 
 def main(argv=None):
     """Run `towers ARGV`; returns the exit status (0, 1 for an error, 130 when interrupted)."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parser.parse_args(argv)
     os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
     if args.command in WITHOUT_TENSORFLOW:
         from towers.cli.launcher import run_launch
@@ -65,7 +69,26 @@ def main(argv=None):
     if getattr(args, 'dataset', False) is None:  # the model's own kind of images
         from towers.cli.datasets import default_dataset
         args.dataset = default_dataset(args.model)
-    return _run(args, COMMANDS[args.command])
+    command = COMMANDS[args.command]
+    if getattr(args, 'recipe', None):
+        command = _with_recipe(command, explicit_flags(_subparser(parser, args.command), argv))
+    return _run(args, command)
+
+
+def _subparser(parser, name):
+    """The parser of the command `name`."""
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return commands.choices[name]
+
+
+def _with_recipe(command, given):
+    """command, run with --recipe's settings filled in where `given` (the flags given by hand)
+    has none, and where each comes from said first."""
+    def run(args, log):
+        for line in apply_recipe(args, given):
+            log(line)
+        return command(args, log)
+    return run
 
 
 class _NotLoaded(Exception):

@@ -13,6 +13,7 @@ from towers.names import (
     OPTIMIZERS,
     VARIABLE_UPDATES,
 )
+from towers.recipes import RECIPES
 
 
 def train_parser(commands):
@@ -105,6 +106,11 @@ def _train_strategy_flags(train):
 
 def _train_optimizer_flags(train):
     """The batch, the length and the optimisation."""
+    train.add_argument('--recipe', default=None, choices=sorted(RECIPES),
+                       help="a published recipe's optimizer, schedule, batch, decay, smoothing "
+                            'and augmentation, each said with its source at the start; a flag '
+                            'given by hand wins (he2016-cifar: the CIFAR ResNets of He et al.; '
+                            "tf-cnn-benchmarks-resnet50; nvidia-resnet50-v1.5)")
     train.add_argument('--batch-size', type=int, default=100,
                        help='global batch, split over the towers (default: 100)')
     train.add_argument('--epochs', type=float, default=10.0, help='epochs to train (default: 10)')
