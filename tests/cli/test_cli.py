@@ -299,3 +299,14 @@ def test_models_lists_each_with_its_input_parameters_and_flops(capsys):
     assert main(['models', 'resnet51']) == 1
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and err[0].startswith('towers: error: unknown model resnet51; known')
+
+
+def test_an_epoch_of_imagenet_synthetic_is_an_imagenet_epoch():
+    """Its 256 images in memory made an epoch of two steps, and a checkpoint each; now an epoch
+    counts ImageNet's 1,281,167 images (as tf_cnn_benchmarks counts synthetic epochs)."""
+    from towers.cli.config import config_from_args
+    args = build_parser().parse_args(['train', '--dataset', 'imagenet-synthetic',
+                                      '--batch-size', '256'])
+    assert config_from_args(args, ['/cpu:0'], '/cpu:0', 'feed').steps_per_epoch == 5005
+    args = build_parser().parse_args(['train', '--dataset', 'mnist_sample'])
+    assert config_from_args(args, ['/cpu:0'], '/cpu:0', 'feed').steps_per_epoch is None

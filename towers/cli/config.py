@@ -12,6 +12,7 @@ import os
 
 from towers.cli.parsers import build_parser
 from towers.config import TrainConfig
+from towers.data.synthetic import NAME as SYNTHETIC
 from towers.errors import SettingError
 from towers.names import FOLDERS
 
@@ -69,7 +70,8 @@ def config_from_args(args, tower_devices, param_device, input_mode):
         cluster_timeout=args.cluster_timeout,
         variable_update=args.variable_update, sync_bn=args.sync_bn, input=input_mode,
         allow_soft_placement=args.allow_soft_placement, data_format=args.data_format,
-        batch_size=args.batch_size, seed=args.seed, mean=float_list(args.mean, 'mean'),
+        batch_size=args.batch_size, steps_per_epoch=synthetic_epoch(args),
+        seed=args.seed, mean=float_list(args.mean, 'mean'),
         std=float_list(args.std, 'std'), epochs=args.epochs, steps=args.steps,
         optimizer=args.optimizer, learning_rate=args.lr, lr_schedule=args.lr_schedule,
         warmup_epochs=args.warmup_epochs, momentum=args.momentum,
@@ -82,6 +84,20 @@ def config_from_args(args, tower_devices, param_device, input_mode):
         histograms=args.histograms, log_every=args.log_every, quiet=args.quiet,
         precision=args.precision, loss_scale=loss_scale(args.loss_scale), xla=args.xla,
         **data_service_settings(args))
+
+
+# ImageNet's training images (ILSVRC-2012): what an epoch of imagenet-synthetic counts, as
+# tf_cnn_benchmarks counts its synthetic epochs.
+IMAGENET_TRAIN_IMAGES = 1281167
+
+
+def synthetic_epoch(args):
+    """The steps of an epoch: None (the data's own), or for imagenet-synthetic an ImageNet
+    epoch's. Its few hundred images in memory would otherwise make an epoch of two steps, and
+    a run with --logdir would write a checkpoint every two steps."""
+    if args.dataset != SYNTHETIC:
+        return None
+    return -(-IMAGENET_TRAIN_IMAGES // args.batch_size) if args.batch_size > 0 else None
 
 
 def data_service_settings(args):
