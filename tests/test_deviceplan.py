@@ -3,6 +3,7 @@ import pytest
 import tensorflow as tf
 
 from towers.cli import main
+from towers.cli.parsers import build_parser
 from towers.cluster.placement import in_graph_plan
 from towers.cluster.spec import Cluster
 from towers.deviceplan import (
@@ -141,6 +142,23 @@ def test_the_plan_knows_which_towers_share_a_gpu_and_keeps_nccl_between_whole_on
     assert local_plan(2, variable_update='replicated', num_gpus=1, all_reduce='ring') \
         .all_reduce == 'ring'
     assert local_plan(2, num_gpus=1).all_reduce is None
+
+
+def test_auto_is_the_command_lines_default_and_a_plan_on_one_gpu_keeps_everything_there():
+    parser = build_parser()
+    for command in ('train', 'bench', 'explain', 'devices', 'eval'):
+        args = [command] + (['--logdir', 'x'] if command == 'eval' else [])
+        assert parser.parse_args(args).param_device == 'auto', command
+    one = local_plan(1, 'auto', num_gpus=1)
+    assert (one.towers, one.variables, one.host) == (('/gpu:0',), '/gpu:0', '/gpu:0')
+    assert local_plan(2, 'auto', num_gpus=1).variables == '/gpu:0'  # logical GPUs of GPU 0
+    assert local_plan(2, 'auto', num_gpus=2).variables == '/cpu:0'
+    replicated = local_plan(2, 'auto', 'replicated', num_gpus=2)
+    assert (replicated.variables, replicated.host, replicated.all_reduce) == (
+        None, '/cpu:0', 'nccl')
+    # Every CPU run is as it was: the variables and the host ops on /cpu:0.
+    cpus = local_plan(3, 'auto', devices='cpu', num_gpus=1)
+    assert (cpus.variables, cpus.host) == ('/cpu:0', '/cpu:0')
 
 
 def test_a_run_says_in_its_first_lines_where_the_variables_are_and_how_copies_meet(capsys):

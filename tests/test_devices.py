@@ -194,6 +194,23 @@ def test_param_device_choices():
         resolve_param_device('host', cpu_towers)
 
 
+@pytest.mark.parametrize('tower_devices,num_gpus,per_gpu,expected', [
+    (['/cpu:0'], 0, None, '/cpu:0'),  # CPU towers: the classic /cpu:0, as before
+    (['/cpu:0', '/cpu:1'], 2, None, '/cpu:0'),  # on a GPU machine too (--devices cpu)
+    (['/gpu:0'], 1, None, '/gpu:0'),  # one GPU tower: on its GPU
+    (['/gpu:1'], 2, None, '/gpu:1'),  # the one GPU the towers use, not the first there
+    (['/gpu:0', '/gpu:1'], 1, None, '/gpu:0'),  # logical GPUs of one GPU: its first tower
+    (['/gpu:2', '/gpu:3'], 2, 2, '/gpu:2'),  # both on GPU 1 (split into two)
+    (['/gpu:0'], 2, 2, '/gpu:0'),  # one tower under a bench's split of two
+    (['/gpu:0', '/gpu:1'], 2, None, '/cpu:0'),  # two GPUs: the host, as before
+    (['/gpu:0', '/gpu:2'], 2, 2, '/cpu:0'),  # one tower on each GPU under a split of two
+    (['/gpu:0', '/gpu:1', '/gpu:2'], 2, None, '/cpu:0'),  # 2 on GPU 0, 1 on GPU 1
+])
+def test_auto_keeps_the_variables_on_the_gpu_where_every_tower_is_on_one(
+        tower_devices, num_gpus, per_gpu, expected):
+    assert resolve_param_device('auto', tower_devices, num_gpus, per_gpu) == expected
+
+
 def test_param_device_on_a_missing_gpu_is_an_error():
     with pytest.raises(DeviceError, match=r'/gpu:0 does not exist.*0 visible GPU'):
         resolve_param_device('/gpu:0', ['/cpu:0'], num_gpus=0)

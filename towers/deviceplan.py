@@ -33,7 +33,7 @@ graph reads it (towers, strategies, the graph builder, the cluster modes):
               tf_cnn_benchmarks' default), NHWC elsewhere, unless asked
   config      the Session's ConfigProto (with_xla: asking for XLA's auto-clustering)
 
-A --param-device (cpu, gpu, spread, a device name) is an input to the plan,
+A --param-device (auto, cpu, gpu, spread, a device name) is an input to the plan,
 never something a module re-interprets.
 """
 import dataclasses
@@ -189,7 +189,7 @@ def local_plan(towers=None, param_device=None, variable_update='parameter_server
     Args:
       towers: a tower count (None: every visible GPU, else one CPU), or a list
         of device names (resolved already: a run resolves its devices once).
-      param_device: --param-device: 'cpu' (None), 'gpu', 'spread' or a device.
+      param_device: --param-device: 'auto', 'cpu' (None), 'gpu', 'spread' or a device.
       variable_update: 'parameter_server', 'replicated' or 'independent'.
       devices: --devices, e.g. '/gpu:0,/gpu:2' (agreeing with a tower count), or a
         kind, 'cpu' or 'gpu'.
@@ -206,7 +206,7 @@ def local_plan(towers=None, param_device=None, variable_update='parameter_server
                      else resolve_devices(towers, devices, num_gpus, logical_gpus, per_gpu))
     if num_gpus is None and any(d.startswith('/gpu') for d in tower_devices):
         num_gpus = visible_gpus()
-    param = resolve_param_device(param_device, tower_devices, num_gpus)
+    param = resolve_param_device(param_device, tower_devices, num_gpus, per_gpu)
     # What no device scope places (the fed placeholders, the Saver's ops) stays on the
     # host: on a GPU machine TensorFlow would otherwise take GPU 0 for it.
     return make_plan(tower_devices, param, variable_update, default_device='/cpu:0',

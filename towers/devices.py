@@ -193,6 +193,14 @@ def physical_gpus(tower_devices, num_gpus, per_gpu=None):
                  for kind, index in map(parse_device, tower_devices))
 
 
+def on_one_gpu(tower_devices, num_gpus=None, per_gpu=None):
+    """Whether every tower is a GPU, all on one GPU: one tower, or logical GPUs of one GPU."""
+    if any(parse_device(d)[0] != 'gpu' for d in tower_devices):
+        return False
+    num_gpus = visible_gpus() if num_gpus is None else num_gpus
+    return len(set(physical_gpus(tower_devices, num_gpus, per_gpu))) == 1
+
+
 def session_config(tower_devices, param_device='/cpu:0', num_gpus=None, per_gpu=None,
                    **kwargs):
     """A ConfigProto under which every named device exists.
@@ -257,17 +265,24 @@ def describe_devices(tower_devices, param_device, num_gpus=None):
     return lines
 
 
-def resolve_param_device(choice, tower_devices, num_gpus=None):
+def resolve_param_device(choice, tower_devices, num_gpus=None, per_gpu=None):
     """Where the shared variables live.
 
     Args:
-      choice: 'cpu' (the classic tutorial's '/cpu:0'), 'gpu' (the first tower's
-        GPU, which must be one), 'spread' (over the tower devices, each
-        variable to the one with the fewest bytes so far), or an explicit
-        device name such as '/cpu:1'.
+      choice: 'auto' (the command line's default: 'gpu' where every tower is on
+        one GPU, else 'cpu'), 'cpu' (the classic tutorial's '/cpu:0'), 'gpu'
+        (the first tower's GPU, which must be one), 'spread' (over the tower
+        devices, each variable to the one with the fewest bytes so far), or an
+        explicit device name such as '/cpu:1'.
       tower_devices: the resolved tower devices.
-      num_gpus: GPUs to assume for an explicit '/gpu:N'; None asks TensorFlow.
+      num_gpus: GPUs to assume for 'auto' or an explicit '/gpu:N'; None asks TensorFlow.
+      per_gpu: logical GPUs per GPU, as resolve_devices has it.
     """
+    if choice == 'auto':
+        # tf_cnn_benchmarks' advice for one GPU, measured in issue 34: ResNet-50 on one H100
+        # ran 16% (fp32) and 18% (bf16) slower with its variables on the host. CPU towers keep
+        # /cpu:0, and so do several GPUs (whose fast path is --variable-update replicated).
+        choice = 'gpu' if on_one_gpu(tower_devices, num_gpus, per_gpu) else 'cpu'
     if choice in (None, 'cpu'):
         return '/cpu:0'
     if choice == SPREAD:

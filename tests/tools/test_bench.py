@@ -9,7 +9,13 @@ from towers import data, models
 from towers.deviceplan import local_plan
 from towers.errors import TowersError
 from towers.inputs import INPUT_MODES, SyntheticInput
-from towers.tools.bench import mean_stderr, measure, measure_interleaved, run_bench
+from towers.tools.bench import (
+    mean_stderr,
+    measure,
+    measure_interleaved,
+    run_bench,
+    variables_line,
+)
 
 SHAPE = (28, 28, 1)
 
@@ -76,10 +82,11 @@ def test_run_bench_every_input_mode_and_the_ratios():
         assert row['vs_synthetic'] == row['mean'] / synthetic[row['towers']]
         first = next(r for r in rows if r['input'] == row['input'])
         assert row['vs_first'] == row['mean'] / first['mean']
-    # A header, then one line per row, in order.
-    assert len(lines) == 1 + len(rows)
-    assert lines[0].split()[:5] == ['input', 'towers', 'precision', 'devices', 'images/sec']
-    for line, row in zip(lines[1:], rows):
+    # Where the variables are, a header, then one line per row, in order.
+    assert len(lines) == 2 + len(rows)
+    assert lines[0] == 'variables: /cpu:0'
+    assert lines[1].split()[:5] == ['input', 'towers', 'precision', 'devices', 'images/sec']
+    for line, row in zip(lines[2:], rows):
         fields = line.split()
         assert fields[:4] == [row['input'], str(row['towers']), 'fp32', row['devices']]
         assert fields[4:7] == ['%.1f' % row['mean'], '±', '%.1f' % row['stderr']]
@@ -119,3 +126,9 @@ def test_configurations_are_timed_in_turns():
     results = measure_interleaved(configs, warmup_steps=1, timed_steps=4, rounds=2)
     assert order == list('a' 'b' 'aa' 'bb' 'aa' 'bb')
     assert len(results) == 2 and all(mean > 0 for mean, _ in results)
+
+
+def test_the_variables_line_says_each_tower_counts_home_where_they_differ():
+    assert variables_line({'/cpu:0': [1, 2, 4]}) == 'variables: /cpu:0'
+    assert variables_line({'/gpu:0': [1], '/cpu:0': [2, 4]}) == (
+        'variables: /gpu:0 at 1 tower(s); /cpu:0 at 2,4 tower(s)')

@@ -27,11 +27,11 @@ def test_run_bench_times_each_precision_against_the_first():
     # Each precision is its own column of ratios: bf16's synthetic row is bf16's.
     assert bf16['vs_synthetic'] == 1.0 and bf16['vs_first'] == 1.0
     # What the hardware has for bf16, then the table with a 'vs fp32' column.
-    assert lines[0] == precision_support('bf16', ['/cpu:0'])
-    assert lines[1].split()[:3] == ['input', 'towers', 'precision']
-    assert lines[1].split()[-2:] == ['vs', 'fp32']
-    assert lines[3].split()[2] == 'bf16'
-    assert lines[3].split()[-1] == '%.3f' % bf16['vs_precision']
+    assert lines[:2] == ['variables: /cpu:0', precision_support('bf16', ['/cpu:0'])]
+    assert lines[2].split()[:3] == ['input', 'towers', 'precision']
+    assert lines[2].split()[-2:] == ['vs', 'fp32']
+    assert lines[4].split()[2] == 'bf16'
+    assert lines[4].split()[-1] == '%.3f' % bf16['vs_precision']
 
 
 def test_precisions_are_checked_once_each_and_a_loss_scale_needs_fp16():

@@ -105,7 +105,8 @@ def test_bench_traces_its_first_row(tmp_path):
     run_bench(models.build_model('small_convnet', SHAPE, 10), SHAPE, 10, [2], batch_size=8,
               warmup_steps=1, timed_steps=2, log=lines.append, trace=path, devices='cpu')
     assert _devices_with_events(path) >= {'/cpu:0', '/cpu:1'}
-    assert lines[0].startswith('trace of step 2: %s' % path)
+    assert lines[0] == 'variables: /cpu:0'
+    assert lines[1].startswith('trace of step 2: %s' % path)
 
 
 def test_busy_time_is_the_union_of_the_intervals():

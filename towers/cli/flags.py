@@ -19,10 +19,11 @@ def device_flags(parser):
     group.add_argument('--no-logical-gpus', action='store_true',
                        help='refuse more towers than GPUs instead of splitting each GPU into '
                             'logical GPUs (an equal share of its memory each)')
-    group.add_argument('--param-device', default='cpu',
-                       help="where variables live: 'cpu' (/cpu:0, the classic tutorial), "
+    group.add_argument('--param-device', default='auto',
+                       help="where variables live: 'auto' (the towers' GPU where they are all "
+                            "on one GPU, else /cpu:0), 'cpu' (/cpu:0, the classic tutorial), "
                             "'gpu' (the first tower's GPU), 'spread' (over the tower devices, "
-                            "by size) or a device name (default: cpu)")
+                            "by size) or a device name (default: auto)")
 
 
 def model_flags(parser):

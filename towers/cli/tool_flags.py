@@ -23,7 +23,9 @@ def bench_parser(commands):
     bench.add_argument('--input', default='synthetic',
                        help='comma-separated input modes to compare: feed, staging, dataset, '
                             'synthetic (default: synthetic)')
-    bench.add_argument('--param-device', default='cpu', help='as for train (default: cpu)')
+    bench.add_argument('--param-device', default='auto',
+                       help='as for train (default: auto: the towers\' GPU where they are all '
+                            'on one GPU, else /cpu:0)')
     bench.add_argument('--devices', default=None, choices=DEVICE_KINDS,
                        help='the towers\' kind: cpu (virtual CPU devices even where there are '
                             'GPUs) or gpu (default: GPUs where there are any, split into '

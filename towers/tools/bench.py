@@ -199,7 +199,7 @@ def precisions_of(names, loss_scale=None):
 
 
 def run_bench(model_fn, input_shape, num_classes, tower_counts, batch_size, modes=('synthetic',),
-              dataset=None, warmup_steps=10, timed_steps=50, param_device='cpu', log=print,
+              dataset=None, warmup_steps=10, timed_steps=50, param_device='auto', log=print,
               trace=None, name_of=str, precisions=('fp32',), loss_scale=None, devices=None,
               optimizer=TRAIN_OPTIMIZER, data_format=None):
     """Measure every input mode at every tower count in every precision; print one table.
@@ -209,8 +209,8 @@ def run_bench(model_fn, input_shape, num_classes, tower_counts, batch_size, mode
         with a line saying why.
       modes: input modes (towers.names.INPUT_MODES); all but 'synthetic' read
         `dataset` (images [N, H, W, C] float32, labels [N]).
-      param_device: as resolve_param_device takes it ('cpu', 'gpu', a name),
-        resolved for each tower count.
+      param_device: as resolve_param_device takes it ('auto', 'cpu', 'gpu', a
+        name), resolved for each tower count; a first line says where they are.
       trace: a Chrome-trace file for one step of the first row (--trace).
       name_of: how a skipped count's message spells settings (the CLI: as flags).
       precisions: names of towers.names.PRECISIONS, each timed against the first.
@@ -236,7 +236,7 @@ def run_bench(model_fn, input_shape, num_classes, tower_counts, batch_size, mode
                            ','.join(INPUT_MODES))
     chosen = precisions_of(precisions, loss_scale)
     sampler = EpochSampler(dataset.num_examples, batch_size) if dataset is not None else None
-    rows, configs = [], []
+    rows, configs, homes = [], [], {}
     per_gpu = process_split(tower_counts, devices)  # every row under the largest's split
     for count in tower_counts:
         try:
@@ -245,6 +245,7 @@ def run_bench(model_fn, input_shape, num_classes, tower_counts, batch_size, mode
         except TowersError as e:
             log('%d towers: skipped (%s)' % (count, e.named(name_of)))
             continue
+        homes.setdefault(plan.describe(), []).append(count)
         for mode in modes:
             for precision in chosen:
                 rows.append({'input': mode, 'towers': count, 'precision': precision.name,
@@ -255,6 +256,7 @@ def run_bench(model_fn, input_shape, num_classes, tower_counts, batch_size, mode
                     source=make_input(mode, dataset, sampler, batch_size, num_classes)))
     if not rows:
         raise TowersError('no tower count could run; try {towers} 1')
+    log(variables_line(homes))
     devices = list(dict.fromkeys(d for row in rows for d in row['devices'].split(',')))
     for precision in chosen:
         if precision.mixed:
@@ -277,6 +279,14 @@ def run_bench(model_fn, input_shape, num_classes, tower_counts, batch_size, mode
             '%.1f ± %.1f' % (row['mean'], row['stderr']), vs_synthetic, row['vs_first'],
             ' %.3f' % row['vs_precision'] if several else '')).rstrip())
     return rows
+
+
+def variables_line(homes):
+    """'variables: /gpu:0'; where tower counts differ, 'variables: /gpu:0 at 1 tower(s); /cpu:0
+    at 2,4 tower(s)'. homes: {where (DevicePlan.describe): [tower counts]}."""
+    return 'variables: ' + ('; '.join('%s at %s tower(s)' % (where, ','.join(map(str, counts)))
+                                      for where, counts in homes.items())
+                            if len(homes) > 1 else next(iter(homes)))
 
 
 def _add_ratios(rows):

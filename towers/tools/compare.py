@@ -76,7 +76,7 @@ def training_flops_per_image(model_fn, input_shape, num_classes, batch=8):
 def run_compare(model_name, model_fn, input_shape, num_classes, tower_counts, batch_size,
                 dataset, modes=('synthetic',), variable_updates=('parameter_server', 'replicated'),
                 xla=False, warmup_steps=10, timed_steps=50, plot=None, trace=None, log=print,
-                param_device='cpu', precisions=('fp32',), loss_scale=None, devices=None):
+                param_device='auto', precisions=('fp32',), loss_scale=None, devices=None):
     """Measure towers and its peers at each tower count; print one table.
 
     precisions, loss_scale, devices: as bench.run_bench takes them; the plain graph
