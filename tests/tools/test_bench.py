@@ -9,13 +9,8 @@ from towers import data, models
 from towers.deviceplan import local_plan
 from towers.errors import TowersError
 from towers.inputs import INPUT_MODES, SyntheticInput
-from towers.tools.bench import (
-    mean_stderr,
-    measure,
-    measure_interleaved,
-    run_bench,
-    variables_line,
-)
+from towers.tools.bench import mean_stderr, measure, measure_interleaved, run_bench
+from towers.tools.benchtable import variables_line
 
 SHAPE = (28, 28, 1)
 

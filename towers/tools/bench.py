@@ -34,6 +34,7 @@ from towers.precision import Precision
 from towers.session import open_session, run_steps, trace_options
 from towers.tools import stepgraph
 from towers.tools import trace as tracing
+from towers.tools.benchtable import add_ratios, table_lines, variables_line
 from towers.tools.hardware import precision_support
 
 tf1 = tf.compat.v1
@@ -266,37 +267,7 @@ def run_bench(model_fn, input_shape, num_classes, tower_counts, batch_size, mode
                                                              timed_steps, trace_path=trace,
                                                              log=log)):
         row.update(mean=mean, stderr=stderr)
-    _add_ratios(rows)
-    several = len(chosen) > 1
-    log(('%-10s %-7s %-10s %-28s %-20s %-13s %-15s%s' % (
-        'input', 'towers', 'precision', 'devices', 'images/sec', 'vs synthetic',
-        'vs %d tower(s)' % rows[0]['towers'], ' vs %s' % chosen[0].name if several else ''))
-        .rstrip())
-    for row in rows:
-        vs_synthetic = '%.3f' % row['vs_synthetic'] if row['vs_synthetic'] else '-'
-        log(('%-10s %-7d %-10s %-28s %-20s %-13s %-15.3f%s' % (
-            row['input'], row['towers'], row['precision'], row['devices'],
-            '%.1f ± %.1f' % (row['mean'], row['stderr']), vs_synthetic, row['vs_first'],
-            ' %.3f' % row['vs_precision'] if several else '')).rstrip())
+    add_ratios(rows)
+    for line in table_lines(rows, [p.name for p in chosen]):
+        log(line)
     return rows
-
-
-def variables_line(homes):
-    """'variables: /gpu:0'; where tower counts differ, 'variables: /gpu:0 at 1 tower(s); /cpu:0
-    at 2,4 tower(s)'. homes: {where (DevicePlan.describe): [tower counts]}."""
-    return 'variables: ' + ('; '.join('%s at %s tower(s)' % (where, ','.join(map(str, counts)))
-                                      for where, counts in homes.items())
-                            if len(homes) > 1 else next(iter(homes)))
-
-
-def _add_ratios(rows):
-    synthetic = {(r['towers'], r['precision']): r['mean'] for r in rows
-                 if r['input'] == 'synthetic'}
-    first, first_precision = {}, {}
-    for row in rows:
-        first.setdefault((row['input'], row['precision']), row['mean'])
-        first_precision.setdefault((row['towers'], row['input']), row['mean'])
-        row['vs_first'] = row['mean'] / first[row['input'], row['precision']]
-        row['vs_precision'] = row['mean'] / first_precision[row['towers'], row['input']]
-        key = row['towers'], row['precision']
-        row['vs_synthetic'] = row['mean'] / synthetic[key] if key in synthetic else None
