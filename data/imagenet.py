@@ -13,10 +13,11 @@ towers trains on label - 1, so the classes are 0..999 (class i is the (i+1)-th s
 build_imagenet_data.py's sorted list), and a record labelled 0 is out of range.
 
 Preprocessing is tf_cnn_benchmarks' (its preprocessing.py), on the host CPU:
-  training    a box drawn by sample_distorted_bounding_box over the JPEG's own shape and
-              the record's boxes (at least 10% of a box covered, aspect 3/4..4/3, 5%..100%
-              of the area, the whole image when there is no box), decoded and cropped in
-              one op (decode_and_crop_jpeg), resized to the model's size (bilinear), flipped
+  training    (--augment inception; data/augment.py has the others) a box drawn by
+              sample_distorted_bounding_box over the JPEG's own shape and the record's boxes
+              (at least 10% of a box covered, aspect 3/4..4/3, 5%..100% of the area, the
+              whole image when there is no box), decoded and cropped in one op
+              (decode_and_crop_jpeg), resized to the model's size (bilinear), flipped
               left-right half the time;
   evaluation  decoded, the short side resized to 1.145 times the model's size (256 for
               224), the centre cut out.
@@ -186,15 +187,28 @@ def train_image(jpeg, boxes, size, seed):
       seed: [2] int64, this example's stateless seed.
     """
     seeds = tf.random.experimental.stateless_split(seed, 2)
-    begin, crop_size, _ = tf.image.stateless_sample_distorted_bounding_box(
-        tf.io.extract_jpeg_shape(jpeg), boxes, seed=seeds[0], min_object_covered=0.1,
-        aspect_ratio_range=[0.75, 1.33], area_range=[0.05, 1.0], max_attempts=100,
-        use_image_if_no_bounding_boxes=True)
+    begin, crop_size = inception_box(tf.io.extract_jpeg_shape(jpeg), boxes, seeds[0])
     window = tf.stack([begin[0], begin[1], crop_size[0], crop_size[1]])
     image = tf.io.decode_and_crop_jpeg(jpeg, window, channels=3)
     image = tf.image.resize(image, [size, size], method='bilinear')
     image = tf.image.stateless_random_flip_left_right(image, seed=seeds[1])
     return _to_bytes(image)
+
+
+def inception_box(image_shape, boxes, seed):
+    """tf_cnn_benchmarks' box of an image: at least 10% of an object box covered (the whole
+    image when there is none), aspect 3/4..4/3, 5%..100% of the area; (begin [3], size [3])
+    int32, for tf.slice.
+
+    Args:
+      image_shape: [3] int32 (H, W, C).
+      boxes: [1, n, 4] float32 object boxes as fractions (n may be 0).
+      seed: [2] int64, stateless.
+    """
+    begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
+        image_shape, boxes, seed=seed, min_object_covered=0.1, aspect_ratio_range=[0.75, 1.33],
+        area_range=[0.05, 1.0], max_attempts=100, use_image_if_no_bounding_boxes=True)
+    return begin, size
 
 
 def eval_image(jpeg, size):
