@@ -9,7 +9,8 @@ evaluation: data/image_splits.py).
 Seeded per epoch and per example, so a resumed run crops as the uninterrupted one: each
 epoch's records are shuffled in a buffer of the serialised records seeded by (seed, epoch),
 then numbered by their position in the run (epoch x records + position in the epoch); the
-crop box and the flip are drawn by stateless random ops from (seed, that number). The same
+augmentation (data/augment.py: inception's box, pad-crop-flip's offsets, the flip) is drawn
+by stateless random ops from (seed, that number). The same
 seed therefore gives the same crops and flips in the same order, whatever the number of
 parallel decoders, and any epoch can be made without those before it: a resume starts at
 its epoch and passes over the records it already trained on before they are decoded
@@ -22,6 +23,7 @@ import sys
 
 import tensorflow as tf
 
+from towers.data.augment import augment_image, default_for, jpeg_view
 from towers.data.errors import BAD_RECORD, DataError
 from towers.data.imagenet import (
     BUILD_IMAGENET,
@@ -31,7 +33,6 @@ from towers.data.imagenet import (
     eval_image,
     parse,
     shard_files,
-    train_image,
 )
 
 tf1 = tf.compat.v1
@@ -54,7 +55,7 @@ def records(files, cycle_length=8):
 
 def decoded(files, size, training, seed=0, num_classes=1000, shuffle_buffer=10000,
             cycle_length=8, chunk=CHUNK, schema=BUILD_IMAGENET, epoch=None, skip=0,
-            epoch_records=None, keep=None):
+            epoch_records=None, keep=None, augment=None):
     """The shards' records decoded, a chunk at a time, whether or not some are bad.
 
     A bad record (not a tf.train.Example, an image that does not decode (or, of a schema
@@ -65,9 +66,11 @@ def decoded(files, size, training, seed=0, num_classes=1000, shuffle_buffer=1000
     a dataset of its own whose errors are ignored, so a reader's errors (a corrupt shard)
     still reach the caller, and the chunks decode in parallel.
 
-    With `epoch` (an int64 scalar, maybe a tensor), this is that epoch alone: its shuffle is
-    seeded by (seed, epoch) and its crops by (seed, epoch * epoch_records + position) (the
-    files' record count), so any epoch
+    Training images are augmented by name (augment, one of data/augment.py's; None: the
+    default for their shape), evaluation's take the centre view. With `epoch` (an int64
+    scalar, maybe a tensor), this is that epoch alone: its shuffle is
+    seeded by (seed, epoch) and its augmentation by (seed, epoch * epoch_records + position)
+    (the files' record count), so any epoch
     can be made without the ones before it, and its first `skip` records are passed over
     before they are decoded (a resumed run's). Without, the records are reshuffled each
     time the dataset is iterated again. keep: None, or a function (positions [n] int64) ->
@@ -92,6 +95,7 @@ def decoded(files, size, training, seed=0, num_classes=1000, shuffle_buffer=1000
             reshuffle_each_iteration=epoch is None)
     shape = schema.shape or (size, size, 3)
     pixels = shape[0] * shape[1] * shape[2]
+    augment = augment or default_for(shape)
     low, high = schema.first_label, schema.first_label + num_classes - 1
     undecodable = 'not a tf.train.Example whose %s is a decodable %s' % (
         schema.image, 'x'.join(map(str, shape)) + ' image' if schema.shape else 'JPEG')
@@ -105,11 +109,15 @@ def decoded(files, size, training, seed=0, num_classes=1000, shuffle_buffer=1000
 
     def decode_one(row, position, serialized):
         encoded, label, boxes = parse(serialized, schema)
+        example_seed = tf.stack([tf.cast(seed, tf.int64), numbered_from + position])
         if schema.shape:
-            image = tf.io.decode_image(encoded, channels=shape[2], expand_animations=False)
+            # (An image of another shape fails here, a bad record, before it is augmented.)
+            image = tf.ensure_shape(tf.io.decode_image(encoded, channels=shape[2],
+                                                       expand_animations=False), shape)
+            if training:
+                image = augment_image(image, augment, example_seed)
         elif training:
-            image = train_image(encoded, boxes, size,
-                                tf.stack([tf.cast(seed, tf.int64), numbered_from + position]))
+            image = jpeg_view(encoded, boxes, size, augment, example_seed)
         else:
             image = eval_image(encoded, size)
         return row, tf.reshape(image, [pixels]), label
@@ -177,16 +185,17 @@ def _print_skipped(bad):
 
 
 def examples(files, size, training, seed=0, shuffle_buffer=10000, cycle_length=8,
-             num_classes=1000, skip_bad=False):
+             num_classes=1000, skip_bad=False, augment=None):
     """A tf.data.Dataset of (image [size, size, 3] uint8, label) from the shards.
 
     The shards are read interleaved (deterministically), the serialised records shuffled in
     a seeded buffer when training, numbered by their position in the epoch, and decoded in
-    parallel; the order out is the order in, whatever the parallelism. A bad record stops
-    it (see checked), or with skip_bad is left out.
+    parallel (training's augmented by name: see decoded); the order out is the order in,
+    whatever the parallelism. A bad record stops it (see checked), or with skip_bad is left
+    out.
     """
     return kept(checked(decoded(files, size, training, seed, num_classes, shuffle_buffer,
-                                 cycle_length), skip_bad))
+                                 cycle_length, augment=augment), skip_bad))
 
 
 def kept(chunks):
@@ -199,9 +208,9 @@ def kept(chunks):
 class ImageRecordSet:
     """One split of image records (a list of shards), read as a data.pipeline source.
 
-    The training split is shuffled, and (JPEGs of any size) cropped and flipped, here (see
-    the module docstring), so the pipeline after it only batches and normalises; the
-    evaluation split gets the centre view, in file order.
+    The training split is shuffled and augmented here (see the module docstring), so the
+    pipeline after it only batches and normalises; the evaluation split gets the centre
+    view, in file order.
 
     Args:
       files: the split's shards, in order.
@@ -250,33 +259,36 @@ class ImageRecordSet:
                             % (split, os.path.dirname(files[0])))
 
     def examples(self, training=None, cycle_length=8, epoch=None, skip=0, keep=None,
-                 seed=None):
+                 seed=None, augment=None):
         """decoded()'s chunks of this split (of one epoch, skip records in, decoding those
-        keep keeps; shuffled and cropped on seed, an int64 tensor, instead of the set's),
-        after checked()."""
+        keep keeps; shuffled and augmented on seed, an int64 tensor, instead of the set's;
+        augmented by name, None: the default for the images), after checked()."""
         training = self.split == 'train' if training is None else training
         seed = self.seed if seed is None else seed
         return checked(decoded(self.files, self.input_shape[0], training, seed,
                                self.num_classes, self.shuffle_buffer, cycle_length,
                                schema=self.schema, epoch=epoch, skip=skip,
-                               epoch_records=self.num_examples, keep=keep),
+                               epoch_records=self.num_examples, keep=keep, augment=augment),
                        self.skip_bad_images)
 
-    def source(self, input_shape, cycle_length=8, seed=None):
+    def source(self, input_shape, cycle_length=8, seed=None, augment=None):
         """(dataset of chunks (pixels [n, P] uint8, ok [n], labels [n]), {}), reshuffled each
-        time it is iterated; seed: as examples'."""
+        time it is iterated; seed, augment: as examples'."""
         self._check(input_shape)
-        return self._flat(self.examples(cycle_length=cycle_length, seed=seed)), {}
+        return self._flat(self.examples(cycle_length=cycle_length, seed=seed,
+                                        augment=augment)), {}
 
-    def epoch_source(self, input_shape):
+    def epoch_source(self, input_shape, augment=None):
         """(a function (epoch, records to pass over, keep) -> that epoch's source, records
         an epoch), for data.pipeline.epoch_pipeline to start a resumed run where it stopped
         without decoding what it already trained on. The records an epoch are None when bad
-        images are skipped: an epoch's batch count is then known only once it is read."""
+        images are skipped: an epoch's batch count is then known only once it is read.
+        augment: as examples'."""
         self._check(input_shape)
 
         def epoch_source(epoch, skip, keep=None):
-            return self._flat(self.examples(epoch=epoch, skip=skip, keep=keep))
+            return self._flat(self.examples(epoch=epoch, skip=skip, keep=keep,
+                                            augment=augment))
         return epoch_source, None if self.skip_bad_images else self.num_examples
 
     def _check(self, input_shape):

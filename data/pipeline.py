@@ -1,6 +1,6 @@
 """The in-graph tf.data pipeline, stage by stage.
 
-    source -> clean -> (augment) -> shuffle -> batch -> normalise -> repeat -> prefetch
+    source -> clean -> shuffle -> batch -> repeat -> (augment) -> normalise -> prefetch
 
 A source is a tf.data.Dataset of *chunks* (pixels [n, P], shape_ok [n] bool,
 labels [n] int64): pixels flattened, in any real dtype; shape_ok saying which
@@ -8,7 +8,8 @@ records have the expected shape (only the source knows what shape a record
 claimed). Working on chunks lets cleaning and normalisation run as a few
 vectorised ops per chunk or batch: a Python-defined function per example costs
 tens of microseconds in tf.data, more than the rest of the pipeline together.
-Augmentation draws random numbers per image and so runs per example.
+Augmentation (data/augment.py) runs on each batch too, its numbers drawn from (seed, the
+batch's step in the run), on the pixels in the source's dtype (bytes stay bytes).
 
 This module imports TensorFlow; `import data` does not import it.
 """
@@ -16,6 +17,8 @@ import math
 
 import numpy as np
 import tensorflow as tf
+
+from towers.data.augment import CENTER, augment_batch
 
 tf1 = tf.compat.v1
 
@@ -78,40 +81,11 @@ def normalize(pixels, input_shape, pixel_scale):
     return tf.reshape(tf.cast(pixels, tf.float32), input_shape) / pixel_scale
 
 
-def augment_color_image(image, seed=None, pad=4):
-    """Random crop after zero padding, left-right flip, brightness and contrast.
-
-    For small colour images such as CIFAR-10's (as in the classic CIFAR-10
-    tutorial and the ResNet papers); a flipped or shifted digit may be another
-    digit, so digits are not augmented by default.
-
-    Args:
-      image: [H, W, C] float32 in [0, 1].
-    Returns:
-      [H, W, C] float32.
-    """
-    height, width, channels = image.shape.as_list()
-    image = tf.image.pad_to_bounding_box(image, pad, pad, height + 2 * pad, width + 2 * pad)
-    # One seed per op: ops sharing a seed draw the same numbers, which would
-    # tie the flip, brightness and contrast of every image together.
-    seeds = [None] * 4 if seed is None else [seed + i for i in range(4)]
-    image = tf1.random_crop(image, [height, width, channels], seed=seeds[0])
-    image = tf.image.random_flip_left_right(image, seed=seeds[1])
-    image = tf.image.random_brightness(image, max_delta=63 / 255, seed=seeds[2])
-    return tf.image.random_contrast(image, lower=0.2, upper=1.8, seed=seeds[3])
-
-
-def should_augment(input_shape):
-    """The default: augment 32x32 colour images, leave everything else alone."""
-    return tuple(input_shape) == (32, 32, 3)
-
-
-def finisher(input_shape, pixel_scale=255.0, mean=None, std=None, scaled=False):
+def finisher(input_shape, pixel_scale=255.0, mean=None, std=None):
     """The last stage of the pipeline as a function of a batch of flat pixels.
 
     pixels [b, H*W*C] (any real dtype) -> images [b, H, W, C] float32, divided
-    by pixel_scale unless already scaled (augmentation scales per image), then
-    normalised per channel by mean and std when given. One vectorised op per
+    by pixel_scale, then normalised per channel by mean and std when given. One vectorised op per
     batch instead of one per example: the same numbers, far less work.
 
     The same numbers wherever it runs: in the pipeline, or on a tower's device
@@ -122,8 +96,7 @@ def finisher(input_shape, pixel_scale=255.0, mean=None, std=None, scaled=False):
     """
     def finish(pixels):
         images = tf.reshape(tf.cast(pixels, tf.float32), [-1] + list(input_shape))
-        if not scaled:
-            images = images / _unfolded(pixel_scale)
+        images = images / _unfolded(pixel_scale)
         if mean is not None:
             images = (images - tf.constant(mean, tf.float32)) / _unfolded(std)
         return images
@@ -137,8 +110,9 @@ def _unfolded(value):
 
 
 def make_pipeline(source, input_shape, num_classes, batch_size, pixel_scale=255.0,
-                  mean=None, std=None, augment=False, shuffle_buffer=10000, seed=None,
-                  epochs=None, prefetch=2, finish=True, counted=True, shuffle_seed=None):
+                  mean=None, std=None, augment=CENTER, shuffle_buffer=10000, seed=None,
+                  epochs=None, prefetch=2, finish=True, counted=True, shuffle_seed=None,
+                  start=0):
     """Build the whole pipeline over a source.
 
     Args:
@@ -149,11 +123,14 @@ def make_pipeline(source, input_shape, num_classes, batch_size, pixel_scale=255.
         kept record is delivered exactly once per epoch.
       pixel_scale: pixels are divided by this (255 for bytes, 1 for [0, 1]).
       mean, std: optional per-channel lists applied after scaling.
-      augment: apply augment_color_image.
+      augment: the name of the augmentation of each batch (data/augment.py), drawn from
+        (the seed, the batch's step), so that a resumed run augments as the uninterrupted
+        one; 'center' for none.
       shuffle_buffer: examples in the shuffle buffer; 0 or 1 keeps the order.
-      seed: shuffle and augmentation seed (an int).
-      shuffle_seed: the shuffle's instead, an int64 tensor (a seed drawn where the pipeline
-        runs: towers/inputs/dataservice.py), or None.
+      seed: shuffle and augmentation seed (an int; None: the shuffle unseeded, the
+        augmentation on 0).
+      shuffle_seed: the shuffle's and augmentation's instead, an int64 tensor (a seed drawn
+        where the pipeline runs: towers/inputs/dataservice.py), or None.
       epochs: how many passes; None repeats forever.
       prefetch: batches prepared ahead of the step that takes them.
       finish: normalise each batch in the pipeline; False leaves that to the
@@ -161,6 +138,8 @@ def make_pipeline(source, input_shape, num_classes, batch_size, pixel_scale=255.
         (pixels [b, H*W*C] in the source's dtype, labels [b] int64), so bytes
         cross to a GPU as bytes.
       counted: count cleaning's records in a variable; False for none.
+      start: the first batch (an int64 scalar, e.g. a resume's step): the batches before
+        it are made (the shuffle's order needs them) but neither augmented nor normalised.
     Returns:
       (dataset of (images [b, H, W, C] float32, labels [b] int64), counts):
       counts is an int64 [2] local variable, (records read, records dropped)
@@ -170,20 +149,27 @@ def make_pipeline(source, input_shape, num_classes, batch_size, pixel_scale=255.
     """
     counts = _cleaning_counts(mean, std) if counted else None
     dataset = clean(source, num_classes, counts)
-    if augment:
-        def prepare(pixels, label):
-            image = augment_color_image(normalize(pixels, input_shape, pixel_scale), seed=seed)
-            return tf.reshape(image, [-1]), label
-        dataset = dataset.map(prepare, num_parallel_calls=tf.data.AUTOTUNE)
     if shuffle_buffer and shuffle_buffer > 1:
         dataset = dataset.shuffle(shuffle_buffer, seed=seed if shuffle_seed is None
                                   else shuffle_seed, reshuffle_each_iteration=True)
-    dataset = dataset.batch(batch_size)
+    # Numbered by their step in the run before the skip: a resumed run's batch of step k is
+    # augmented as the uninterrupted run's.
+    dataset = dataset.batch(batch_size).repeat(epochs).enumerate().skip(
+        tf.cast(start, tf.int64))
+    key = (seed or 0) if shuffle_seed is None else shuffle_seed
+
+    def prepare(step, batch):
+        pixels, labels = batch
+        if augment != CENTER:
+            images = tf.reshape(pixels, [-1] + list(input_shape))
+            pixels = tf.reshape(augment_batch(images, augment, key, step),
+                                [-1, math.prod(input_shape)])
+        return pixels, labels
+    dataset = dataset.map(prepare, num_parallel_calls=tf.data.AUTOTUNE)
     if finish:
-        normalise = finisher(input_shape, pixel_scale, mean, std, scaled=augment)
+        normalise = finisher(input_shape, pixel_scale, mean, std)
         dataset = dataset.map(lambda pixels, labels: (normalise(pixels), labels),
                               num_parallel_calls=tf.data.AUTOTUNE)
-    dataset = dataset.repeat(epochs)
     return dataset.prefetch(prefetch), counts
 
 

@@ -70,7 +70,8 @@ def test_the_training_view_is_a_seeded_crop_and_the_labels_start_at_zero(tmp_pat
 
     def view(seed, parallel=8):
         return _read(lambda: image_records.examples(files, 32, training=True, seed=seed,
-                                               cycle_length=parallel), 8)
+                                                    cycle_length=parallel,
+                                                    augment='inception'), 8)
     first, again, other = view(1), view(1), view(2)
     assert all(image.shape == (32, 32, 3) and image.dtype == np.uint8 for image, _ in first)
     assert sorted(int(label) for _, label in first) == list(range(8))  # 1..8, less one
@@ -83,8 +84,10 @@ def test_the_training_view_is_a_seeded_crop_and_the_labels_start_at_zero(tmp_pat
 def test_a_resume_skips_to_the_same_crops(tmp_path):
     _write_shards(str(tmp_path), 'train', [5, 5])
     files = imagenet.shard_files(str(tmp_path), 'train')
-    whole = _read(lambda: image_records.examples(files, 24, training=True, seed=3), 10)
-    resumed = _read(lambda: image_records.examples(files, 24, training=True, seed=3).skip(6), 4)
+    def crops(skip, count):  # (the default at 24 would be pad-crop-flip)
+        return _read(lambda: image_records.examples(files, 24, training=True, seed=3,
+                                                    augment='inception').skip(skip), count)
+    whole, resumed = crops(0, 10), crops(6, 4)
     for (a, label_a), (b, label_b) in zip(whole[6:], resumed):
         np.testing.assert_array_equal(a, b)
         assert label_a == label_b
@@ -155,6 +158,7 @@ def test_training_on_an_imagenet_folder_streams_the_crops_and_resumes_exactly(tm
     lines = _train(folder, straight, 7, capsys, eval_every=1)
     assert 'dataset imagenet:%s: 13 train, 0 validation, 3 test; model small_convnet' % folder \
         in lines
+    assert 'augment: pad-crop-flip (the default for 32x32x3 images; evaluation: centre)' in lines
     assert 'dataset imagenet:%s: 13 train, 0 validation, 0 test; model small_convnet' % folder \
         in _train(folder, resumed, 3, capsys)
     lines = _train(folder, resumed, 7, capsys)

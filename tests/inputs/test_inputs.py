@@ -336,23 +336,6 @@ def test_training_on_a_dataset_input_stops_at_the_end_of_its_epochs():
         in lines
 
 
-def test_augmentations_draw_independently():
-    from towers.data.pipeline import augment_color_image
-    # A left-to-right ramp: the flip shows in the sign of the slope, the
-    # brightness in the mean; no padding so the crop changes nothing.
-    ramp = np.tile(np.linspace(0.3, 0.7, 32, dtype=np.float32)[None, :, None], (32, 1, 3))
-    with tf.Graph().as_default():
-        images = tf.data.Dataset.range(400).map(
-            lambda _: augment_color_image(tf.constant(ramp), seed=5, pad=0)).batch(400)
-        batch = tf1.data.make_one_shot_iterator(images).get_next()
-        with tf1.Session() as sess:
-            out = sess.run(batch)
-    flipped = (out[:, :, 0, :].mean(axis=(1, 2)) > out[:, :, -1, :].mean(axis=(1, 2)))
-    brightness = out.mean(axis=(1, 2, 3))
-    assert 0.3 < flipped.mean() < 0.7
-    assert abs(np.corrcoef(flipped.astype(float), brightness)[0, 1]) < 0.25
-
-
 def test_dataset_normalises_per_channel_and_checks_the_channel_count():
     images = np.random.RandomState(2).randint(0, 256, (6,) + SHAPE).astype(np.uint8)
     source = DatasetInput(images, np.arange(6) % 10, batch_size=6, shuffle_buffer=0,

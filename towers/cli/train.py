@@ -23,6 +23,7 @@ from towers.cli.datasets import (
 from towers.deviceplan import local_plan
 from towers.devices import resolve_devices, resolve_param_device
 from towers.errors import SettingError
+from towers.inputs import check_augment
 from towers.model import ClassifierModel
 from towers.names import FOLDERS
 from towers.tools.hardware import check_compute_capability, slow_warning
@@ -151,6 +152,7 @@ def settings(args, from_records, cluster=None):
     if config.best_metric not in ('auto',) + ClassifierModel.METRICS:
         raise SettingError('{best_metric} %r is not a metric of this model; choose one of: %s',
                            config.best_metric, ', '.join(ClassifierModel.METRICS))
+    check_augment(config)
     return config, trace_callbacks(args), tower_devices
 
 

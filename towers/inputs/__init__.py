@@ -20,11 +20,15 @@ copying happens, which is what decides whether the towers wait for data:
              tf.data service (dataservice.py), on the service's workers instead.
 
 base.py says how the Session loop drives a source; make_input picks one by
-its --input name, source_for the one a TrainConfig asks for.
+its --input name, source_for the one a TrainConfig asks for, with the augmentation it
+asks for or the one that fits the images (towers/data/augment.py), which every mode but
+synthetic applies to the global batch before it is cut per tower.
 """
+import functools
 import math
 
 from towers.config import check
+from towers.data.augment import CENTER, as_augmentation, choose
 from towers.data.sampler import EpochSampler
 from towers.errors import SettingError
 from towers.inputs.base import InputSource
@@ -38,11 +42,12 @@ from towers.names import INPUT_MODES
 from towers.tower import share_of
 
 __all__ = ['INPUT_MODES', 'DataServiceInput', 'DatasetInput', 'FeedInput', 'InputSource',
-           'PythonInput', 'StagingInput', 'SyntheticInput', 'make_input', 'source_for']
+           'PythonInput', 'StagingInput', 'SyntheticInput', 'check_augment', 'make_input',
+           'source_for']
 
 
 def make_input(mode, dataset, sampler, batch_size, num_classes, seed=0, epochs=None, mean=None,
-               std=None, share=None):
+               std=None, share=None, augment=None):
     """The InputSource for an --input mode over an in-memory DataSet.
 
     Args:
@@ -57,24 +62,48 @@ def make_input(mode, dataset, sampler, batch_size, num_classes, seed=0, epochs=N
       mean, std: per-channel normalisation of the dataset pipeline, or None.
       share: (index, count): the dataset pipeline of a cluster worker keeps
         only its share of each global batch (towers/inputs/dataset.py).
+      augment: how the training images are augmented: None (none), a name of
+        towers.names.AUGMENTATIONS, or a towers.data.augment.Augmentation (source_for's:
+        the one asked for, or the default for the images); synthetic input has no images
+        to augment.
     """
     check('input', mode)
+    augment = as_augmentation(augment)
     if hasattr(dataset, 'source'):  # records on disk (a RecordSet, an ImageNetSet)
         if mode != 'dataset':
             raise SettingError('records stream through {input} dataset, not %s', mode)
+        source_fn, epoch_source_fn = dataset.source, getattr(dataset, 'epoch_source', None)
+        if getattr(dataset, 'shuffled', False):  # it augments each record as it decodes it
+            name = augment.name if augment else CENTER
+            source_fn = functools.partial(source_fn, augment=name)
+            epoch_source_fn = epoch_source_fn and functools.partial(epoch_source_fn,
+                                                                    augment=name)
         return DatasetInput(num_classes=num_classes, batch_size=batch_size, seed=seed,
-                            pixel_scale=255.0, source_fn=dataset.source, epochs=epochs,
-                            mean=mean, std=std, share=share,
-                            epoch_source_fn=getattr(dataset, 'epoch_source', None),
-                            **_done_by_the_set(dataset))
+                            pixel_scale=255.0, source_fn=source_fn, epochs=epochs,
+                            mean=mean, std=std, share=share, epoch_source_fn=epoch_source_fn,
+                            augment=augment, **_done_by_the_set(dataset))
     if mode == 'feed':
-        return FeedInput(dataset, sampler)
+        return FeedInput(dataset, sampler, augment=augment, seed=seed)
     if mode == 'staging':
-        return StagingInput(dataset, sampler)
+        return StagingInput(dataset, sampler, augment=augment, seed=seed)
     if mode == 'dataset':
         return DatasetInput(dataset.images, dataset.labels, num_classes, batch_size, seed=seed,
-                            epochs=epochs, mean=mean, std=std, share=share)
+                            epochs=epochs, mean=mean, std=std, share=share, augment=augment)
     return SyntheticInput(batch_size, num_classes)
+
+
+def check_augment(config, source=None):
+    """SettingError where config.augment does not apply: synthetic input (no images), or an
+    input source of one's own (which varies its batches its own way)."""
+    if config.augment is None:
+        return
+    if source is not None:
+        raise SettingError('{augment} varies the images of a dataset towers reads; an input '
+                           'source of your own (%s) varies its own batches',
+                           type(source).__name__)
+    if config.input == 'synthetic':
+        raise SettingError('{augment} varies the training images; {input} synthetic has none '
+                           '(one random batch, for benchmarks)')
 
 
 def source_for(config, data, model, source=None, share=None):
@@ -94,7 +123,9 @@ def source_for(config, data, model, source=None, share=None):
             raise TypeError('source must be an InputSource, got %r' % (source,))
         if config.steps_per_epoch is None and not hasattr(source, 'steps_per_epoch'):
             raise SettingError('give {steps_per_epoch} for an input source without one')
+        check_augment(config, source)
         return source, None
+    check_augment(config)
     train_set = data.train
     if config.batch_size > train_set.num_examples:
         raise SettingError('{batch_size} %d exceeds the %d training examples; use a smaller '
@@ -105,6 +136,8 @@ def source_for(config, data, model, source=None, share=None):
     epochs = None if (config.steps or config.steps_per_epoch) else math.ceil(config.epochs)
     # (DataSet and RecordSet know their class count; a ModelDesc may say it too.)
     num_classes = getattr(model, 'num_classes', None) or train_set.num_classes
+    augment = None if config.input == 'synthetic' else choose(config.augment,
+                                                              _image_shape(train_set, model))
     if share is not None:
         shortest = train_set.num_examples % config.batch_size or config.batch_size
         if shortest < share[1]:
@@ -112,34 +145,38 @@ def source_for(config, data, model, source=None, share=None):
                                'worker needs at least one example of each batch',
                                config.batch_size, shortest, share[1])
         if config.input != 'dataset' and not hasattr(train_set, 'source'):
-            return _shared_input(config.input, train_set, sampler, share, num_classes), sampler
+            return _shared_input(config.input, train_set, sampler, share, num_classes,
+                                 augment, config.seed), sampler
     if config.data_service is not None:
         return _service_input(config, train_set, num_classes, share,
-                              config.steps_per_epoch or sampler.steps_per_epoch), sampler
+                              config.steps_per_epoch or sampler.steps_per_epoch,
+                              augment), sampler
     return make_input(config.input, train_set, sampler, config.batch_size, num_classes,
                       seed=config.seed, epochs=epochs, mean=config.mean,
-                      std=config.std, share=share), sampler
+                      std=config.std, share=share, augment=augment), sampler
 
 
-def _shared_input(mode, train_set, sampler, share, num_classes):
+def _image_shape(train_set, model):
+    """(H, W, C) of a training split: a split on disk's own, else (in memory) the model's,
+    which its images are fed as."""
+    shape = getattr(train_set, 'input_shape', None)
+    return tuple(shape if shape is not None else model.input_shape)
+
+
+def _shared_input(mode, train_set, sampler, share, num_classes, augment=None, seed=0):
     """feed, staging or synthetic of one share of every global batch (the batch cut as
-    split_batch does)."""
+    split_batch does), augmented as those rows of the whole batch are."""
     index, count = share
     if mode == 'synthetic':  # a benchmark's: this worker's share of a random batch
         return SyntheticInput(share_of(sampler.batch_size, count, index)[1], num_classes)
     if mode not in ('feed', 'staging'):
         raise SettingError('a worker of a cluster reads its share of each batch through {input} '
                            'feed, staging, dataset or synthetic, not %s', mode)
-
-    def batches(step):
-        indices = sampler.indices(step)
-        start, size = share_of(len(indices), count, index)
-        mine = indices[start:start + size]
-        return train_set.images[mine], train_set.labels[mine]
-    return FeedInput(batches=batches) if mode == 'feed' else StagingInput(batches=batches)
+    kind = FeedInput if mode == 'feed' else StagingInput
+    return kind(train_set, sampler, augment=augment, seed=seed, share=share)
 
 
-def _service_input(config, train_set, num_classes, share, steps_per_epoch):
+def _service_input(config, train_set, num_classes, share, steps_per_epoch, augment=None):
     """The DataServiceInput of a run with config.data_service, over a split on disk."""
     if not hasattr(train_set, 'source'):
         raise SettingError('{data_service} sends a pipeline over shards on disk to its workers: '
@@ -148,13 +185,13 @@ def _service_input(config, train_set, num_classes, share, steps_per_epoch):
     return DataServiceInput(train_set, config.data_service, config.data_service_mode,
                             steps_per_epoch, num_classes, config.batch_size, seed=config.seed,
                             mean=config.mean, std=config.std, job=config.data_service_job,
-                            timeout=config.cluster_timeout, share=share,
+                            timeout=config.cluster_timeout, share=share, augment=augment,
                             **_done_by_the_set(train_set))
 
 
 def _done_by_the_set(train_set):
-    """The pipeline options a split on disk takes over: an ImageNet set shuffles and crops
-    its records itself (data/image_records.py), so the pipeline neither augments nor
-    shuffles them again; {} for the others."""
-    return dict(augment=False, shuffle_buffer=0) if getattr(train_set, 'shuffled', False) \
-        else {}
+    """The pipeline options a split on disk takes over: an image record set shuffles and
+    augments its records itself (data/image_records.py), so the pipeline neither augments
+    nor shuffles them again; {} for the others."""
+    return dict(source_augments=True, shuffle_buffer=0) if getattr(
+        train_set, 'shuffled', False) else {}

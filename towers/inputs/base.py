@@ -15,11 +15,16 @@ and asks it `end_of_data()` when a step raises OutOfRangeError (step may raise
 it too, for a source that knows its data ended before the step runs).
 """
 from towers.errors import TowersError
+from towers.tower import share_of
 
 
-def sampled_batch(dataset, sampler, step):
-    """(images, labels) of a step: the sampler's indices of it into an in-memory DataSet."""
+def sampled_batch(dataset, sampler, step, share=None):
+    """(images, labels) of a step: the sampler's indices of it into an in-memory DataSet;
+    share (index, count): only share index of count of them, cut as split_batch cuts."""
     batch = sampler.indices(step)
+    if share is not None:
+        start, size = share_of(len(batch), share[1], share[0])
+        batch = batch[start:start + size]
     return dataset.images[batch], dataset.labels[batch]
 
 
@@ -28,18 +33,24 @@ class InputSource:
 
     Attributes:
       name: what the run's log calls this input.
+      augmentation: the towers.data.augment.Augmentation its training images get, said in
+        the run's first lines; None for a source that augments nothing (or its own way).
       steps_per_epoch: (optional) steps that make one epoch of this source,
         for a source that knows it (a Python data source).
     """
 
     name = 'custom'  # what the Session loop's log calls this input
+    augmentation = None
 
     def build(self, input_shape, tower_devices):
         raise NotImplementedError
 
     def announce(self, log):
         """Say in the run's first lines what this input promises, where it differs from the
-        others; log (callable taking a line) also takes what the source says later."""
+        others (the base class: its augmentation); log (callable taking a line) also takes
+        what the source says later."""
+        if self.augmentation is not None:
+            log(self.augmentation.line())
 
     def start(self, sess, start_step, num_steps):
         pass

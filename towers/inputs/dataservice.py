@@ -34,6 +34,7 @@ import tensorflow as tf
 
 from towers.cluster.dataservice import DEFAULT_TIMEOUT_S, Watch, dispatcher_workers
 from towers.data import pipeline
+from towers.data.augment import CENTER
 from towers.errors import SettingError, TowersError
 from towers.inputs.dataset import DatasetInput, _by_task
 from towers.inputs.staging import stage
@@ -70,28 +71,30 @@ def mixed(seed, epoch, salt=0):
 
 
 def service_pipeline(train_set, input_shape, num_classes, batch_size, mode, seed=0, epoch=0,
-                     augment=False, shuffle_buffer=10000, epochs=None):
-    """The dataset a tf.data service worker runs: (pixels [b, H*W*C], labels [b] int64).
+                     augment=None, shuffle_buffer=10000, epochs=None):
+    """The dataset a tf.data service worker runs: (pixels [b, H*W*C] uint8, labels [b] int64).
 
-    Pixels are uint8 (float32 in [0, 1] when augmented), normalised on the trainer
-    (data.pipeline.finisher). The records are cleaned (not counted) and batched as
-    make_pipeline does; a set that shuffles and crops itself (an ImageRecordSet) does so on
-    this pipeline's seed.
+    Pixels are normalised on the trainer (data.pipeline.finisher). The records are cleaned
+    (not counted), batched and augmented as make_pipeline does; a set that shuffles and
+    augments itself (an ImageRecordSet) does so on this pipeline's seed.
 
     Args:
       train_set: a RecordSet or ImageRecordSet (a split on disk).
       mode: parallel_epochs (each pass on a seed drawn on the worker, see worker_seeded) or
         distributed_epoch (the shard files first, for the dispatcher to hand out).
       seed: the run's seed (an int); epoch: the epoch it starts at (int64, maybe a tensor).
+      augment: the augmentation's name (data/augment.py), drawn from the pass's seed; None:
+        none (a set that augments itself: the default for its images).
       epochs: passes (None: forever, the run ending at its step count).
     """
     shuffled = getattr(train_set, 'shuffled', False)
 
     def build(pass_seed):
-        source, _ = (train_set.source(input_shape, seed=pass_seed) if shuffled
+        source, _ = (train_set.source(input_shape, seed=pass_seed, augment=augment) if shuffled
                      else train_set.source(input_shape))
         dataset, _ = pipeline.make_pipeline(
-            source, input_shape, num_classes, batch_size, augment=augment and not shuffled,
+            source, input_shape, num_classes, batch_size,
+            augment=CENTER if shuffled or augment is None else augment,
             shuffle_buffer=0 if shuffled else shuffle_buffer, seed=seed, shuffle_seed=pass_seed,
             epochs=epochs, finish=False, counted=False)
         return dataset
@@ -128,16 +131,17 @@ class DataServiceInput(DatasetInput):
       steps_per_epoch: the run's, for the epoch a resume restarts at.
       job: the name of the run's shared job (distributed_epoch), or None: one per trainer.
       timeout: seconds the dispatcher may be silent, or a step wait for its batch; None: 60.
-      num_classes, batch_size, seed, mean, std, augment, shuffle_buffer, share: as
-        DatasetInput's.
+      num_classes, batch_size, seed, mean, std, augment, shuffle_buffer, share,
+      source_augments: as DatasetInput's.
     """
 
     def __init__(self, train_set, service, mode, steps_per_epoch, num_classes, batch_size,
                  seed=0, mean=None, std=None, job=None, timeout=None, share=None,
-                 augment=None, shuffle_buffer=10000):
+                 augment=None, shuffle_buffer=10000, source_augments=False):
         super().__init__(num_classes=num_classes, batch_size=batch_size, pixel_scale=255.0,
                          seed=seed, mean=mean, std=std, augment=augment, share=share,
-                         shuffle_buffer=shuffle_buffer, source_fn=train_set.source)
+                         shuffle_buffer=shuffle_buffer, source_fn=train_set.source,
+                         source_augments=source_augments)
         if mode == 'distributed_epoch' and share is not None:
             if job is None:
                 raise SettingError('{data_service_mode} distributed_epoch shares one job among '
@@ -162,15 +166,16 @@ class DataServiceInput(DatasetInput):
                 tf1.name_scope('data_service'):
             self._epoch = tf1.placeholder_with_default(tf.constant(0, tf.int64), [], 'epoch')
             self._job = tf1.placeholder_with_default('', [], 'job_name')
+            augment = self.augmentation.name if self.augmentation else CENTER
             dataset = service_pipeline(self.train_set, input_shape, options['num_classes'],
                                        batch, self.mode, options['seed'], self._epoch,
-                                       options['augment'], options['shuffle_buffer'])
+                                       augment, options['shuffle_buffer'])
             self._iterator = tf1.data.make_initializable_iterator(
                 distributed(dataset, 'grpc://' + self.address, self.mode, self._job))
             pixels, labels = self._iterator.get_next()
             slices = split_batch(pixels, labels, len(tower_devices))
         finish = pipeline.finisher(input_shape, self.pixel_scale, options['mean'],
-                                   options['std'], scaled=options['augment'])
+                                   options['std'])
         self._puts, slices = stage(slices, tower_devices, finish)
         return slices
 
@@ -186,6 +191,7 @@ class DataServiceInput(DatasetInput):
         log('the batch order follows the service workers\' timing: N towers do not equal one '
             "device, and a resume restarts at its epoch's start; the workers' cleaning is not "
             'counted')
+        super().announce(log)
 
     def start(self, sess, start_step, num_steps):
         self._sess, epoch = sess, start_step // self.epoch_steps

@@ -2,7 +2,10 @@
 
 Cleaning, normalisation, augmentation, shuffling and batching run in
 TensorFlow's own threads, prefetched ahead of the step; the batch is split
-over the towers on the host.
+over the towers on the host. Augmentation works on the global batch, drawn from (seed, the
+batch's step), or, for a split on disk that shuffles itself (an ImageRecordSet), on each
+record as it is decoded, drawn from (seed, its number in the run): either way before the
+batch is cut, so N towers and a cluster's tasks see what one device sees.
 
 On a cluster each task reads on its own host, so that no batch crosses the
 network: with towers on several tasks (in-graph) every task runs its own copy
@@ -14,14 +17,15 @@ would.
 
 On GPU towers the batch is staged (as the staging input stages): each tower's
 slice waits in a StagingArea on its GPU, put there while the step before it
-computes, and bytes cross the bus as bytes, cast and normalised on the GPU
-(unless augmentation, which works on floats, ran first). Staged, the source
+computes, and bytes cross the bus as bytes (augmented as bytes), cast and normalised on the
+GPU. Staged, the source
 knows one step ahead when its data ends (the put of the batch after the last
 finds none), so the last step is never cut short and no step runs half.
 """
 import tensorflow as tf
 
 from towers.data import pipeline
+from towers.data.augment import CENTER, as_augmentation
 from towers.deviceplan import device_kind
 from towers.errors import SettingError
 from towers.inputs.base import InputSource
@@ -44,8 +48,11 @@ class DatasetInput(InputSource):
       epochs: passes over the data, after which training ends (an epoch is
         what cleaning kept, which may be fewer steps than the raw count);
         None repeats until the step count is reached.
-      shuffle_buffer, seed, augment, mean, std: see towers.data.pipeline.make_pipeline;
-        augment None means its default for the input shape.
+      shuffle_buffer, seed, mean, std: see towers.data.pipeline.make_pipeline.
+      augment: None (none), a name of towers.names.AUGMENTATIONS or a
+        towers.data.augment.Augmentation: how the pipeline augments each batch.
+      source_augments: the source augments its records itself (augment then only says
+        how, in the run's first lines).
       source_fn: optional callable(input_shape) -> (source dataset, init feed)
         replacing the arrays (e.g. TFRecord shards); see towers.data.pipeline.
       epoch_source_fn: optional callable(input_shape) -> None or (a function (epoch,
@@ -66,7 +73,7 @@ class DatasetInput(InputSource):
     def __init__(self, images=None, labels=None, num_classes=10, batch_size=100,
                  pixel_scale=None, epochs=None, shuffle_buffer=10000, seed=0, augment=None,
                  mean=None, std=None, source_fn=None, share=None, staged=None,
-                 epoch_source_fn=None):
+                 epoch_source_fn=None, source_augments=False):
         if source_fn is None:
             def source_fn(input_shape):
                 return pipeline.array_source(images, labels, input_shape)
@@ -75,8 +82,11 @@ class DatasetInput(InputSource):
         self._source_fn, self.pixel_scale = source_fn, pixel_scale or 1.0
         self._epoch_source_fn = epoch_source_fn
         self.share, self.staged = share, staged
+        self.augmentation = as_augmentation(augment)
+        piped = self.augmentation and not source_augments
         self.options = dict(num_classes=num_classes, batch_size=batch_size, epochs=epochs,
-                            shuffle_buffer=shuffle_buffer, seed=seed, augment=augment,
+                            shuffle_buffer=shuffle_buffer, seed=seed,
+                            augment=self.augmentation.name if piped else CENTER,
                             mean=mean, std=std)
 
     def build(self, input_shape, tower_devices):
@@ -90,19 +100,17 @@ class DatasetInput(InputSource):
         if not staged:
             return slices
         finish = pipeline.finisher(input_shape, self.pixel_scale, options['mean'],
-                                   options['std'], scaled=options['augment'])
+                                   options['std'])
         self._puts, slices = stage(slices, tower_devices, finish)
         return slices
 
     def _options(self, input_shape):
-        """The pipeline's options for input_shape: mean and std checked, augment decided."""
+        """The pipeline's options for input_shape, mean and std checked."""
         options = dict(self.options)
         for name in ('mean', 'std'):
             if options[name] is not None and len(options[name]) != input_shape[-1]:
                 raise SettingError('{%s} needs one value per channel (%%d), got %%s' % name,
                                    input_shape[-1], list(options[name]))
-        if options['augment'] is None:
-            options['augment'] = pipeline.should_augment(input_shape)
         return options
 
     def _host_slices(self, input_shape, tower_devices, options, staged):
@@ -156,8 +164,7 @@ class DatasetInput(InputSource):
                 source, feed = self._source_fn(input_shape)
                 dataset, counts = pipeline.make_pipeline(
                     source, input_shape, pixel_scale=self.pixel_scale, finish=not staged,
-                    **options)
-                dataset = dataset.skip(skip)
+                    start=skip, **options)
             iterator = tf1.data.make_initializable_iterator(dataset)
             if staged:
                 batch = iterator.get_next_as_optional()

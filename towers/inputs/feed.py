@@ -2,12 +2,19 @@
 
 The Python gather and the host-to-device copy sit on every step's critical path.
 The placeholders are the core's FedBatch (towers/placeholders.py), what a graph
-built without an input source reads too.
+built without an input source reads too; an augmented batch is augmented on the host
+after them, before it is cut per tower (towers/inputs/augmenting.py).
 """
 import functools
 
+import tensorflow as tf
+
+from towers.inputs.augmenting import FedAugmentation
 from towers.inputs.base import InputSource, sampled_batch
 from towers.placeholders import FedBatch
+from towers.tower import split_batch
+
+tf1 = tf.compat.v1
 
 
 class FeedInput(FedBatch, InputSource):
@@ -20,15 +27,34 @@ class FeedInput(FedBatch, InputSource):
         float32, labels [n] int64), the step's batch.
       (All may be None for a graph that is only built, or fed by hand through
       the `images` and `labels` placeholders.)
+      augment: None (none), a name of towers.names.AUGMENTATIONS or a
+        towers.data.augment.Augmentation: how each batch is augmented, drawn from
+        (seed, step).
+      seed: the run's seed.
+      share: (index, count): feed only share index of count of each step's batch (a
+        cluster worker's), cut as split_batch cuts; None: all of it.
     """
 
     name = 'feed'
 
-    def __init__(self, dataset=None, sampler=None, batches=None):
+    def __init__(self, dataset=None, sampler=None, batches=None, augment=None, seed=0,
+                 share=None):
         super().__init__()
         self.dataset, self.sampler = dataset, sampler
-        self._make_batch = batches or functools.partial(sampled_batch, dataset, sampler)
+        self._make_batch = batches or functools.partial(sampled_batch, dataset, sampler,
+                                                        share=share)
+        self._augment = FedAugmentation(augment, seed, sampler, share)
+        self.augmentation = self._augment.augmentation
+
+    def build(self, input_shape, tower_devices):
+        if self.augmentation is None:
+            return super().build(input_shape, tower_devices)
+        self.images = tf1.placeholder(tf.float32, [None] + list(input_shape), name='images')
+        self.labels = tf1.placeholder(tf.int64, [None], name='labels')
+        with tf.device('/cpu:0'):
+            return split_batch(self._augment.apply(self.images), self.labels,
+                               len(tower_devices))
 
     def step(self, step):
         images, labels = self._make_batch(step)
-        return [], {self.images: images, self.labels: labels}
+        return [], {self.images: images, self.labels: labels, **self._augment.feed(step)}

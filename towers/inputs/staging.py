@@ -4,7 +4,9 @@ tf_cnn_benchmarks' design, on `data_flow_ops`: loader thread(s) fill a host
 FIFOQueue with global batches; the dequeued batch is split per tower and put
 into one StagingArea per tower, on that tower's device. Before the first step
 one batch is staged everywhere (priming); each step then computes on the staged
-batch k while the put of batch k+1 (the host-to-device copy) runs beside it.
+batch k while the put of batch k+1 (the host-to-device copy) runs beside it. An augmented
+batch is augmented on its way into the host queue, in the loader's run
+(towers/inputs/augmenting.py): off the step's critical path.
 """
 import functools
 import threading
@@ -13,6 +15,7 @@ import tensorflow as tf
 from tensorflow.python.ops import data_flow_ops
 
 from towers.errors import TowersError, op_error_summary
+from towers.inputs.augmenting import FedAugmentation
 from towers.inputs.base import InputSource, sampled_batch
 from towers.tower import TowerSlice, split_batch
 
@@ -68,14 +71,19 @@ class StagingInput(InputSource):
       batches: optional callable(step) -> (images [n, H, W, C] float32,
         labels [n] int64) that makes a step's batch instead of dataset/sampler
         (a Python data source); what it raises reaches the trainer.
+      augment, seed, share: as towers.inputs.FeedInput's.
     """
 
     name = 'staging'
 
-    def __init__(self, dataset=None, sampler=None, capacity=4, num_threads=1, batches=None):
+    def __init__(self, dataset=None, sampler=None, capacity=4, num_threads=1, batches=None,
+                 augment=None, seed=0, share=None):
         self.dataset, self.sampler = dataset, sampler
         self.capacity, self.num_threads = capacity, num_threads
-        self._make_batch = batches or functools.partial(sampled_batch, dataset, sampler)
+        self._make_batch = batches or functools.partial(sampled_batch, dataset, sampler,
+                                                        share=share)
+        self._augment = FedAugmentation(augment, seed, sampler, share)
+        self.augmentation = self._augment.augmentation
         self._threads, self._error, self._stopping = [], None, False
         self._next_step = self._num_steps = 0
         self._lock = threading.Lock()
@@ -90,7 +98,8 @@ class StagingInput(InputSource):
                 self.capacity, [tf.float32, tf.int64], name='host_queue')
             self._images = tf1.placeholder(tf.float32, shape, name='images')
             self._labels = tf1.placeholder(tf.int64, [None], name='labels')
-            self._enqueue = self._queue.enqueue([self._images, self._labels])
+            self._enqueue = self._queue.enqueue([self._augment.apply(self._images),
+                                                 self._labels])
             self._close = self._queue.close(cancel_pending_enqueues=True)
             images, labels = self._queue.dequeue()
             images.set_shape(shape)
@@ -130,7 +139,8 @@ class StagingInput(InputSource):
                 if step is None:
                     return
                 images, labels = self._make_batch(step)
-                sess.run(self._enqueue, {self._images: images, self._labels: labels})
+                sess.run(self._enqueue, {self._images: images, self._labels: labels,
+                                         **self._augment.feed(step)})
         except (tf.errors.CancelledError, tf.errors.OutOfRangeError):
             pass  # the queue was closed by stop(): nothing more is wanted
         except Exception as e:  # the loader's error must reach the trainer
