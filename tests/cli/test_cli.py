@@ -109,7 +109,7 @@ BAD_INPUT = [
      '--steps of at least 1 and a positive --tolerance'),
     (['bench', '--compare', '--variable-update', 'ring', '--dataset', 'cifar10'],
      "--variable-update wants some of parameter_server,replicated,independent, got 'ring'"),
-    (['bench', '--plot', 'p.png', '--dataset', 'cifar10'], '--plot and --xla go with --compare'),
+    (['bench', '--plot', 'p.png', '--dataset', 'cifar10'], '--plot goes with --compare'),
     (['bench', '--window', '1'], 'bench needs --batch-size >= 1, --window >= 2 and --warmup >= 0; '
      'got 128, 1 and 10'),
     (['train', '--best-metric', 'top5', '--dataset', 'cifar10'],
@@ -149,27 +149,40 @@ def test_bad_input_is_one_line_and_status_1(capsys, tmp_path, argv, message):
     assert 'training' not in out  # nothing was trained
 
 
-def test_train_xla_sets_tf_xla_flags_for_the_cpus_before_tensorflow_starts(monkeypatch):
+def test_xla_sets_tf_xla_flags_for_cpu_towers_only(monkeypatch):
     parse = build_parser().parse_args
     monkeypatch.setenv('TF_XLA_FLAGS', '')  # put back as it was after the test
-    _set_xla_flag(parse(['train']))
+    monkeypatch.delenv('CUDA_VISIBLE_DEVICES', raising=False)
+    _set_xla_flag(parse(['train', '--devices', 'cpu']))
     assert os.environ['TF_XLA_FLAGS'] == ''
-    _set_xla_flag(parse(['train', '--xla']))
+    # GPU towers: XLA clusters on their GPUs, and the host's ops stay as they are.
+    for argv, cuda_build in ((['train', '--xla', '--devices', 'gpu'], True),
+                             (['train', '--xla', '--devices', '/gpu:0,/gpu:1'], True),
+                             (['train', '--xla'], True)):  # GPUs where there are any
+        _set_xla_flag(parse(argv), cuda_build)
+        assert os.environ['TF_XLA_FLAGS'] == '', argv
+    _set_xla_flag(parse(['train', '--xla']), cuda_build=False)  # a CPU-only build's towers
     assert os.environ['TF_XLA_FLAGS'] == '--tf_xla_cpu_global_jit'
     monkeypatch.setenv('TF_XLA_FLAGS', '--tf_xla_min_cluster_size=2')  # a user's own stay
     for _ in range(2):  # added once
-        _set_xla_flag(parse(['train', '--xla']))
+        _set_xla_flag(parse(['bench', '--xla', '--devices', 'cpu']), cuda_build=True)
     assert os.environ['TF_XLA_FLAGS'] == '--tf_xla_min_cluster_size=2 --tf_xla_cpu_global_jit'
+    for argv in (['train', '--xla', '--devices', '/cpu:0,/cpu:1'], ['train', '--xla']):
+        monkeypatch.setenv('TF_XLA_FLAGS', '')
+        monkeypatch.setenv('CUDA_VISIBLE_DEVICES', '')  # every GPU hidden: CPU towers
+        _set_xla_flag(parse(argv), cuda_build=True)
+        assert os.environ['TF_XLA_FLAGS'] == '--tf_xla_cpu_global_jit', argv
 
 
-def test_train_refuses_xla_with_deterministic_in_one_line(capsys, monkeypatch):
+@pytest.mark.parametrize('command', ['train', 'bench'])
+def test_train_and_bench_refuse_xla_with_deterministic_in_one_line(capsys, monkeypatch, command):
     monkeypatch.setenv('TF_XLA_FLAGS', '')  # main sets it: put back as it was after the test
-    assert main(['train', '--xla', '--deterministic', '--steps', '1']) == 1
+    assert main([command, '--xla', '--deterministic', '--devices', 'cpu']) == 1
     out, err = capsys.readouterr()
     assert err.splitlines() == [
         "towers: error: --xla and --deterministic do not go together: under op determinism "
         "TensorFlow's XLA has no max-pool gradient and the step would run uncompiled: drop one"]
-    assert 'training' not in out
+    assert 'training' not in out and 'bench:' not in out
 
 
 def test_debug_lets_the_exception_through(capsys):

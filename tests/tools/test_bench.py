@@ -1,6 +1,9 @@
 """towers bench: timed images/sec per tower count, mean and standard error."""
 import math
+import os
 import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -10,7 +13,7 @@ from towers.deviceplan import local_plan
 from towers.errors import TowersError
 from towers.inputs import INPUT_MODES, SyntheticInput
 from towers.tools.bench import mean_stderr, measure, measure_interleaved, run_bench
-from towers.tools.benchtable import variables_line
+from towers.tools.benchtable import variables_line, xla_line
 
 SHAPE = (28, 28, 1)
 
@@ -127,3 +130,31 @@ def test_the_variables_line_says_each_tower_counts_home_where_they_differ():
     assert variables_line({'/cpu:0': [1, 2, 4]}) == 'variables: /cpu:0'
     assert variables_line({'/gpu:0': [1], '/cpu:0': [2, 4]}) == (
         'variables: /gpu:0 at 1 tower(s); /cpu:0 at 2,4 tower(s)')
+
+
+def test_bench_xla_compiles_every_row_in_every_precision_on_cpu_towers():
+    # A process of its own, as a user starts it: main sets TF_XLA_FLAGS for the CPU towers
+    # after TensorFlow's import, before it first looks at its devices (pytest's process has).
+    env = {k: v for k, v in os.environ.items() if k != 'TF_XLA_FLAGS'}
+    process = subprocess.run(
+        [sys.executable, '-m', 'towers', 'bench', '--xla', '--devices', 'cpu', '--towers', '1',
+         '--model', 'small_convnet', '--batch-size', '8', '--warmup', '1', '--window', '2',
+         '--precision', 'fp32,bf16'], env=dict(env, TF_CPP_MIN_LOG_LEVEL='2'),
+        capture_output=True, text=True, timeout=120)
+    assert process.returncode == 0, process.stderr
+    lines = process.stdout.splitlines()
+    assert ', adam, every row under XLA auto-clustering (each compiled), 1 warm-up' in lines[0]
+    assert re.fullmatch(r'XLA: every row ran compiled clusters \(\d+( to \d+)? a step\)',
+                        lines[-1]), lines
+
+
+def test_the_xla_line_names_the_rows_that_compiled_nothing():
+    rows = [{'input': 'synthetic', 'towers': 1, 'precision': p, 'xla_clusters': n}
+            for p, n in (('fp32', 1), ('bf16', 3))]
+    assert xla_line(rows) == 'XLA: every row ran compiled clusters (1 to 3 a step)'
+    assert xla_line(rows[:1]) == 'XLA: every row ran compiled clusters (1 a step)'
+    rows[1]['xla_clusters'] = 0
+    assert xla_line(rows) == (
+        'XLA: no cluster compiled in synthetic/1/bf16 (on CPU towers TensorFlow clusters only '
+        'when TF_XLA_FLAGS holds --tf_xla_cpu_global_jit before it first looks at its devices, '
+        'as towers bench --xla sets it)')

@@ -69,10 +69,13 @@ def test_compare_gives_keras_a_row_in_each_precision(monkeypatch):
     rows = compare.run_compare(
         'small_convnet', models.build_model('small_convnet', SHAPE, 10), SHAPE, 10, [1],
         batch_size=8, dataset=train, variable_updates=('parameter_server',), warmup_steps=1,
-        timed_steps=2, log=lines.append, precisions=['fp32', 'bf16'], devices='cpu')
+        timed_steps=2, log=lines.append, precisions=['fp32', 'bf16'], devices='cpu', xla=True)
     assert [(r['config'], r['precision']) for r in rows] == [
         ('towers parameter_server/synthetic', 'fp32'),
-        ('towers parameter_server/synthetic bf16', 'bf16'), ('textbook', 'fp32'),
+        ('towers parameter_server/synthetic bf16', 'bf16'),
+        # --xla times the first combination again in each precision, not the first only.
+        ('towers parameter_server/synthetic +xla', 'fp32'),
+        ('towers parameter_server/synthetic bf16 +xla', 'bf16'), ('textbook', 'fp32'),
         ('plain graph', 'fp32'), ('plain graph bf16', 'bf16'),
         ('keras mirrored', 'fp32'), ('keras mirrored mixed_bfloat16', 'bf16')]
     best = {r['precision']: r['mean'] for r in rows[:2]}
@@ -114,6 +117,14 @@ def test_the_cluster_bench_passes_its_precision_to_every_run(monkeypatch, capsys
         at = command.index('--precision')
         assert command[at:at + 4] == ['--precision', 'fp16', '--loss-scale', '256']
     assert ', fp16, 1 warm-up' in capsys.readouterr().out.splitlines()[0]
+    # --xla: every run under XLA, the one process and the cluster alike.
+    commands.clear()
+    monkeypatch.setenv('TF_XLA_FLAGS', '')  # main sets it for CPU towers: put back after
+    assert main(['bench', '--cluster-mode', 'collective', '--towers', '1', '--workers', '1',
+                 '--rounds', '2', '--warmup', '1', '--window', '3', '--model', 'small_convnet',
+                 '--xla', '--devices', 'cpu']) == 0
+    assert len(commands) == 4 and all('--xla' in command for command in commands)
+    assert ', fp32 under XLA, 1 warm-up' in capsys.readouterr().out.splitlines()[0]
 
 
 def test_the_bench_title_names_the_precisions(monkeypatch, capsys):

@@ -71,6 +71,10 @@ def run_bench(args, log):
     if args.deterministic and (args.cluster_mode or args.input_only):
         raise SettingError('{deterministic} times one process\'s towers: not with '
                            '{cluster_mode} or {input_only}')
+    if args.xla and args.deterministic:  # as train refuses them
+        raise SettingError("{xla} and {deterministic} do not go together: under op determinism "
+                           "TensorFlow's XLA has no max-pool gradient and the step would run "
+                           'uncompiled: drop one')
     with exactness.exact_if(args.deterministic, log):
         return _run_bench(args, log)
 
@@ -101,8 +105,8 @@ def _run_bench(args, log):
             check_output(path, setting)
     if args.compare:
         updates = name_list(args.variable_update, 'variable_update', VARIABLE_UPDATES)
-    elif args.plot or args.xla:
-        raise SettingError('{plot} and {xla} go with {compare}')
+    elif args.plot:
+        raise SettingError('{plot} goes with {compare}')
     train_set = None
     if set(modes) - {'synthetic'} or args.compare:  # the textbook and Keras feed it too
         train_set = load_dataset(args, info).train
@@ -111,18 +115,21 @@ def _run_bench(args, log):
     in_precisions = '' if precisions == ['fp32'] else '; in %s%s' % (
         ', '.join(precisions), ', each against %s' % precisions[0] if len(precisions) > 1
         else '')
-    log('bench: model %s on %s images, global batch %d, %s%s, %d warm-up + %d timed steps per '
-        'row%s; on %s' % (args.model, 'x'.join(map(str, info.input_shape)), args.batch_size,
-                          optimizer,
-                          ', maps %s' % args.data_format if args.data_format else '',
-                          args.warmup, args.window, in_precisions,
-                          machine(resolve_devices(devices=args.devices))))
+    under_xla = '' if not args.xla else (
+        ', the first combination again under XLA in each precision' if args.compare else
+        ', every row under XLA auto-clustering (each compiled)')
+    log('bench: model %s on %s images, global batch %d, %s%s%s, %d warm-up + %d timed steps '
+        'per row%s; on %s' % (args.model, 'x'.join(map(str, info.input_shape)),
+                              args.batch_size, optimizer,
+                              ', maps %s' % args.data_format if args.data_format else '',
+                              under_xla, args.warmup, args.window, in_precisions,
+                              machine(resolve_devices(devices=args.devices))))
     if not args.compare:
         bench.run_bench(model_fn, info.input_shape, info.num_classes, counts, args.batch_size,
                         modes, train_set, args.warmup, args.window, args.param_device, log=log,
                         trace=args.trace, name_of=flag, precisions=precisions,
                         loss_scale=scale, devices=args.devices, optimizer=optimizer,
-                        data_format=args.data_format)
+                        data_format=args.data_format, xla=args.xla)
         return
     compare.run_compare(args.model, model_fn, info.input_shape, info.num_classes, counts,
                         args.batch_size, train_set, modes, updates, xla=args.xla,
@@ -185,11 +192,13 @@ def run_cluster_bench(args, log):
                       '--steps', str(args.warmup + args.window), '--eval-every', '0',
                       '--quiet', '--log-every', str(args.warmup + args.window)]
     flags += ['--threads', str(args.threads)] if args.threads else []
+    flags += ['--xla'] if args.xla else []  # every run, the one process and the clusters
     if args.cluster_mode == 'collective':
         flags += ['--all-reduce-bucket', args.all_reduce_bucket]
     log('bench: %s, global batch %d, %s input, %s, %d warm-up + %d timed steps per run, '
         '%d rounds; %s mode, %d tower(s) per task%s; on %s'
-        % (args.model, args.batch_size, args.input, precisions[0], args.warmup, args.window,
+        % (args.model, args.batch_size, args.input,
+           precisions[0] + (' under XLA' if args.xla else ''), args.warmup, args.window,
            args.rounds, args.cluster_mode, towers, ', every task on a host of its own on '
            'links of %s' % args.emulate_link if args.emulate_link else '', machine()))
     if args.emulate_link:

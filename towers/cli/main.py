@@ -30,12 +30,29 @@ def _import_tensorflow_quietly():
         import tensorflow  # noqa: F401
 
 
-def _set_xla_flag(args):
-    if getattr(args, 'xla', False) and XLA_CPU_FLAG not in os.environ.get('TF_XLA_FLAGS', ''):
-        # On a CPU, TensorFlow clusters for XLA only with this flag, read once
-        # when TensorFlow starts: it must be set before TensorFlow is imported.
+def _set_xla_flag(args, cuda_build=None):
+    """--xla on CPU towers: TF_XLA_FLAGS gains --tf_xla_cpu_global_jit, without which TensorFlow
+    clusters nothing on CPUs. On GPU towers it is left out, so that XLA clusters the towers'
+    GPUs and not the host's ops. TensorFlow reads TF_XLA_FLAGS once, when it first looks at its
+    devices: this runs after its import and before that. cuda_build: None asks TensorFlow."""
+    if getattr(args, 'xla', False) and XLA_CPU_FLAG not in os.environ.get('TF_XLA_FLAGS', '') \
+            and _towers_on_cpus(getattr(args, 'devices', None), cuda_build):
         os.environ['TF_XLA_FLAGS'] = (os.environ.get('TF_XLA_FLAGS', '')
                                       + ' ' + XLA_CPU_FLAG).strip()
+
+
+def _towers_on_cpus(devices, cuda_build=None):
+    """Whether --devices (a kind, a list or None) gives CPU towers, told without asking
+    TensorFlow for its devices: by the kind or the names, else (GPUs where there are any) by
+    a build or a CUDA_VISIBLE_DEVICES without GPUs. A CUDA build whose driver finds no GPU is
+    taken for GPUs: its trainer says that XLA clusters nothing on its CPU towers."""
+    if devices and devices.strip(' ,'):
+        return 'gpu' not in devices.lower()
+    if cuda_build is None:
+        import tensorflow as tf
+        cuda_build = tf.sysconfig.get_build_info().get('is_cuda_build', False)
+    visible = os.environ.get('CUDA_VISIBLE_DEVICES')
+    return not cuda_build or (visible is not None and not visible.strip(' ,'))
 
 
 # Commands that never need TensorFlow, run without loading it: `towers launch` only
@@ -52,7 +69,6 @@ def main(argv=None):
     if args.command in WITHOUT_TENSORFLOW:
         from towers.cli.launcher import run_launch
         return _run(args, run_launch)
-    _set_xla_flag(args)
     try:
         if not args.debug:
             _import_tensorflow_quietly()
@@ -62,6 +78,7 @@ def main(argv=None):
               "pip install -e '.[cpu]' on a CPU-only machine or '.[gpu]' with GPUs" % e,
               file=sys.stderr)
         return 1
+    _set_xla_flag(args)
     if not args.debug:
         # TensorFlow's Python deprecation notices are for us, not for users.
         tensorflow.get_logger().setLevel('ERROR')

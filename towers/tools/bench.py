@@ -34,7 +34,7 @@ from towers.precision import Precision
 from towers.session import open_session, run_steps, trace_options
 from towers.tools import stepgraph
 from towers.tools import trace as tracing
-from towers.tools.benchtable import add_ratios, table_lines, variables_line
+from towers.tools.benchtable import add_ratios, table_lines, variables_line, xla_line
 from towers.tools.hardware import precision_support
 
 tf1 = tf.compat.v1
@@ -202,7 +202,7 @@ def precisions_of(names, loss_scale=None):
 def run_bench(model_fn, input_shape, num_classes, tower_counts, batch_size, modes=('synthetic',),
               dataset=None, warmup_steps=10, timed_steps=50, param_device='auto', log=print,
               trace=None, name_of=str, precisions=('fp32',), loss_scale=None, devices=None,
-              optimizer=TRAIN_OPTIMIZER, data_format=None):
+              optimizer=TRAIN_OPTIMIZER, data_format=None, xla=False):
     """Measure every input mode at every tower count in every precision; print one table.
 
     Args:
@@ -220,8 +220,11 @@ def run_bench(model_fn, input_shape, num_classes, tower_counts, batch_size, mode
       optimizer: the step's optimizer, 'sgd', 'momentum' or 'adam' (train's default, so
         that a row times train's step).
       data_format: the towers' layout, 'NHWC' or 'NCHW'; None: the plan's.
+      xla: every row under XLA's auto-clustering (DevicePlan.with_xla); a line after the
+        table says what one step of each compiled.
     Returns:
-      list of dicts: input, towers, precision, devices, mean, stderr, and the
+      list of dicts: input, towers, precision, devices, mean, stderr (with xla:
+      xla_clusters, the compiled clusters one step ran), and the
       ratios vs_synthetic (same tower count and precision; None without a
       synthetic row), vs_first (same input and precision, first tower count)
       and vs_precision (same tower count and input, first precision).
@@ -253,7 +256,7 @@ def run_bench(model_fn, input_shape, num_classes, tower_counts, batch_size, mode
                              'devices': ','.join(plan.towers)})
                 configs.append(dict(
                     model_fn=model_fn, input_shape=input_shape, plan=plan,
-                    precision=precision, optimizer=optimizer,
+                    precision=precision, optimizer=optimizer, xla=xla,
                     source=make_input(mode, dataset, sampler, batch_size, num_classes)))
     if not rows:
         raise TowersError('no tower count could run; try {towers} 1')
@@ -262,12 +265,17 @@ def run_bench(model_fn, input_shape, num_classes, tower_counts, batch_size, mode
     for precision in chosen:
         if precision.mixed:
             log(precision_support(precision.name, devices))
-    # Every row in turns, block by block: the ratios then compare like with like.
-    for row, (mean, stderr) in zip(rows, measure_interleaved(configs, warmup_steps,
-                                                             timed_steps, trace_path=trace,
-                                                             log=log)):
+    # Every row in turns, block by block: the ratios then compare like with like. Under XLA,
+    # one step of each row says what it compiled (its partition graphs' _XlaRun nodes).
+    graphs = [] if xla else None
+    for row, (mean, stderr) in zip(rows, measure_interleaved(
+            configs, warmup_steps, timed_steps, trace_path=trace, log=log, graphs=graphs)):
         row.update(mean=mean, stderr=stderr)
     add_ratios(rows)
     for line in table_lines(rows, [p.name for p in chosen]):
         log(line)
+    if xla:
+        for row, graph in zip(rows, graphs):
+            row['xla_clusters'] = graph.xla_clusters
+        log(xla_line(rows))
     return rows

@@ -4,6 +4,7 @@ Each row is a dict (towers/tools/bench.py run_bench): input, towers,
 precision, devices, mean and stderr of images/sec; add_ratios adds what the
 table prints beside them, each ratio between rows measured in the same turns.
 """
+from towers.names import XLA_CPU_FLAG
 
 
 def variables_line(homes):
@@ -45,3 +46,17 @@ def table_lines(rows, precisions):
             '%.1f ± %.1f' % (row['mean'], row['stderr']), vs_synthetic, row['vs_first'],
             ' %.3f' % row['vs_precision'] if several else '')).rstrip())
     return lines
+
+
+def xla_line(rows):
+    """What XLA compiled in one step of each row (its xla_clusters): 'XLA: every row ran
+    compiled clusters (3 a step)', or the rows that ran none."""
+    bare = ['%s/%d/%s' % (r['input'], r['towers'], r['precision']) for r in rows
+            if not r['xla_clusters']]
+    if bare:
+        return ('XLA: no cluster compiled in %s (on CPU towers TensorFlow clusters only when '
+                'TF_XLA_FLAGS holds %s before it first looks at its devices, as towers bench '
+                '--xla sets it)' % (', '.join(bare), XLA_CPU_FLAG))
+    counts = sorted({r['xla_clusters'] for r in rows})
+    return 'XLA: every row ran compiled clusters (%s a step)' % (
+        counts[0] if len(counts) == 1 else '%d to %d' % (counts[0], counts[-1]))

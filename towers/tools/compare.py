@@ -4,9 +4,10 @@ On one model, one global batch and the same devices (virtual CPUs here, GPUs
 where there are some), at each tower count:
 
   towers <update>/<input>   each --variable-update with each --input asked for
-  towers ... +xla           with --xla: the first of those again, XLA-clustered
-                            (on a CPU that needs TF_XLA_FLAGS=--tf_xla_cpu_global_jit
-                            before TensorFlow starts, which `towers bench --xla` sets)
+  towers ... +xla           with --xla: the first of those again, XLA-clustered, in
+                            each precision (on CPU towers that needs
+                            TF_XLA_FLAGS=--tf_xla_cpu_global_jit before TensorFlow
+                            looks at its devices, which `towers bench --xla` sets)
   textbook                  the classic CIFAR-10 multi-GPU tutorial's loop:
                             feed_dict, tf.split, variables on /cpu:0, the
                             expand_dims/concat/reduce_mean average, one apply
@@ -112,13 +113,13 @@ def run_compare(model_name, model_fn, input_shape, num_classes, tower_counts, ba
                                         precision=precision,
                                         source=make_input(mode, dataset, sampler, batch_size,
                                                           num_classes)))
-        if xla:
+        first = len(configs) - len(variable_updates) * len(modes) * len(chosen)
+        for i, precision in enumerate(chosen if xla else ()):  # (update, mode) loops first
             rows.append({'config': _label('towers %s/%s' % (variable_updates[0], modes[0]),
-                                          chosen[0]) + ' +xla',
-                         'towers': count, 'precision': chosen[0].name})
-            configs.append(dict(configs[-len(variable_updates) * len(modes) * len(chosen)],
-                                xla=True, source=make_input(modes[0], dataset, sampler,
-                                                            batch_size, num_classes)))
+                                          precision) + ' +xla',
+                         'towers': count, 'precision': precision.name})
+            configs.append(dict(configs[first + i], xla=True, source=make_input(
+                modes[0], dataset, sampler, batch_size, num_classes)))
         if batch_size % count == 0:
             rows.append({'config': 'textbook', 'towers': count, 'precision': 'fp32'})
             configs.append(functools.partial(peers.Textbook, model_fn, input_shape, devices,
