@@ -84,3 +84,18 @@ def test_the_end_of_run_line_sets_the_accuracy_beside_the_published_one():
     # A folder of 10 classes is not ImageNet, whatever its kind.
     assert 'no published figure' in published_line('nvidia-resnet50-v1.5', 'resnet50',
                                                    'imagenet:/data/fm', 10, 0.9)
+
+
+def test_a_run_says_its_recipe_first_and_the_published_figure_last(capsys):
+    from towers.cli import main
+    code = main(['train', '--recipe', 'he2016-cifar', '--model', 'small_convnet', '--steps', '2',
+                 '--lr-schedule', 'constant', '--batch-size', '50', '--eval-every', '0',
+                 '--devices', 'cpu', '--quiet'])
+    lines = capsys.readouterr().out.splitlines()
+    assert code == 0
+    assert lines[0].startswith('recipe he2016-cifar: He et al. 2016')
+    assert '  --lr 0.0390625 (section 4.2: 0.1 at batch 128, scaled linearly)' in lines
+    assert '  --lr-schedule constant (given by hand; the recipe: section 4.2: divided by 10 at ' \
+           '32k and 48k of 64k iterations (50% and 75% of the run))' in lines
+    assert lines[-1].startswith('recipe he2016-cifar: no published figure for small_convnet on '
+                                'mnist_sample')

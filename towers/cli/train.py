@@ -26,6 +26,7 @@ from towers.errors import SettingError
 from towers.inputs import check_augment
 from towers.model import ClassifierModel
 from towers.names import FOLDERS
+from towers.recipes import published_line
 from towers.tools.hardware import check_compute_capability, slow_warning
 from towers.tools.trace import Trace, check_trace_step
 from towers.trainer import train
@@ -67,6 +68,9 @@ def _run_train(args, log):
                        run_info={'model': args.model, 'model_options': options,
                                  'dataset': args.dataset, 'data_dir': args.data_dir},
                        stop_requested=stop.requested, callbacks=callbacks, cluster=cluster)
+    if args.recipe and not result['stopped']:
+        log(published_line(args.recipe, args.model, args.dataset, num_classes,
+                           result['test_accuracy']))
     if result['stopped'] == 'SIGINT':
         raise KeyboardInterrupt  # saved and stopped; exit as an interrupted command does
 
