@@ -38,6 +38,18 @@ def _conv_output_shape(x, kernel_hw, strides, padding, filters):
     return tf.stack([size[0]] + dims + [filters])
 
 
+def _may_come_back_empty(x, y):
+    """Whether conv output y needs the reshape that repairs oneDNN's empty batch: where x's
+    batch can be empty (not a static, non-empty shape) and y may run on a CPU (by its op's
+    device: not a GPU, whose Conv2D gives an empty output of the right shape; no device, or
+    a task's, may be a CPU). Elsewhere it would cost every step a Shape, StridedSlice, Pack
+    and Reshape per conv, and the Reshape's gradient, which grappler cannot fold on a dynamic
+    batch."""
+    if x.shape.num_elements():
+        return False
+    return tf.DeviceSpec.from_string(y.op.device).device_type != 'GPU'
+
+
 def _weights_and_biases(kernel_shape, dtype, kernel_initializer, bias_initializer):
     weights = tf1.get_variable('weights', kernel_shape, dtype=dtype,
                                initializer=kernel_initializer or tf1.glorot_uniform_initializer())
@@ -79,10 +91,11 @@ def conv2d(x, filters, kernel_size, strides=1, padding='SAME', activation=tf.nn.
                                        or tf1.glorot_uniform_initializer())
         y = tf.nn.conv2d(x, weights, strides=strides, padding=padding,
                          data_format=layout.current())
-        # oneDNN's CPU Conv2D returns its *input* unchanged for an empty batch;
-        # reshaping to the true shape keeps batch-0 inference working and is free
-        # otherwise. (Gradients on an empty batch still fail in oneDNN kernels.)
-        y = tf.reshape(y, _conv_output_shape(x, (kh, kw), strides, padding, filters))
+        if _may_come_back_empty(x, y):
+            # oneDNN's CPU Conv2D returns its *input* unchanged for an empty batch;
+            # reshaping to the true shape keeps batch-0 inference working. (Gradients
+            # on an empty batch still fail in oneDNN kernels.)
+            y = tf.reshape(y, _conv_output_shape(x, (kh, kw), strides, padding, filters))
         if use_bias:
             y = _add_bias(y, biases, after_conv=True)
         return activation(y) if activation is not None else y

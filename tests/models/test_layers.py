@@ -87,6 +87,28 @@ def test_conv2d_empty_and_dynamic_shapes(stride, padding, out_hw):
                 assert out.shape == (batch, *out_hw, 8)
 
 
+@pytest.mark.parametrize('device,shape,reshaped', [
+    ('/cpu:0', [None, 8, 8, 3], True),  # oneDNN's Conv2D may hand back an empty batch's input
+    ('', [None, 8, 8, 3], True),  # no device: the placer may choose a CPU
+    ('/job:worker/task:1', [None, 8, 8, 3], True),  # a task's own device: its CPU
+    ('/cpu:0', [0, 8, 8, 3], True),  # empty for sure
+    ('/gpu:0', [None, 8, 8, 3], False),  # a GPU's Conv2D shapes an empty output right
+    ('/job:worker/task:0/device:GPU:1', [None, 8, 8, 3], False),
+    ('/cpu:0', [2, 8, 8, 3], False),  # a static batch that is not empty
+])
+def test_conv2d_reshapes_its_output_only_where_the_batch_can_come_back_empty(device, shape,
+                                                                            reshaped):
+    with tf.Graph().as_default() as graph, tf1.device(device):
+        y = layers.conv2d(tf1.placeholder(tf.float32, shape), 8, 3, activation=None,
+                          use_bias=False)
+    assert y.op.type == ('Reshape' if reshaped else 'Conv2D')
+    assert y.shape.as_list() == shape[:1] + [8, 8, 8]
+    # Without it, nothing of the output shape's arithmetic is left in the graph either.
+    types = {op.type for op in graph.get_operations()}
+    assert ({'Reshape', 'Pack'} <= types) == reshaped
+    assert reshaped or not {'Reshape', 'Shape', 'Pack', 'StridedSlice'} & types
+
+
 @pytest.mark.exact
 @pytest.mark.parametrize('shape', [(4, 6), (4, 2, 3, 1)])
 def test_dense_matches_numpy_and_flattens(shape):

@@ -1,4 +1,6 @@
 """Tests for the models registry and the nets."""
+import collections
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -105,6 +107,22 @@ def test_logits_shape_with_dynamic_batch_including_empty(name, input_shape, expe
                 out = sess.run(logits, {images: data})
                 assert out.shape == (batch, 10)
                 assert np.all(np.isfinite(out))
+
+
+def test_a_gpu_towers_resnet_leaves_the_conv_reshape_and_its_shape_arithmetic_out():
+    def types(device):
+        with tf.Graph().as_default() as graph, tf1.device(device):
+            images = tf1.placeholder(tf.float32, [None, 32, 32, 3])  # a tower's dynamic share
+            logits = build_model('resnet20', (32, 32, 3), 10)(images, True)
+            tf.gradients(tf.reduce_sum(logits), tf1.trainable_variables())
+        return collections.Counter(op.type for op in graph.get_operations())
+    cpu, gpu = types('/cpu:0'), types('/gpu:0')
+    assert cpu['Conv2D'] == gpu['Conv2D'] == 19  # conv1 and two in each of 9 blocks
+    # On a CPU each conv keeps it: a Reshape and its gradient's, the output shape's Pack of
+    # the batch's StridedSlice of a Shape (and their constants); on a GPU none of them.
+    extra = cpu - gpu
+    assert not gpu - cpu and extra.pop('Const') > 0
+    assert extra == {'Reshape': 38, 'Shape': 19, 'StridedSlice': 19, 'Pack': 19}
 
 
 @pytest.mark.parametrize('name,input_shape', [(c[0], c[1]) for c in CASES], ids=CASE_IDS)
