@@ -113,3 +113,18 @@ def test_fp16_is_checked_with_a_fixed_loss_scale(capsys):
                  'cpu']) == 0
     out = capsys.readouterr().out
     assert 'fp16 loss scale: fixed 256' in out and 'within tolerance 0.0156 (32 float16' in out
+
+
+@pytest.mark.exact
+def test_label_smoothing_keeps_n_towers_equal_to_one_device(batches, capsys):
+    """Smoothed targets, per example: 3 towers (4/3/3) as one device; the smoothing changes the
+    gradients (against the one-hot run's), and the command says it."""
+    model_fn = models.build_model('small_convnet', SHAPE, 10)
+    smoothed, _ = check_towers(model_fn, SHAPE, 3, batches, learning_rate=0.1, devices='cpu',
+                               label_smoothing=0.2)
+    assert smoothed.gradient_diff <= 1e-6 and smoothed.variable_diff <= 1e-6 * smoothed.scale
+    plain, _ = check_towers(model_fn, SHAPE, 3, batches, learning_rate=0.1, devices='cpu')
+    assert abs(smoothed.gradient_scale - plain.gradient_scale) > 1e-4
+    assert main(['check', '--model', 'small_convnet', '--towers', '2', '--batch-size', '10',
+                 '--steps', '1', '--devices', 'cpu', '--label-smoothing', '0.1']) == 0
+    assert capsys.readouterr().out.splitlines()[0].endswith('1 SGD steps, label smoothing 0.1')

@@ -25,6 +25,7 @@ from towers.cli.explain_command import run_explain
 from towers.cli.launcher import run_launch
 from towers.cli.saved import run_eval, run_export
 from towers.cli.train import run_train
+from towers.config import check as check_setting
 from towers.devices import describe_devices, resolve_devices, resolve_param_device
 from towers.errors import SettingError
 from towers.exactness import exact
@@ -364,7 +365,8 @@ def run_check(args, log):
                            args.batch_size, args.steps, args.lr, args.tolerance,
                            sync_bn=args.sync_bn, dropout_off=has_dropout, log=log,
                            precision=args.precision, loss_scale=loss_scale(args.loss_scale),
-                           devices=args.devices)
+                           devices=args.devices,
+                           label_smoothing=check_setting('label_smoothing', args.label_smoothing))
 
 
 COMMANDS = {'train': run_train, 'devices': run_devices, 'bench': run_bench,

@@ -204,5 +204,7 @@ def check_parser(commands):
     check.add_argument('--sync-bn', action='store_true',
                        help='pool batch-norm moments over the towers (models with batch norm '
                             'differ from one device without it)')
+    check.add_argument('--label-smoothing', type=float, default=0.0, metavar='EPS',
+                       help="the loss's, as train's (default: 0)")
     precision_flags(check)
     return check

@@ -50,7 +50,7 @@ class _Run:
     """One graph: towers over the devices, the average, one SGD apply."""
 
     def __init__(self, model_fn, input_shape, devices, learning_rate, average, sync_bn, batches,
-                 precision=None, per_gpu=1):
+                 precision=None, per_gpu=1, label_smoothing=0.0):
         self.graph, self.plan = tf.Graph(), local_plan(devices, per_gpu=per_gpu)
         self.source = FeedInput(batches=lambda step: batches[step])
         precision = Precision.of(precision)
@@ -61,7 +61,7 @@ class _Run:
             if loss_scale is not None:
                 opt = loss_scale.optimizer(opt)
             towers = build_towers_from_slices(
-                functools.partial(tower_loss, model_fn),
+                functools.partial(tower_loss, model_fn, label_smoothing=label_smoothing),
                 self.source.build(input_shape, devices), self.plan, optimizer=opt,
                 sync_bn=sync_bn, precision=precision)
             grads = average([t.grads_and_vars for t in towers], [t.weight for t in towers])
@@ -80,7 +80,8 @@ class _Run:
 
 
 def check_towers(model_fn, input_shape, num_towers, batches, learning_rate=0.01,
-                 average=average_gradients, sync_bn=False, precision=None, devices=None):
+                 average=average_gradients, sync_bn=False, precision=None, devices=None,
+                 label_smoothing=0.0):
     """Train one device and num_towers virtual devices (or GPUs) on the same batches.
 
     Args:
@@ -96,14 +97,16 @@ def check_towers(model_fn, input_shape, num_towers, batches, learning_rate=0.01,
       precision: what the N towers compute in (a towers.precision.Precision or
         its name); the one device computes in float32.
       devices: the towers' kind, 'cpu' or 'gpu'; None: GPUs where there are any.
+      label_smoothing: both runs' loss smooths its targets so (towers/tower.py tower_loss).
     Returns:
       (CheckResult, has_batch_norm).
     """
     per_gpu = process_split([num_towers], devices)  # both runs in one process's split
     one = _Run(model_fn, input_shape, resolve_devices(1, devices, per_gpu=per_gpu),
-               learning_rate, average_gradients, False, batches, per_gpu=per_gpu)
+               learning_rate, average_gradients, False, batches, per_gpu=per_gpu,
+               label_smoothing=label_smoothing)
     many = _Run(model_fn, input_shape, resolve_devices(num_towers, devices, per_gpu=per_gpu),
-                learning_rate, average, sync_bn, batches, precision, per_gpu)
+                learning_rate, average, sync_bn, batches, precision, per_gpu, label_smoothing)
     with one.open() as one_sess:
         # The same starting point: the one-device graph's initial weights, copied.
         with many.open(initial=one_sess.run(one.variables)) as many_sess:
@@ -156,7 +159,7 @@ def check_settings(num_towers, batch_size, steps, tolerance):
 
 def run_check(model_name, model_fn, dataset_name, train_set, num_towers, batch_size, steps,
               learning_rate, tolerance=None, sync_bn=False, dropout_off=False, log=print,
-              precision='fp32', loss_scale=None, devices=None):
+              precision='fp32', loss_scale=None, devices=None, label_smoothing=0.0):
     """`towers check`: log the differences; TowersError beyond the tolerance.
 
     Args:
@@ -167,6 +170,7 @@ def run_check(model_name, model_fn, dataset_name, train_set, num_towers, batch_s
       precision, loss_scale: what the N towers compute in ('fp32', 'bf16',
         'fp16'); fp16's loss scale is fixed, CHECK_LOSS_SCALE unless given.
       devices: the towers' kind, 'cpu' or 'gpu'; None: GPUs where there are any.
+      label_smoothing: the loss's (train's --label-smoothing), in both runs.
     """
     why = 'given'
     if tolerance is None:
@@ -184,16 +188,18 @@ def run_check(model_name, model_fn, dataset_name, train_set, num_towers, batch_s
     tower_devices = resolve_devices(num_towers, devices,
                                     per_gpu=process_split([num_towers], devices))
     shares = split_sizes(batch_size, num_towers).numpy()  # eager: as it cuts
-    log('check: %s on %d tower(s) %s%s against 1 device%s, global batch %d (%s), %d SGD steps%s'
+    log('check: %s on %d tower(s) %s%s against 1 device%s, global batch %d (%s), %d SGD steps%s%s'
         % (model_name, num_towers, ','.join(tower_devices),
            ' in %s' % precision.name if precision.mixed else '',
            ' in fp32' if precision.mixed else '', batch_size, '/'.join(map(str, shares)),
-           steps, ', dropout off' if dropout_off else ''))
+           steps, ', dropout off' if dropout_off else '',
+           ', label smoothing %g' % label_smoothing if label_smoothing else ''))
     if precision.scaling:
         log('fp16 loss scale: fixed %g' % precision.scaling[1])
     result, has_batch_norm = check_towers(model_fn, train_set.images.shape[1:], num_towers,
                                           batches, learning_rate, sync_bn=sync_bn,
-                                          precision=precision, devices=devices)
+                                          precision=precision, devices=devices,
+                                          label_smoothing=label_smoothing)
     for run, graph in zip(('1 device', '%d towers' % num_towers), result.graphs):
         log('fused by TensorFlow in the %s run: %s' % (run, graph.fusion_text() or 'nothing'))
     if any(graph.fusions for graph in result.graphs):
