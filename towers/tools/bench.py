@@ -40,7 +40,7 @@ from towers.tools.hardware import precision_support
 tf1 = tf.compat.v1
 
 # train's --optimizer default (towers/cli/train_flags.py), which bench's rows step with too, so
-# that a row times train's step (Adam's update reads and writes three times SGD's bytes).
+# that a row times train's step (Adam's update also reads and writes two slots a variable).
 TRAIN_OPTIMIZER = 'adam'
 
 
