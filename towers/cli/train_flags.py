@@ -189,6 +189,6 @@ def _train_run_flags(train):
     train.add_argument('--xla', action='store_true',
                        help="XLA auto-clustering of the training step (the Session's "
                             "global_jit_level ON_1, as tf_cnn_benchmarks' --xla): TensorFlow "
-                            'compiles clusters of ops into fused kernels; also sets '
-                            'TF_XLA_FLAGS=--tf_xla_cpu_global_jit, without which TensorFlow '
-                            'clusters nothing on CPUs')
+                            'compiles clusters of ops into fused kernels; on CPU towers it also '
+                            'sets TF_XLA_FLAGS=--tf_xla_cpu_global_jit, without which TensorFlow '
+                            'clusters nothing on CPUs (GPU towers: only the GPUs are clustered)')
