@@ -55,14 +55,22 @@ class Augmentation(collections.namedtuple('Augmentation', ['name', 'default', 'i
 
     def line(self):
         """What the run's first lines say of it."""
-        how = ('the default for %s images' % 'x'.join(map(str, self.input_shape))
-               if self.default else 'as asked')
+        images = ('random' if self.input_shape == RANDOM
+                  else 'x'.join(map(str, self.input_shape or ())))
+        how = 'the default for %s images' % images if self.default else 'as asked'
         return 'augment: %s (%s; evaluation: centre)' % (self.name, how)
+
+
+# choose's input_shape for random images (imagenet-synthetic's): nothing to vary, so the
+# default is center, which leaves a benchmark's host free of crops of noise.
+RANDOM = 'random'
 
 
 def choose(name, input_shape):
     """The Augmentation of a run: name (one of AUGMENTATIONS), else the default for its
-    images of input_shape."""
+    images of input_shape (RANDOM: center)."""
+    if name is None and input_shape == RANDOM:
+        return Augmentation(CENTER, True, RANDOM)
     if name is None:
         return Augmentation(default_for(input_shape), True, tuple(input_shape))
     return Augmentation(_known(name), False, tuple(input_shape))

@@ -31,5 +31,6 @@ def synthetic_datasets(input_shape, num_classes, num_train, seed=0):
     images = rng.randint(0, 256, (num_train,) + tuple(input_shape), dtype=np.uint8)
     labels = rng.randint(0, num_classes, num_train).astype(np.int64)
     train = DataSet(images, labels, num_classes=num_classes, seed=seed)
+    train.random_images = True  # nothing to augment (towers.data.augment.RANDOM)
     empty = DataSet(images[:0], labels[:0], num_classes=num_classes)
     return Datasets(train, empty, empty)

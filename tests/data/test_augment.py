@@ -47,6 +47,10 @@ def test_the_first_line_says_the_augmentation_and_whether_it_was_the_default():
         'augment: center (the default for 28x28x1 images; evaluation: centre)')
     assert augment.choose('inception', (28, 28, 1)).line() == (
         'augment: inception (as asked; evaluation: centre)')
+    # imagenet-synthetic's noise: nothing to vary, and a benchmark's host stays free.
+    assert augment.choose(None, augment.RANDOM).line() == (
+        'augment: center (the default for random images; evaluation: centre)')
+    assert augment.choose('inception', augment.RANDOM).name == 'inception'
     with pytest.raises(ValueError, match=r"unknown augmentation 'crop'; choose one of: "
                                          r'inception, pad-crop-flip, center$'):
         augment.as_augmentation('crop')

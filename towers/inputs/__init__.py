@@ -28,7 +28,7 @@ import functools
 import math
 
 from towers.config import check
-from towers.data.augment import CENTER, as_augmentation, choose
+from towers.data.augment import CENTER, RANDOM, as_augmentation, choose
 from towers.data.sampler import EpochSampler
 from towers.errors import SettingError
 from towers.inputs.base import InputSource
@@ -136,8 +136,9 @@ def source_for(config, data, model, source=None, share=None):
     epochs = None if (config.steps or config.steps_per_epoch) else math.ceil(config.epochs)
     # (DataSet and RecordSet know their class count; a ModelDesc may say it too.)
     num_classes = getattr(model, 'num_classes', None) or train_set.num_classes
-    augment = None if config.input == 'synthetic' else choose(config.augment,
-                                                              _image_shape(train_set, model))
+    random = getattr(train_set, 'random_images', False)  # imagenet-synthetic's
+    augment = None if config.input == 'synthetic' else choose(
+        config.augment, RANDOM if random else _image_shape(train_set, model))
     if share is not None:
         shortest = train_set.num_examples % config.batch_size or config.batch_size
         if shortest < share[1]:

@@ -28,11 +28,9 @@ START_S = 120.0  # for a row's workers to start and register
 def _pipeline(train_set, batch_size):
     """(the pipeline a service worker runs, its finish on the trainer) of a split on disk."""
     shape = train_set.input_shape
-    shuffled = getattr(train_set, 'shuffled', False)
-    augment = pipeline.should_augment(shape) and not shuffled
     dataset = service_pipeline(train_set, shape, train_set.num_classes, batch_size,
-                               'parallel_epochs', augment=augment)
-    finish = pipeline.finisher(shape, 255.0, scaled=augment)
+                               'parallel_epochs')
+    finish = pipeline.finisher(shape, 255.0)
     return dataset, lambda pixels, labels: (finish(pixels), labels)
 
 
