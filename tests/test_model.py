@@ -225,41 +225,28 @@ def test_a_metric_may_not_take_a_name_the_trainer_uses(name):
         _trainer(model=model, steps=1).train()
 
 
-def test_every_trainer_setting_on_three_towers_equals_one_device(tmp_path):
-    """EMA, a warmed-up piecewise schedule, weight decay and clipping, through the Trainer."""
+@pytest.mark.parametrize('settings,options,schedule', [
+    # EMA, a warmed-up piecewise schedule, weight decay on the kernels and clipping.
+    (dict(decay_pattern='weights', clip_norm=1.0), dict(ema=0.9), 'piecewise:2=0.05'),
+    # The recipes': label smoothing, decay on every variable, a warmed-up cosine.
+    (dict(decay_pattern='all', label_smoothing=0.1), {}, 'cosine'),
+])
+def test_every_trainer_setting_on_three_towers_equals_one_device(tmp_path, settings, options,
+                                                                 schedule):
+    """Through the Trainer, each setting on three towers trains as one device does."""
     from towers.model import ClassifierModel
 
     def run(towers, logdir):
         model = ClassifierModel(lambda images, training: layers.dense(images, 4, name='logits'),
-                                SHAPE, 4, optimizer='momentum', weight_decay=0.01,
-                                decay_pattern='weights', clip_norm=1.0)
+                                SHAPE, 4, optimizer='momentum', weight_decay=0.01, **settings)
         _trainer(model=model, towers=towers, steps=12, logdir=logdir, callbacks=None,
-                 ema=0.9, steps_per_epoch=4,
-                 learning_rate=LearningRate.parse(0.5, 'piecewise:2=0.05', 1.0)).train()
+                 steps_per_epoch=4, learning_rate=LearningRate.parse(0.5, schedule, 1.0),
+                 **options).train()
         return _variables(logdir)
 
     one = run(['/cpu:0'], str(tmp_path / 'one'))
     three = run(['/cpu:0', '/cpu:1', '/cpu:2'], str(tmp_path / 'three'))
-    assert 'logits/weights/ExponentialMovingAverage' in one
-    assert one.keys() == three.keys()
-    for name in one:
-        np.testing.assert_allclose(three[name], one[name], rtol=1e-5, atol=1e-6, err_msg=name)
-
-
-def test_the_recipes_settings_on_three_towers_equal_one_device(tmp_path):
-    """Label smoothing, decay on every variable and a warmed-up cosine, through the Trainer."""
-    from towers.model import ClassifierModel
-
-    def run(towers, logdir):
-        model = ClassifierModel(lambda images, training: layers.dense(images, 4, name='logits'),
-                                SHAPE, 4, optimizer='momentum', weight_decay=0.01,
-                                decay_pattern='all', label_smoothing=0.1)
-        _trainer(model=model, towers=towers, steps=12, logdir=logdir, callbacks=None,
-                 steps_per_epoch=4, learning_rate=LearningRate.parse(0.5, 'cosine', 1.0)).train()
-        return _variables(logdir)
-
-    one = run(['/cpu:0'], str(tmp_path / 'one'))
-    three = run(['/cpu:0', '/cpu:1', '/cpu:2'], str(tmp_path / 'three'))
+    assert ('logits/weights/ExponentialMovingAverage' in one) == ('ema' in options)
     assert one.keys() == three.keys()
     for name in one:
         np.testing.assert_allclose(three[name], one[name], rtol=1e-5, atol=1e-6, err_msg=name)
