@@ -7,9 +7,13 @@
 #   bench   what op determinism costs: ResNet-50 and mnist_convnet, fp32 and bf16, with and
 #           without --deterministic (one GPU, variables on it)
 #   suite   the rest of the suite, 14 workers
+#   speed   issue 34: ResNet-50 on one GPU, synthetic, fp32 and bf16: the default (variables on
+#           the GPU) at batch 128 and 256, against --param-device cpu, with --xla, in NHWC
+#   train   issue 34: train's own after-warm-up figure on imagenet-synthetic (bf16, 200 steps)
+#           against bench's row, and PyTorch's (../shared/gpu's torch_resnet50.py) in this call
 set -u
-out=${1:?usage: gpu-checks.sh OUT gpu|bench|suite}
-stage=${2:?usage: gpu-checks.sh OUT gpu|bench|suite}
+out=${1:?usage: gpu-checks.sh OUT gpu|bench|suite|speed|train}
+stage=${2:?usage: gpu-checks.sh OUT gpu|bench|suite|speed|train}
 mkdir -p "$out"
 export TF_CPP_MIN_LOG_LEVEL=2 CUDA_CACHE_MAXSIZE=4294967296
 summary="$out/summary"
@@ -41,6 +45,20 @@ case $stage in
     done ;;
   suite)
     step suite 560 python3 -m pytest -q -n 14 -p no:cacheprovider -m 'not gpu' tests ;;
-  *) echo "gpu-checks.sh: unknown stage $stage: gpu, bench or suite" >&2; exit 2 ;;
+  speed)
+    rn50=(towers bench --model resnet50 --towers 1 --warmup 8 --window 30 --precision fp32,bf16)
+    step rn50-128 110 "${rn50[@]}" --batch-size 128
+    step rn50-256 130 "${rn50[@]}" --batch-size 256
+    step rn50-128-host 110 "${rn50[@]}" --batch-size 128 --param-device cpu
+    step rn50-128-nhwc 110 "${rn50[@]}" --batch-size 128 --data-format NHWC
+    step rn50-128-xla 160 "${rn50[@]}" --batch-size 128 --xla ;;
+  train)
+    step rn50-bench-bf16 110 towers bench --model resnet50 --towers 1 --warmup 8 --window 30 \
+      --precision bf16 --batch-size 128
+    step rn50-train-bf16 200 towers train --model resnet50 --dataset imagenet-synthetic \
+      --steps 200 --batch-size 128 --precision bf16 --log-every 50 --quiet
+    step rn50-torch 180 python3 .gpu/kit/torch_resnet50.py ;;
+  *) echo "gpu-checks.sh: unknown stage $stage: gpu, bench, suite, speed or train" >&2
+     exit 2 ;;
 esac
 cat "$summary"
