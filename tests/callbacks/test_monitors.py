@@ -237,7 +237,8 @@ def test_progress_draws_a_bar_on_a_terminal_and_other_lines_still_arrive(tmp_pat
     assert lines[0].startswith('training 10 steps on 1 tower(s)')
     assert lines[1] == 'exact: a resume continues bit-exactly (CPU kernels; op determinism off)'
     assert lines[2] == 'variables: /cpu:0; maps NHWC'  # where the run's plan keeps them
-    assert [line.split(':')[0] for line in lines[3:]] == ['test at epoch 1.00', 'checkpoint',
+    assert lines[3] == 'augment: center (the default for 28x28x1 images; evaluation: centre)'
+    assert [line.split(':')[0] for line in lines[4:]] == ['test at epoch 1.00', 'checkpoint',
                                                           'trained to step 10', 'test']
     assert trainer.log == lines.append  # given back when the bar closed
 
