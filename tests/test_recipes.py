@@ -99,3 +99,22 @@ def test_a_run_says_its_recipe_first_and_the_published_figure_last(capsys):
            '32k and 48k of 64k iterations (50% and 75% of the run))' in lines
     assert lines[-1].startswith('recipe he2016-cifar: no published figure for small_convnet on '
                                 'mnist_sample')
+
+
+def test_an_abbreviated_flag_is_a_flag_given_by_hand():
+    """argparse takes `--batch 64` for --batch-size: the recipe must not overwrite it."""
+    args, lines = _applied('--recipe', 'he2016-cifar', '--batch', '64', '--weight-dec', '0')
+    assert (args.batch_size, args.weight_decay, args.lr) == (64, 0, 0.05)
+    assert any(line.startswith('  --weight-decay 0 (given by hand') for line in lines)
+
+
+def test_a_run_shorter_than_the_first_step_down_keeps_its_rate():
+    args, _ = _applied('--recipe', 'tf-cnn-benchmarks-resnet50', '--epochs', '20')
+    assert args.lr_schedule == 'constant'
+
+
+def test_synthetic_input_takes_the_recipe_without_its_augmentation():
+    args, lines = _applied('--recipe', 'nvidia-resnet50-v1.5', '--input', 'synthetic')
+    assert args.augment is None
+    assert '  --augment left out: --input synthetic has no images to vary (the recipe: README: ' \
+           'random resized crop, horizontal flip)' in lines

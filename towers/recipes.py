@@ -9,6 +9,7 @@ accuracy is set beside the published figure for the same model and data, where t
 
 TensorFlow-free: the CLI applies a recipe before TensorFlow is imported.
 """
+import argparse
 import dataclasses
 
 from towers.errors import SettingError
@@ -63,10 +64,11 @@ def _he_steps(args):
 
 
 def _tf_cnn_steps(args):
-    """tf_cnn_benchmarks' ResNet schedule: x0.1 at epochs 30, 60, 80 and 90."""
-    return 'piecewise:' + ','.join('%g=%g' % (epoch, args.lr * 0.1 ** (i + 1))
-                                   for i, epoch in enumerate((30, 60, 80, 90))
-                                   if epoch < args.epochs)
+    """tf_cnn_benchmarks' ResNet schedule: x0.1 at epochs 30, 60, 80 and 90, those within the
+    run (none: constant)."""
+    points = ['%g=%g' % (epoch, args.lr * 0.1 ** (i + 1))
+              for i, epoch in enumerate((30, 60, 80, 90)) if epoch < args.epochs]
+    return 'piecewise:' + ','.join(points) if points else 'constant'
 
 
 RECIPES = {recipe.name: recipe for recipe in (
@@ -122,13 +124,19 @@ RECIPES = {recipe.name: recipe for recipe in (
 
 
 def explicit_flags(parser, argv):
-    """The dests of parser's options that argv gives by hand (`--lr 0.1` or `--lr=0.1`)."""
-    given = set()
-    for action in parser._actions:
-        for option in action.option_strings:
-            if any(arg == option or arg.startswith(option + '=') for arg in argv):
-                given.add(action.dest)
-    return given
+    """The dests of parser's options that argv gives by hand, however argparse reads them
+    (`--lr 0.1`, `--lr=0.1`, or an abbreviation such as `--batch 64`): argv parsed again with
+    every default suppressed, so that only what was given is set. argv may hold the command's
+    name and global flags before it; parser is the command's own."""
+    defaults = [(action, action.default) for action in parser._actions]
+    try:
+        for action, _ in defaults:
+            action.default = argparse.SUPPRESS
+        given, _ = parser.parse_known_args(argv)
+    finally:
+        for action, default in defaults:
+            action.default = default
+    return set(vars(given))
 
 
 def apply_recipe(args, given):
@@ -154,6 +162,10 @@ def apply_recipe(args, given):
         if dest in given:
             lines.append('  %s %s (given by hand; the recipe: %s)'
                          % (flag, _shown(getattr(args, dest)), setting.source))
+            continue
+        if dest == 'augment' and getattr(args, 'input', None) == 'synthetic':
+            lines.append('  %s left out: --input synthetic has no images to vary (the recipe: '
+                         '%s)' % (flag, setting.source))
             continue
         setattr(args, dest, setting.resolve(args))
         lines.append('  %s %s (%s)' % (flag, _shown(getattr(args, dest)), setting.source))
