@@ -69,8 +69,9 @@ RANDOM = 'random'
 def choose(name, input_shape):
     """The Augmentation of a run: name (one of AUGMENTATIONS), else the default for its
     images of input_shape (RANDOM: center)."""
-    if name is None and input_shape == RANDOM:
-        return Augmentation(CENTER, True, RANDOM)
+    if input_shape == RANDOM:
+        return Augmentation(CENTER, True, RANDOM) if name is None else \
+            Augmentation(_known(name), False, None)
     if name is None:
         return Augmentation(default_for(input_shape), True, tuple(input_shape))
     return Augmentation(_known(name), False, tuple(input_shape))

@@ -173,3 +173,15 @@ def test_the_data_services_workers_augment_as_the_pipeline_does(tmp_path):
         for row, centre in zip(pixels, centred):
             assert set(np.unique(row)) <= set(np.unique(centre)) | {0}
     assert not all(np.array_equal(a, p) for (a, _), (p, _) in zip(augmented, plain))
+
+
+def test_train_augmentation_is_the_default_for_the_split_or_the_one_asked():
+    """What train (and bench's rows) take: none for imagenet-synthetic's noise unless asked."""
+    from towers.data.synthetic import synthetic_datasets
+    from towers.inputs import train_augmentation
+    noise = synthetic_datasets((8, 8, 3), 10, 4).train
+    colour = data.DataSet(np.zeros((4, 8, 8, 3), np.uint8), np.zeros(4, np.int64))
+    assert train_augmentation(None, noise, (8, 8, 3)).line() == (
+        'augment: center (the default for random images; evaluation: centre)')
+    assert train_augmentation('inception', noise, (8, 8, 3)).name == 'inception'
+    assert train_augmentation(None, colour, (8, 8, 3)).name == 'pad-crop-flip'

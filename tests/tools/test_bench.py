@@ -80,11 +80,13 @@ def test_run_bench_every_input_mode_and_the_ratios():
         assert row['vs_synthetic'] == row['mean'] / synthetic[row['towers']]
         first = next(r for r in rows if r['input'] == row['input'])
         assert row['vs_first'] == row['mean'] / first['mean']
-    # Where the variables are, a header, then one line per row, in order.
-    assert len(lines) == 2 + len(rows)
+    # Where the variables are, the rows' augmentation (train's default), a header, then one
+    # line per row, in order.
+    assert len(lines) == 3 + len(rows)
     assert lines[0] == 'variables: /cpu:0'
-    assert lines[1].split()[:5] == ['input', 'towers', 'precision', 'devices', 'images/sec']
-    for line, row in zip(lines[2:], rows):
+    assert lines[1] == 'augment: center (the default for 28x28x1 images; evaluation: centre)'
+    assert lines[2].split()[:5] == ['input', 'towers', 'precision', 'devices', 'images/sec']
+    for line, row in zip(lines[3:], rows):
         fields = line.split()
         assert fields[:4] == [row['input'], str(row['towers']), 'fp32', row['devices']]
         assert fields[4:7] == ['%.1f' % row['mean'], '±', '%.1f' % row['stderr']]

@@ -43,7 +43,7 @@ from towers.tower import share_of
 
 __all__ = ['INPUT_MODES', 'DataServiceInput', 'DatasetInput', 'FeedInput', 'InputSource',
            'PythonInput', 'StagingInput', 'SyntheticInput', 'check_augment', 'make_input',
-           'source_for']
+           'source_for', 'train_augmentation']
 
 
 def make_input(mode, dataset, sampler, batch_size, num_classes, seed=0, epochs=None, mean=None,
@@ -136,9 +136,8 @@ def source_for(config, data, model, source=None, share=None):
     epochs = None if (config.steps or config.steps_per_epoch) else math.ceil(config.epochs)
     # (DataSet and RecordSet know their class count; a ModelDesc may say it too.)
     num_classes = getattr(model, 'num_classes', None) or train_set.num_classes
-    random = getattr(train_set, 'random_images', False)  # imagenet-synthetic's
-    augment = None if config.input == 'synthetic' else choose(
-        config.augment, RANDOM if random else _image_shape(train_set, model))
+    augment = None if config.input == 'synthetic' else train_augmentation(
+        config.augment, train_set, _image_shape(train_set, model))
     if share is not None:
         shortest = train_set.num_examples % config.batch_size or config.batch_size
         if shortest < share[1]:
@@ -155,6 +154,13 @@ def source_for(config, data, model, source=None, share=None):
     return make_input(config.input, train_set, sampler, config.batch_size, num_classes,
                       seed=config.seed, epochs=epochs, mean=config.mean,
                       std=config.std, share=share, augment=augment), sampler
+
+
+def train_augmentation(name, train_set, input_shape):
+    """The Augmentation a run asks for by name, or (None) the default for its training split's
+    images of input_shape: none for imagenet-synthetic's random ones."""
+    random = getattr(train_set, 'random_images', False)
+    return choose(name, RANDOM if random and name is None else input_shape)
 
 
 def _image_shape(train_set, model):

@@ -27,7 +27,7 @@ from towers.deviceplan import local_plan
 from towers.devices import process_split
 from towers.errors import SettingError, TowersError
 from towers.graph import build_training_graph
-from towers.inputs import make_input
+from towers.inputs import make_input, train_augmentation
 from towers.model import ClassifierModel
 from towers.names import INPUT_MODES
 from towers.precision import Precision
@@ -240,6 +240,8 @@ def run_bench(model_fn, input_shape, num_classes, tower_counts, batch_size, mode
                            ','.join(INPUT_MODES))
     chosen = precisions_of(precisions, loss_scale)
     sampler = EpochSampler(dataset.num_examples, batch_size) if dataset is not None else None
+    # The rows read the data as train would: its default augmentation for these images.
+    augment = train_augmentation(None, dataset, input_shape) if dataset is not None else None
     rows, configs, homes = [], [], {}
     per_gpu = process_split(tower_counts, devices)  # every row under the largest's split
     for count in tower_counts:
@@ -257,10 +259,13 @@ def run_bench(model_fn, input_shape, num_classes, tower_counts, batch_size, mode
                 configs.append(dict(
                     model_fn=model_fn, input_shape=input_shape, plan=plan,
                     precision=precision, optimizer=optimizer, xla=xla,
-                    source=make_input(mode, dataset, sampler, batch_size, num_classes)))
+                    source=make_input(mode, dataset, sampler, batch_size, num_classes,
+                                      augment=augment)))
     if not rows:
         raise TowersError('no tower count could run; try {towers} 1')
     log(variables_line(homes))
+    if augment is not None and any(mode != 'synthetic' for mode in modes):
+        log(augment.line())
     devices = list(dict.fromkeys(d for row in rows for d in row['devices'].split(',')))
     for precision in chosen:
         if precision.mixed:
