@@ -214,7 +214,7 @@ class ImageRecordSet:
 
     Args:
       files: the split's shards, in order.
-      split: its name; 'train' is shuffled and cropped.
+      split: its name; 'train' is shuffled and augmented by name (data/augment.py).
       size: the model's side: JPEGs of any size come out size x size x 3 (a schema with a
         shape: that shape).
       num_classes: the labels are first_label .. first_label + num_classes - 1.

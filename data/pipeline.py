@@ -76,11 +76,6 @@ def clean(chunks, num_classes, counts):
     return chunks.map(keep).unbatch()
 
 
-def normalize(pixels, input_shape, pixel_scale):
-    """Flat pixels -> [H, W, C] float32 divided by pixel_scale (255 for bytes)."""
-    return tf.reshape(tf.cast(pixels, tf.float32), input_shape) / pixel_scale
-
-
 def finisher(input_shape, pixel_scale=255.0, mean=None, std=None):
     """The last stage of the pipeline as a function of a batch of flat pixels.
 

@@ -46,7 +46,8 @@ def bench_parser(commands):
                        help='with --compare: comma-separated strategies to time '
                             '(default: parameter_server,replicated)')
     bench.add_argument('--xla', action='store_true',
-                       help='with --compare: also time the first combination under XLA')
+                       help="XLA auto-clustering of every row's step (compiled), in each "
+                            'precision; with --compare, a +xla row per precision')
     bench.add_argument('--optimizer', default=None, choices=OPTIMIZERS,
                        help="the step's optimizer (default: adam, train's, so that a row times "
                             "train's step; sgd as tf_cnn_benchmarks times it); not with "
