@@ -185,3 +185,10 @@ def test_train_augmentation_is_the_default_for_the_split_or_the_one_asked():
         'augment: center (the default for random images; evaluation: centre)')
     assert train_augmentation('inception', noise, (8, 8, 3)).name == 'inception'
     assert train_augmentation(None, colour, (8, 8, 3)).name == 'pad-crop-flip'
+
+
+def test_a_share_augmented_without_its_sampler_is_refused_in_one_line():
+    with pytest.raises(SettingError, match=r'^a share of each global batch is augmented as those '
+                                           r'rows of the whole batch: give the sampler the '
+                                           r'batches follow$'):
+        FeedInput(batches=lambda step: None, share=(0, 2), augment='pad-crop-flip')

@@ -12,6 +12,7 @@ in the global batch.
 import tensorflow as tf
 
 from towers.data.augment import CENTER, as_augmentation, augment_batch
+from towers.errors import SettingError
 from towers.tower import share_of
 
 tf1 = tf.compat.v1
@@ -32,6 +33,10 @@ class FedAugmentation:
     def __init__(self, augment=None, seed=0, sampler=None, share=None):
         self.augmentation = as_augmentation(augment)
         self.seed, self.sampler, self.share = seed, sampler, share
+        if share is not None and sampler is None and self.augmentation is not None \
+                and self.augmentation.name != CENTER:
+            raise SettingError('a share of each global batch is augmented as those rows of the '
+                               'whole batch: give the sampler the batches follow')
         self._step = None
 
     def apply(self, images):
