@@ -12,7 +12,7 @@ import numpy as np
 
 from towers import data, exactness, models
 from towers.cli.cluster import run_server
-from towers.cli.config import flag, int_list, loss_scale, name_list
+from towers.cli.config import check_xla_determinism, flag, int_list, loss_scale, name_list
 from towers.cli.dataservice import run_data_service
 from towers.cli.datasets import (
     SYNTHETIC,
@@ -72,10 +72,7 @@ def run_bench(args, log):
     if args.deterministic and (args.cluster_mode or args.input_only):
         raise SettingError('{deterministic} times one process\'s towers: not with '
                            '{cluster_mode} or {input_only}')
-    if args.xla and args.deterministic:  # as train refuses them
-        raise SettingError("{xla} and {deterministic} do not go together: under op determinism "
-                           "TensorFlow's XLA has no max-pool gradient and the step would run "
-                           'uncompiled: drop one')
+    check_xla_determinism(args)  # as train refuses them
     with exactness.exact_if(args.deterministic, log):
         return _run_bench(args, log)
 

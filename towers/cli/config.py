@@ -59,10 +59,7 @@ def config_from_args(args, tower_devices, param_device, input_mode):
     Raises:
       SettingError: a flag's value no run can use.
     """
-    if args.xla and args.deterministic:
-        raise SettingError("{xla} and {deterministic} do not go together: under op determinism "
-                           "TensorFlow's XLA has no max-pool gradient and the step would run "
-                           'uncompiled: drop one')
+    check_xla_determinism(args)
     return TrainConfig(
         towers=tuple(tower_devices) if isinstance(tower_devices, list) else tower_devices,
         param_device=param_device, logical_gpus=not args.no_logical_gpus,
@@ -84,6 +81,15 @@ def config_from_args(args, tower_devices, param_device, input_mode):
         histograms=args.histograms, log_every=args.log_every, quiet=args.quiet,
         precision=args.precision, loss_scale=loss_scale(args.loss_scale), xla=args.xla,
         **data_service_settings(args))
+
+
+def check_xla_determinism(args):
+    """SettingError for --xla with --deterministic (train's and bench's): under op determinism
+    TensorFlow's XLA has no max-pool gradient, so the step would run uncompiled."""
+    if args.xla and args.deterministic:
+        raise SettingError("{xla} and {deterministic} do not go together: under op determinism "
+                           "TensorFlow's XLA has no max-pool gradient and the step would run "
+                           'uncompiled: drop one')
 
 
 # ImageNet's training images (ILSVRC-2012): what an epoch of imagenet-synthetic counts, as
