@@ -69,12 +69,10 @@ RANDOM = 'random'
 def choose(name, input_shape):
     """The Augmentation of a run: name (one of AUGMENTATIONS), else the default for its
     images of input_shape (RANDOM: center)."""
-    if input_shape == RANDOM:
-        return Augmentation(CENTER, True, RANDOM) if name is None else \
-            Augmentation(_known(name), False, None)
-    if name is None:
-        return Augmentation(default_for(input_shape), True, tuple(input_shape))
-    return Augmentation(_known(name), False, tuple(input_shape))
+    shape = RANDOM if input_shape == RANDOM else tuple(input_shape)
+    if name is not None:
+        return Augmentation(_known(name), False, shape)
+    return Augmentation(CENTER if shape == RANDOM else default_for(shape), True, shape)
 
 
 def as_augmentation(value):

@@ -32,4 +32,9 @@ class FedBatch:
         self.images = tf1.placeholder(tf.float32, [None] + list(input_shape), name='images')
         self.labels = tf1.placeholder(tf.int64, [None], name='labels')
         with tf.device('/cpu:0'):
-            return split_batch(self.images, self.labels, len(tower_devices))
+            return split_batch(self.on_host(self.images), self.labels, len(tower_devices))
+
+    def on_host(self, images):
+        """What the fed images become on the host before they are cut (a subclass's
+        augmentation); the images themselves here."""
+        return images

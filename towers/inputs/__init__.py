@@ -160,7 +160,7 @@ def train_augmentation(name, train_set, input_shape):
     """The Augmentation a run asks for by name, or (None) the default for its training split's
     images of input_shape: none for imagenet-synthetic's random ones."""
     random = getattr(train_set, 'random_images', False)
-    return choose(name, RANDOM if random and name is None else input_shape)
+    return choose(name, RANDOM if random else input_shape)
 
 
 def _image_shape(train_set, model):

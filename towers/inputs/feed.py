@@ -7,14 +7,9 @@ after them, before it is cut per tower (towers/inputs/augmenting.py).
 """
 import functools
 
-import tensorflow as tf
-
 from towers.inputs.augmenting import FedAugmentation
 from towers.inputs.base import InputSource, sampled_batch
 from towers.placeholders import FedBatch
-from towers.tower import split_batch
-
-tf1 = tf.compat.v1
 
 
 class FeedInput(FedBatch, InputSource):
@@ -46,14 +41,8 @@ class FeedInput(FedBatch, InputSource):
         self._augment = FedAugmentation(augment, seed, sampler, share)
         self.augmentation = self._augment.augmentation
 
-    def build(self, input_shape, tower_devices):
-        if self.augmentation is None:
-            return super().build(input_shape, tower_devices)
-        self.images = tf1.placeholder(tf.float32, [None] + list(input_shape), name='images')
-        self.labels = tf1.placeholder(tf.int64, [None], name='labels')
-        with tf.device('/cpu:0'):
-            return split_batch(self._augment.apply(self.images), self.labels,
-                               len(tower_devices))
+    def on_host(self, images):
+        return self._augment.apply(images)
 
     def step(self, step):
         images, labels = self._make_batch(step)
