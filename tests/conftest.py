@@ -27,6 +27,12 @@ import threading
 import pytest
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+# As `towers` itself runs (towers/cli/main.py use_onednn): oneDNN's CPU kernels on every x86 CPU,
+# not only where TensorFlow turns them on by itself (AVX-512 VNNI/BF16, AMX).
+os.environ.setdefault('TF_ENABLE_ONEDNN_OPTS', '1')
+# Several test processes (xdist workers, the `towers` runs they start) share a GPU where there is
+# one: each takes the memory it uses, not the whole GPU at its first Session.
+os.environ.setdefault('TF_FORCE_GPU_ALLOW_GROWTH', 'true')
 
 
 def pytest_configure(config):

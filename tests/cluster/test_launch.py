@@ -208,7 +208,8 @@ def test_workers_that_share_a_gpu_are_told_so_and_the_others_are_not(tmp_path, m
                                   'NCCL)') == (told == '1'), shared
 
 
-def test_launch_hands_each_task_its_cuda_environment(tmp_path):
+def test_launch_hands_each_task_its_cuda_environment(tmp_path, monkeypatch):
+    monkeypatch.delenv('TF_FORCE_GPU_ALLOW_GROWTH', raising=False)  # tests/conftest.py sets it
     show = _script('import os; print(repr(os.environ.get("CUDA_VISIBLE_DEVICES")), '
                    'os.environ.get("TF_FORCE_GPU_ALLOW_GROWTH"))')
     lines = []
