@@ -18,6 +18,8 @@ import functools
 import numpy as np
 import tensorflow as tf
 
+from towers.models.channels_first import CPU_ONLY
+
 tf1 = tf.compat.v1
 
 
@@ -39,7 +41,9 @@ def fused_bias_gradient_sums_wide():
         wide = tf.reduce_sum(tf.cast(upstream, tf.float32), [0, 1, 2])
     metadata = tf1.RunMetadata()
     try:
-        with tf1.Session(graph=graph, config=tf1.ConfigProto(device_count={'CPU': 1})) as sess:
+        # No GPU device made (channels_first.py's CPU_ONLY): the run's own Session sets the
+        # GPUs' memory and logical split.
+        with tf1.Session(graph=graph, config=CPU_ONLY) as sess:
             (_, got), expected = sess.run([grads, wide], dict(zip(fed, values)),
                                           options=tf1.RunOptions(output_partition_graphs=True),
                                           run_metadata=metadata)

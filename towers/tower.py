@@ -14,7 +14,9 @@ import tensorflow as tf
 
 from towers.context import EVAL, TRAIN, TowerContext
 from towers.deviceplan import DevicePlan
+from towers.errors import SettingError
 from towers.models import layout
+from towers.models.channels_first import cpu_runs_nchw
 from towers.precision import Precision
 
 tf1 = tf.compat.v1
@@ -217,6 +219,7 @@ def build_towers_from_slices(loss_fn, slices, plan, optimizer=None, training=Tru
       A list of Tower, one per device.
     """
     precision = Precision.of(precision)
+    _check_channels_first(plan, precision)
     towers = []
     for i, (device, piece) in enumerate(zip(plan.towers, slices)):
         own_scope, variable_device = plan.variable_home(i)
@@ -256,6 +259,19 @@ def build_towers_from_slices(loss_fn, slices, plan, optimizer=None, training=Tru
         towers.append(Tower(device, scope, piece.images, piece.labels, loss, metrics,
                             piece.count, weight, grads_and_vars))
     return towers
+
+
+def _check_channels_first(plan, precision):
+    """Refuses NCHW on CPU towers where this CPU's TensorFlow cannot run it in the towers'
+    dtype (measured: towers/models/channels_first.py), before a step fails on a kernel."""
+    on_cpu = [d for d in plan.towers
+              if (tf.DeviceSpec.from_string(d).device_type or 'CPU').upper() == 'CPU']
+    if plan.data_format == 'NCHW' and on_cpu and not cpu_runs_nchw(precision.dtype.name):
+        raise SettingError(
+            '{data_format} NCHW: this CPU\'s TensorFlow has no channels-first kernels in %s '
+            '(oneDNN has them, in float32 where TF_ENABLE_ONEDNN_OPTS is on and in bfloat16 or '
+            'float16 only on CPUs with AVX-512): use {data_format} NHWC on CPU towers '
+            '(%s)', precision.dtype.name, ','.join(on_cpu))
 
 
 def tower_update_ops(tower):

@@ -17,9 +17,11 @@ import tensorflow as tf
 from tests.harness import fed, run_graph
 from towers import models
 from towers.deviceplan import DevicePlan, local_plan
+from towers.errors import SettingError
 from towers.graph import build_training_graph
 from towers.model import ClassifierModel
 from towers.models import layers, layout
+from towers.models.channels_first import cpu_runs_nchw
 from towers.models.errors import check_inputs
 
 tf1 = tf.compat.v1
@@ -142,6 +144,10 @@ def test_a_model_not_written_for_nchw_builds_nhwc_under_a_gpu_plan():
 def test_towers_train_in_nchw_as_in_nhwc(sync_bn, precision):
     """Two towers, batch norm (the fused kernel, or --sync-bn's pooled moments), a few steps;
     in bf16 the bias gradient's own float32 sum runs over NCHW's axes too."""
+    dtype = {'fp32': 'float32', 'bf16': 'bfloat16'}[precision]
+    if not cpu_runs_nchw(dtype):
+        pytest.skip('this CPU\'s TensorFlow has no NCHW kernels in %s (oneDNN takes it only '
+                    'with AVX-512): the refusal is tested below' % dtype)
     rng = np.random.RandomState(3)
     batches = [((rng.rand(8, *SHAPE) + rng.rand(8, 1, 1, 1) * 3).astype(np.float32),
                 rng.randint(0, 3, 8)) for _ in range(3)]
@@ -161,3 +167,36 @@ def test_towers_train_in_nchw_as_in_nhwc(sync_bn, precision):
     for name in nhwc:
         np.testing.assert_allclose(nchw[name], nhwc[name], rtol=20 * rtol, atol=atol,
                                    err_msg=name)
+
+
+def test_nchw_on_cpu_towers_is_refused_in_one_line_where_this_cpu_has_no_kernels_for_it(
+        monkeypatch):
+    # As on a CPU whose oneDNN takes no bfloat16 (AVX2 only), or with TF_ENABLE_ONEDNN_OPTS=0.
+    asked = []
+    monkeypatch.setattr('towers.tower.cpu_runs_nchw',
+                        lambda dtype: asked.append(dtype) or dtype == 'float32')
+    model = ClassifierModel(_net, SHAPE, 3, optimizer='sgd')
+    plan = local_plan(['/cpu:0', '/cpu:1'], data_format='NCHW')
+    build_training_graph(model, plan, seed=1, source=fed([]), learning_rate=0.5)  # float32
+    with pytest.raises(SettingError) as refused:
+        build_training_graph(model, plan, seed=1, source=fed([]), learning_rate=0.5,
+                             precision='bf16')
+    assert refused.value.named(lambda name: '--' + name.replace('_', '-')) == (
+        "--data-format NCHW: this CPU's TensorFlow has no channels-first kernels in bfloat16 "
+        '(oneDNN has them, in float32 where TF_ENABLE_ONEDNN_OPTS is on and in bfloat16 or '
+        'float16 only on CPUs with AVX-512): use --data-format NHWC on CPU towers '
+        '(/cpu:0,/cpu:1)')
+    assert set(asked) == {'float32', 'bfloat16'}
+    # GPU towers are not asked (cuDNN runs NCHW in every precision), nor NHWC ones.
+    before = len(asked)
+    for plan in (DevicePlan(['/gpu:0'], variables='/cpu:0'), local_plan(['/cpu:0'])):
+        build_training_graph(model, plan, seed=1, source=fed([]), learning_rate=0.5)
+    assert len(asked) == before
+
+
+def test_the_cpu_measures_nchw_once_a_dtype_and_runs_float32_with_onednn():
+    # float32 runs in NCHW wherever oneDNN is on: the suite and `towers` turn it on
+    # (TF_ENABLE_ONEDNN_OPTS=1, tests/conftest.py, towers/cli/main.py).
+    assert os.environ.get('TF_ENABLE_ONEDNN_OPTS') == '1'
+    assert cpu_runs_nchw('float32') is True
+    assert cpu_runs_nchw('float32') is cpu_runs_nchw('float32')  # cached
