@@ -85,9 +85,10 @@ def test_the_bench_plans_and_measures_each_worker_count_in_turns(monkeypatch):
     assert row['tasks'] == [('worker 0', 1000, 1000, 1100, 1000),
                             ('worker 1', 1000, 1000, 1000, 1100)]
     lines = linkbench.table_lines(rows)
-    assert lines[1].split() == ['2', '0.2105', 's', '0.2000', '±', '0.0000', 's', '0.95']
-    assert lines[4].split() == ['2', 'worker', '0', '1.00', 'kB', '1.10', 'kB', '1.00', 'kB',
-                                '1.00', 'kB']
+    assert lines[1].split() == ['collective', '2', '0.2105', 's', '0.2000', '±', '0.0000', 's',
+                                '0.95']
+    assert lines[4].split() == ['collective', '2', 'worker', '0', '1.00', 'kB', '/', '1.10',
+                                'kB', '1.00', 'kB', '/', '1.00', 'kB']
 
 
 def test_a_plan_of_a_model_towers_does_not_have_reads_its_size(capsys):

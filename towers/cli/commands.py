@@ -72,7 +72,7 @@ def run_plan(args, log):
     from towers.cluster.emulate import parse_delay, parse_rate, parse_size
     from towers.names import CLUSTER_MODES
     from towers.precision import Precision
-    from towers.tools import bench, plan
+    from towers.tools import bench, linkbench, plan
     from towers.tools.explain import flops_text
     from towers.tools.trace import check_output
     workers = int_list(args.workers, 'workers')
@@ -94,6 +94,13 @@ def run_plan(args, log):
     if args.step_seconds is not None and (device_flops is not None or args.step_seconds <= 0):
         raise SettingError('{step_seconds} is a positive number of seconds, instead of '
                            '{device_flops}, got %r', args.step_seconds)
+    threads = args.threads
+    if args.verify:  # refused now, before a step is timed
+        if device_flops is not None or args.step_seconds is not None or args.gradient_bytes:
+            raise SettingError("{verify} runs towers' own model, timed here: not with "
+                               '{device_flops}, {step_seconds} or {gradient_bytes}')
+        threads = threads or 1  # each task's and the one timed here: a host's cores are its own
+        linkbench.check_verify(workers, threads, latency, args.rounds)
     precision = Precision(args.precision, loss_scale(args.loss_scale))
     info = dataset_info(args)
     model, slice_bytes = args.model, plan.slice_bytes(info.input_shape, args.batch_size)
@@ -117,12 +124,12 @@ def run_plan(args, log):
         bench.check_window(args.batch_size, args.warmup, args.window)
         mean, stderr = bench.measure_one_worker(model_fn, info.input_shape, info.num_classes,
                                                 towers, args.batch_size, args.warmup,
-                                                args.window, precision, args.threads)
+                                                args.window, precision, threads)
         compute = args.batch_size / mean
         source = ('one worker timed here: %d tower(s), batch %d, %s%s: %.1f ± %.1f images/sec '
                   'over %d steps after %d; on %s' % (
                       towers, args.batch_size, precision.name,
-                      ', %d thread(s)' % args.threads if args.threads else '', mean, stderr,
+                      ', %d thread(s)' % threads if threads else '', mean, stderr,
                       args.window, args.warmup, machine()))
     log('plan: %s, batch %d per worker of %d device(s); links %s each way (B = %s/s), '
         'latency a = %s' % (model, args.batch_size, towers, args.bandwidth,
@@ -135,9 +142,7 @@ def run_plan(args, log):
     rows = [row for mode in modes
             for row in plan.predict(mode, workers, compute, args.batch_size, sizes, bandwidth,
                                     latency, towers, ps, slice_bytes, bucket)]
-    if args.json:
-        log(json.dumps(rows, indent=1, sort_keys=True))
-    else:
+    if not args.json:
         for line in plan.table_lines(rows):
             log(line)
         for mode in modes:
@@ -145,6 +150,20 @@ def run_plan(args, log):
             log('%s network at %d workers%s: %s' % (
                 mode, last['workers'], ', %d ps' % last['ps'] if last['ps'] else '',
                 last['formula']))
+    if args.verify:
+        common = ['--model', args.model, '--dataset', args.dataset, '--precision', args.precision]
+        common += ['--loss-scale', args.loss_scale] if args.loss_scale is not None else []
+        common += ['--image-size', str(args.image_size)] if args.image_size else []
+        verified = linkbench.verify_plan(
+            modes, workers, common, model_fn, info.input_shape, info.num_classes,
+            args.batch_size, '%s,%s' % (args.bandwidth, args.latency), compute, towers, ps,
+            args.rounds, args.window, args.all_reduce_bucket, threads, log=log)
+        if not args.json:
+            for line in linkbench.table_lines(verified):
+                log(line)
+    if args.json:
+        log(json.dumps({'plan': rows, 'verify': verified} if args.verify else rows, indent=1,
+                       sort_keys=True))
     if args.plot:
         plan.plot_rows(rows, args.plot, '%s, batch %d per worker, %s links'
                        % (model, args.batch_size, args.bandwidth))

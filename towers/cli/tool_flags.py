@@ -3,6 +3,7 @@
 TensorFlow-free, as parsers.py, which adds them to its parser.
 """
 from towers.cli.flags import device_flags, model_flags, precision_flags
+from towers.config import TrainConfig
 from towers.names import (
     ALL_REDUCE_BUCKET,
     CLUSTER_MODES,
@@ -128,14 +129,24 @@ def plan_parser(commands):
     plan.add_argument('--threads', type=int, default=None,
                       help="the step timed here with this many intra- and inter-op threads, "
                            "as each task runs with train's --threads (default: TensorFlow's "
-                           'choice)')
+                           'choice; 1 with --verify)')
     plan.add_argument('--warmup', type=int, default=5,
                       help='untimed steps of the step timed here (default: 5)')
     plan.add_argument('--window', type=int, default=20,
-                      help='timed steps of the step timed here (default: 20)')
+                      help='timed steps of the step timed here, and with --verify of each run, '
+                           "after train's %d of warm-up (default: 20)" % TrainConfig.warmup_steps)
+    plan.add_argument('--verify', action='store_true',
+                      help='then run each --cluster-mode at each --workers count here, every '
+                           'task on a host of its own on links of --bandwidth and --latency '
+                           '(towers launch --emulate-link; root), and print the step and each '
+                           "task's bytes, measured against the plan's")
+    plan.add_argument('--rounds', type=int, default=2,
+                      help='with --verify: runs of each mode and worker count (default: 2)')
     plan.add_argument('--plot', default=None, metavar='FILE.png',
                       help='draw predicted efficiency against workers (needs matplotlib)')
-    plan.add_argument('--json', action='store_true', help='print the rows as JSON')
+    plan.add_argument('--json', action='store_true',
+                      help='print the rows as JSON (with --verify: {"plan": rows, "verify": '
+                           'rows})')
     precision_flags(plan)
     return plan
 

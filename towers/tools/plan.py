@@ -45,8 +45,9 @@ carries of a link of B: each 1500-byte frame (1514 with its Ethernet header, as
 Linux counts and shapes it) holds 1448 bytes of payload (FRAMING). gRPC's own
 framing and serialising are left out, which is why a measured step may be a
 little slower than its prediction. Checked on an emulated cluster (`towers
-launch --emulate-link`, which counts each host's bytes) in
-tests/cluster/test_plan_emulated.py.
+launch --emulate-link`, which counts each host's bytes): each task's bytes by
+tests/cluster/test_plan_emulated.py, the step by `towers plan --verify`
+(towers/tools/linkbench.py), which runs the modes and worker counts planned.
 """
 import math
 import re
@@ -69,7 +70,9 @@ tf1 = tf.compat.v1
 
 # Link bytes per byte of payload: a 1500-byte MTU's TCP segment carries 1448 bytes (with
 # timestamps) in a 1514-byte frame. Measured on the emulated links: mnist_convnet's 13.10 MB
-# all-reduce crossed as 13.73 MB.
+# all-reduce crossed as 13.73 MB at 200 Mbit. Above about 500 Mbit the emulation's token
+# bucket lets TCP's 64 kB segments through whole, with 0.3% of headers (its parameter-server
+# pull, 13.13 MB at 1 Gbit): there it carries more payload than a wire would.
 FRAMING = 1514 / 1448
 
 
