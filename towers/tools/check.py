@@ -27,7 +27,7 @@ from towers.inputs import FeedInput
 from towers.precision import Precision, check_kernels
 from towers.session import load_variables, open_session, run_steps
 from towers.tools import stepgraph
-from towers.tower import build_towers_from_slices, split_sizes, tower_loss, tower_update_ops
+from towers.tower import build_towers_from_slices, share_of, tower_loss, tower_update_ops
 
 tf1 = tf.compat.v1
 
@@ -187,7 +187,9 @@ def run_check(model_name, model_fn, dataset_name, train_set, num_towers, batch_s
                for i in range(0, batch_size * steps, batch_size)]
     tower_devices = resolve_devices(num_towers, devices,
                                     per_gpu=process_split([num_towers], devices))
-    shares = split_sizes(batch_size, num_towers).numpy()  # eager: as it cuts
+    # Python ints, cut as split_sizes cuts: an eager op here would make TensorFlow's devices
+    # (a GPU unsplit, all its memory) before the Sessions' split (towers/devices.py).
+    shares = [share_of(batch_size, num_towers, i)[1] for i in range(num_towers)]
     log('check: %s on %d tower(s) %s%s against 1 device%s, global batch %d (%s), %d SGD steps%s%s'
         % (model_name, num_towers, ','.join(tower_devices),
            ' in %s' % precision.name if precision.mixed else '',
