@@ -1,4 +1,5 @@
 """towers bench --compare: the peers it times, the FLOPs it counts, the plot it draws."""
+import gc
 import os
 import subprocess
 import sys
@@ -6,6 +7,7 @@ import sys
 import numpy as np
 import pytest
 import tensorflow as tf
+from tensorflow.python.eager import context
 
 from towers import data, models
 from towers.gradients import average_gradients
@@ -108,6 +110,84 @@ def test_compare_times_every_row_and_draws_the_plot(tmp_path):
     assert len(xla) == 2 and all(('XLA cluster' in line) == clustered for line in xla)
     assert plot.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
     assert lines[-1] == 'plot: %s' % plot
+
+
+class _Stop(Exception):
+    pass
+
+
+def test_cpu_towers_split_eager_before_any_eager_call_on_a_gpu_machine_too(monkeypatch):
+    """Keras (eager) gets as many logical CPUs as the towers' Sessions, even where a GPU is seen
+    (faked: TensorFlow's list of physical GPUs, which towers.devices.visible_gpus reads too),
+    and before eager TensorFlow makes its devices at its first call."""
+    physical = tf.config.list_physical_devices
+    monkeypatch.setattr(tf.config, 'list_physical_devices', lambda kind=None: [
+        tf.config.PhysicalDevice('/physical_device:GPU:0', 'GPU')] if kind == 'GPU'
+        else physical(kind))
+    events = []
+    monkeypatch.setattr(context.Context, 'ensure_initialized', _recorded(events))
+    # Recorded only: this process's eager devices stay as they are.
+    monkeypatch.setattr(tf.config, 'set_logical_device_configuration',
+                        lambda device, logical: events.append((device.device_type, len(logical))))
+
+    def stop(*args, **kwargs):
+        raise _Stop
+    monkeypatch.setattr(compare, 'measure_interleaved', stop)  # the rows are built: enough
+    with pytest.raises(_Stop):
+        compare.run_compare('small_convnet', models.build_model('small_convnet', SHAPE, 10),
+                            SHAPE, 10, [1, 2], batch_size=8,
+                            dataset=data.load_dataset('mnist_sample').train,
+                            variable_updates=('replicated',), devices='cpu', log=lambda line: 0)
+    assert events[0] == ('CPU', 2), events
+
+
+def _recorded(events):
+    """Context.ensure_initialized, which every eager op and device list calls, appending 'eager'
+    to events. A tf.function of an earlier test that is garbage-collected meanwhile removes
+    itself from the context through it: not a call of the code under test."""
+    gc.collect()
+    initialized = context.Context.ensure_initialized
+
+    def ensure_initialized(self):
+        if sys._getframe(1).f_code.co_name != 'remove_function':
+            events.append('eager')
+        return initialized(self)
+    return ensure_initialized
+
+
+def test_gpu_towers_give_eager_the_logical_gpus_the_first_session_made(monkeypatch):
+    """Each GPU split as the Sessions split it, each logical GPU with the memory a Session
+    gave it: read from a Session opened first, as TensorFlow fixes the split at the first.
+    (Faked GPUs, and the Session made without any: this machine may have none, or one whose
+    split this process has fixed already.)"""
+    physical = {kind: [tf.config.PhysicalDevice('/physical_device:%s:%d' % (kind, i), kind)
+                       for i in range(count)] for kind, count in (('CPU', 1), ('GPU', 2))}
+    monkeypatch.setattr(tf.config, 'list_physical_devices', lambda kind: physical[kind])
+    sessions, calls = [], []
+    monkeypatch.setattr(compare, 'session_config', lambda devices, per_gpu: sessions.append(
+        (devices, per_gpu)) or tf.compat.v1.ConfigProto(device_count={'GPU': 0}))
+    monkeypatch.setattr(compare, 'session_gpu_memory', lambda sess: sessions.append(
+        sess.list_devices()[0].device_type) or {
+            '/gpu:%d' % j: (j + 1) * 2 ** 30 + 5 for j in range(4)})
+    monkeypatch.setattr(tf.config, 'set_logical_device_configuration',
+                        lambda device, logical: calls.append((device.name, logical)))
+    devices = ['/gpu:0', '/gpu:1', '/gpu:2', '/gpu:3']  # 2 logical GPUs on each GPU
+    assert compare.eager_as_sessions(devices, 2)
+    assert sessions == [(devices, 2), 'CPU']  # its memory read from a Session of the split
+    config = tf.config.LogicalDeviceConfiguration
+    assert calls == [('/physical_device:GPU:0', [config(1024), config(2048)]),
+                     ('/physical_device:GPU:1', [config(3072), config(4096)])]
+    # Whole GPUs stay whole, their memory taken as it is used; eager already started keeps
+    # what it has.
+    monkeypatch.setattr(tf.config.experimental, 'set_memory_growth',
+                        lambda device, grows: calls.append((device.name, grows)))
+    assert compare.eager_as_sessions(['/gpu:0', '/gpu:1'], 1) and len(sessions) == 2
+    assert calls[2:] == [('/physical_device:GPU:0', True), ('/physical_device:GPU:1', True)]
+
+    def started(device, logical):
+        raise RuntimeError('Virtual devices cannot be modified after being initialized')
+    monkeypatch.setattr(tf.config, 'set_logical_device_configuration', started)
+    assert not compare.eager_as_sessions(['/cpu:0', '/cpu:1'], 1)
 
 
 def test_the_command_times_keras_on_every_tower_count_in_a_fresh_process(tmp_path):

@@ -40,8 +40,9 @@ import tensorflow as tf
 
 from towers.data.sampler import EpochSampler
 from towers.deviceplan import local_plan
-from towers.devices import process_split, resolve_devices
+from towers.devices import parse_device, process_split, resolve_devices, session_config
 from towers.inputs import make_input
+from towers.logicalgpus import session_gpu_memory
 from towers.precision import DTYPES
 from towers.tools import peers, plain, rates
 from towers.tools.bench import check_window, measure_interleaved, precisions_of
@@ -97,10 +98,11 @@ def run_compare(model_name, model_fn, input_shape, num_classes, tower_counts, ba
     plain_net = plain.plain_twin(model_name)
     if not plain_net:
         log('plain graph: skipped (%s has no hand-written twin here)' % model_name)
-    _logical_cpus(max(tower_counts))
+    kind, per_gpu = devices, process_split(tower_counts, devices)  # every row under one split
+    # Before any eager call: Keras must see the devices the towers' Sessions make.
+    eager_as_sessions(resolve_devices(max(tower_counts), kind, per_gpu=per_gpu), per_gpu)
     sampler = EpochSampler(dataset.num_examples, batch_size)
     rows, configs = [], []
-    kind, per_gpu = devices, process_split(tower_counts, devices)  # every row under one split
     for count in tower_counts:
         devices = resolve_devices(count, kind, per_gpu=per_gpu)
         for update in variable_updates:
@@ -182,15 +184,41 @@ def _keras_label(precision):
     return 'keras mirrored' + (' ' + policy if policy else '')
 
 
-def _logical_cpus(count):
-    """As many logical CPUs for Keras (eager) as the towers' sessions get (device_count)."""
-    cpus = tf.config.list_physical_devices('CPU')
-    if not tf.config.list_physical_devices('GPU') and cpus:
-        try:
+def eager_as_sessions(tower_devices, per_gpu):
+    """Give eager TensorFlow, where Keras runs, the devices the towers' Sessions make.
+
+    As many logical CPUs as CPU towers (a Session's device_count), on a GPU machine too; or
+    each GPU split into per_gpu logical GPUs of the memory a Session gives them, read from
+    the process's first Session (which fixes the split, towers/devices.py); or each GPU
+    whole, its memory taken as it is used (as the probe's Session asks: other processes may
+    share the GPU). To be called before any eager call: eager TensorFlow fixes its devices
+    at its first (each GPU whole, all its memory).
+
+    Args:
+      tower_devices: the largest tower count's devices (resolve_devices).
+      per_gpu: the process's logical GPUs per GPU (process_split).
+    Returns:
+      False where eager TensorFlow had started: it keeps what it has.
+    """
+    config, gpus = tf.config.LogicalDeviceConfiguration, tf.config.list_physical_devices('GPU')
+    try:
+        if parse_device(tower_devices[0])[0] == 'cpu':
             tf.config.set_logical_device_configuration(
-                cpus[0], [tf.config.LogicalDeviceConfiguration()] * count)
-        except RuntimeError:
-            pass  # already initialised in this process; it keeps what it has
+                tf.config.list_physical_devices('CPU')[0], [config()] * len(tower_devices))
+        elif per_gpu > 1:
+            with tf1.Session(graph=tf.Graph(),
+                             config=session_config(tower_devices, per_gpu=per_gpu)) as sess:
+                memory = session_gpu_memory(sess)  # {'/gpu:j': bytes}, j on GPU j // per_gpu
+            for gpu, device in enumerate(gpus):
+                tf.config.set_logical_device_configuration(device, [
+                    config(memory['/gpu:%d' % (gpu * per_gpu + j)] // 2 ** 20)
+                    for j in range(per_gpu)])
+        else:
+            for device in gpus:
+                tf.config.experimental.set_memory_growth(device, True)
+    except RuntimeError:
+        return False  # eager TensorFlow has started: it keeps what it has
+    return True
 
 
 def _eager_has(devices):
