@@ -9,21 +9,32 @@ work, timed here and now in float32 and in the precision, on the towers' device.
 
 The work is mnist_convnet's second convolution (5x5, 32 -> 64 channels on 14x14
 maps, NHWC), forward and both gradients, and a matmul; as in a tower, float32
-variables are cast to the precision on read. Each is run WARM_UPS times untimed
-first: a first run is set-up, not speed (oneDNN creates its primitives; on a GPU
-cuDNN autotunes and, where TensorFlow has no binary for the GPU's architecture,
-as 2.21 has none for an H100's sm_90, every kernel is JIT-compiled from PTX on
-its first launch: an H100 once measured bf16 at 0.00072x float32 from its first
-run). Then float32 and the precision run in turns, best of at most MAX_RUNS or
-until each has used BUDGET seconds, so drift hits both alike. Each run fetches
-a float32 scalar that sums every result to the host, so a run ends when the
-device's work does, not when its kernels are queued. A precision whose warm run
-takes longer than a fifth of a second is not run again: that run is its time
-(at 0.003x float32 the conv alone runs for most of a second). The result is
+variables are cast to the precision on read. A GPU gets more of it per run: a
+Session.run costs 0.1-0.2 ms whatever it runs, and the 15 GFLOP of convolution and
+17 of matmul a GPU once got take 50-80 microseconds on an H100, so bf16 read ~1.0x
+float32 there whatever its tensor cores did. A GPU's run is ~2 TFLOP of each kind
+(4-16 ms on an H100, the overhead under 5%; a few hundred MB): the convolution at
+batch 512 on 28x28 maps 16 times over, each time with its filter scaled otherwise
+(no two are one computation to grappler) and after the last one's sum (one holds
+memory at a time); and a chain of 16 matmuls of 4096x4096, each product the next
+one's input (the right matrix's spread keeps the values', so float16 never
+overflows). A small GPU runs it for longer than _SLOW_RUN: it is timed once, warm.
+Each kind is run WARM_UPS times untimed first: a first run is set-up, not speed
+(oneDNN creates its primitives; on a GPU cuDNN autotunes and, where TensorFlow has
+no binary for the GPU's architecture, as 2.21 has none for an H100's sm_90, every
+kernel is JIT-compiled from PTX on its first launch: an H100 once measured bf16 at
+0.00072x float32 from its first run). Then float32 and the precision run in turns,
+best of at most MAX_RUNS or until each has used BUDGET seconds, so drift hits both
+alike. Each run fetches a float32 scalar that sums every result to the host, so a
+run ends when the device's work does, not when its kernels are queued. A precision
+whose warm run takes longer than a fifth of a second is not run again: that run is
+its time (at 0.003x float32 the conv alone runs for most of a second). The result is
 cached per process.
 """
+import collections
 import dataclasses
 import functools
+import math
 import time
 
 import tensorflow as tf
@@ -42,10 +53,14 @@ MAX_RUNS = 20
 WARM_UPS = 2
 _SLOW_RUN = 0.2  # a warm run longer than this is the kind's time: it is not run again
 _DTYPES = {'fp32': tf.float32, 'bf16': tf.bfloat16, 'fp16': tf.float16}
-# Per device kind: (conv input [N, H, W, C], conv filter [h, w, in, out], matmul m, k, n).
-# A GPU gets a larger batch so that the kernels, not the session's overhead, are timed.
-_SHAPES = {'cpu': ([8, 14, 14, 32], [5, 5, 32, 64], (256, 512, 256)),
-           'gpu': ([256, 14, 14, 32], [5, 5, 32, 64], (2048, 2048, 2048))}
+# Per device kind, the work of one run: conv input [N, H, W, C], conv filter [h, w, in, out],
+# the conv's repeats, matmul (m, k, n) and its links (a chain needs k == n), and whether results
+# are summed in their own type (_sum). A GPU's is ~2 TFLOP of each kind, so that the kernels,
+# not the Session's overhead, are timed (the docstring); a CPU's is as the tests that skip a
+# slow precision's run were measured against.
+_Work = collections.namedtuple('_Work', 'conv_input conv_filter repeats matmul links in_type')
+_SHAPES = {'cpu': _Work([8, 14, 14, 32], [5, 5, 32, 64], 1, (256, 512, 256), 1, False),
+           'gpu': _Work([512, 28, 28, 32], [5, 5, 32, 64], 16, (4096, 4096, 4096), 16, True)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,32 +154,57 @@ def _probe_graph(name, device):
     Each fetch is a float32 scalar, the sum of every result of its kind's work:
     small to copy, and a Session.run that returns it has waited for all of it.
     """
-    conv_input, conv_filter, (m, k, n) = _SHAPES[device[1:4]]
+    work = _SHAPES[device[1:4]]
+    m, k, n = work.matmul
     graph = tf.Graph()
     with graph.as_default(), tf.device(device):
         uniform = tf1.random_uniform_initializer(-1.0, 1.0, seed=0)
         # Variables, not constants: grappler folds constants away before they are timed.
-        images, weights, left, right = (
+        images, weights, left = (
             tf1.get_variable(v, shape, initializer=uniform) for v, shape in (
-                ('images', conv_input), ('weights', conv_filter), ('left', [m, k]),
-                ('right', [k, n])))
+                ('images', work.conv_input), ('weights', work.conv_filter), ('left', [m, k])))
+        # A chain's right matrix has spread sqrt(3 / k): each product keeps the left's spread.
+        spread = math.sqrt(3.0 / k) if work.links > 1 else 1.0
+        right = tf1.get_variable('right', [k, n], initializer=tf1.random_uniform_initializer(
+            -spread, spread, seed=1))
         fetches = {'conv': [], 'matmul': []}
         for precision in ('fp32', name):
             dtype = _DTYPES[precision]
-            x, w = tf.cast(images, dtype), tf.cast(weights, dtype)
-            maps = tf.nn.conv2d(x, w, 1, 'SAME')
-            grad_x, grad_w = tf.gradients(maps, [x, w])
-            # Every result read: grappler prunes an op whose value nothing fetches (the
-            # backward convs need only the forward's shape).
-            fetches['conv'].append(_sum(maps) + _sum(grad_x) + _sum(grad_w))
-            fetches['matmul'].append(_sum(tf.matmul(tf.cast(left, dtype),
-                                                    tf.cast(right, dtype))))
+            fetches['conv'].append(_conv_work(tf.cast(images, dtype), tf.cast(weights, dtype),
+                                              work.repeats, work.in_type))
+            product, factor = tf.cast(left, dtype), tf.cast(right, dtype)  # cast once a run
+            for _ in range(work.links):
+                product = tf.matmul(product, factor)
+            fetches['matmul'].append(_sum(product, work.in_type))
         init = tf1.global_variables_initializer()
     return graph, init, fetches
 
 
-def _sum(tensor):
-    return tf.reduce_sum(tf.cast(tensor, tf.float32))
+def _conv_work(x, w, repeats, in_type=False):
+    """The float32 sum of a conv's maps and both its gradients, `repeats` times over.
+
+    Every result read: grappler prunes an op whose value nothing fetches (the backward
+    convs need only the forward's shape). Repeat r's filter is w / (1 + r), a computation
+    of its own, and starts after repeat r - 1's sum: one repeat's maps in memory at a time.
+    """
+    total = None
+    for r in range(repeats):
+        with tf.control_dependencies([total] if r else []):
+            filters = w / (1.0 + r) if r else w
+        maps = tf.nn.conv2d(x, filters, 1, 'SAME')
+        grad_x, grad_w = tf.gradients(maps, [x, filters])
+        part = _sum(maps, in_type) + _sum(grad_x, in_type) + _sum(grad_w, in_type)
+        total = part if total is None else total + part
+    return total
+
+
+def _sum(tensor, in_type=False):
+    """A result's sum as a float32 scalar. in_type: summed in the result's own type, a half
+    precision's map read at half the bytes as the next layer reads it (its value, inf where
+    float16 overflows, is unused); else cast to float32 first, which on a GPU would time a pass
+    over a float32 copy of every half-precision map (~20% of a repeat's time in bf16)."""
+    return tf.cast(tf.reduce_sum(tensor), tf.float32) if in_type else tf.reduce_sum(
+        tf.cast(tensor, tf.float32))
 
 
 def _time_in_turns(runs):
