@@ -1,5 +1,5 @@
 """What only a GPU shows: logical GPUs, NCCL and its stand-in, staging onto GPUs, NCHW, tensor
-cores, exact resume, the untraced placement audit, the warm probe.
+cores, exact resume, the untraced placement audit, the warm probe, Keras on logical GPUs.
 
 Every test runs `towers` in a process of its own: TensorFlow fixes a process's logical GPUs
 at its first Session, and these runs split the GPUs in different ways. Skipped where
@@ -110,32 +110,36 @@ def test_nchw_and_nhwc_resnet_give_the_same_check_under_determinism():
 
 
 @pytest.mark.parametrize('precision,capability', [('bf16', (8, 0)), ('fp16', (7, 0))])
-def test_mixed_precision_trains_on_tensor_cores_and_is_not_called_slow(precision, capability):
+def test_mixed_precision_trains_on_tensor_cores_and_the_probe_says_how_fast(precision,
+                                                                            capability):
+    """The run trains and `towers devices` gives the probe's verdict with its figures. How fast
+    is read, not asserted here (another process on the GPU moves it): .ci/gpu-checks.sh's lease
+    stage prints the probe's ratio beside ResNet-50's in bench."""
     if _capability() < capability:
         pytest.skip('%s tensor cores come with compute capability %d.%d' % (
             (precision,) + capability))
     process = _towers('train', '--model', 'resnet20', '--towers', '1', '--steps', '5',
                       '--batch-size', '64', '--eval-every', '0', '--quiet',
                       '--precision', precision)
-    assert not [line for line in process.stdout.splitlines() if line.startswith('warning:')]
-    devices = _towers('devices', '--towers', '1').stdout.splitlines()
-    verdict = [line for line in devices if line.startswith('%s on /gpu:0' % precision)]
-    assert verdict and ': slow,' not in verdict[0], verdict
-
-
-def test_devices_and_bench_agree_on_bf16():
-    """The probe's bf16/fp32 ratio within 20% of ResNet-50's in bench on the same GPU."""
-    if _capability() < (8, 0):
-        pytest.skip('bf16 tensor cores come with compute capability 8.0')
+    assert re.search(r'^step 5/5 .*: loss \d', process.stdout, re.M), process.stdout
     devices = _towers('devices', '--towers', '1').stdout
-    probed = float(re.search(r'^bf16 on /gpu:0 .*?: [a-z ]+, ([\d.]+)x float32 measured',
-                             devices, re.M).group(1))
-    bench = _towers('bench', '--model', 'resnet50', '--towers', '1', '--precision',
-                    'fp32,bf16', '--warmup', '5', '--window', '10', timeout=420).stdout
-    row = [line.split() for line in bench.splitlines() if line.startswith('synthetic  1 ')
-           and ' bf16 ' in line]
-    measured = float(row[0][-1])  # vs fp32
-    assert abs(probed / measured - 1) <= 0.2, (probed, measured, devices, bench)
+    assert re.search(r'^%s on /gpu:0 \(.*, compute capability \d+\.\d\): (fast|no faster|slow), '
+                     r'[\d.e-]+x float32 measured \(conv [\d.e-]+x, matmul [\d.e-]+x\); %s tensor '
+                     r'cores from compute capability ' % (precision, precision), devices,
+                     re.M), devices
+
+
+def test_compare_times_keras_on_logical_gpus_at_every_tower_count():
+    """Keras (eager) is given the logical GPUs the towers' first Session made, before any eager
+    call: at a tower count that splits a GPU it is timed, not skipped."""
+    counts = (1, _gpus() + 1)
+    process = _towers('bench', '--compare', '--model', 'small_convnet', '--towers',
+                      '%d,%d' % counts, '--batch-size', '8', '--warmup', '1', '--window', '2',
+                      '--variable-update', 'replicated', '--devices', 'gpu', timeout=300)
+    rows = [(line[:40].strip(), int(line[40:48])) for line in process.stdout.splitlines()
+            if line.startswith('keras mirrored')]
+    assert rows == [('keras mirrored', count) for count in counts], process.stdout
+    assert 'keras mirrored at' not in process.stdout, process.stdout  # '... skipped'
 
 
 def _variables(logdir):
