@@ -1,11 +1,11 @@
 """Shared test set-up: quiet TensorFlow's C++ logging before it is imported, a local HTTP
-server for the download tests (no network but 127.0.0.1), and the `alone` and `exact` marks.
+server for the download tests (no network but 127.0.0.1), and the `exact` and `gpu` marks.
 
 The suite runs on two pytest-xdist workers (`-n 2`, as .ci/run does): most tests wait on
-processes, timeouts or the disk as much as they compute, so two at a time fill two cores. A
-test marked `alone` runs with no other test beside it, because it times something (a step
-against the plan, a run against its budget) that another test's load on the same cores would
-skew. Without xdist every test is alone anyway.
+processes, timeouts or the disk as much as they compute, so two at a time fill two cores. No
+test times anything (another process on the machine would move it, whatever the suite did to
+keep its own tests apart): speed is measured by the benchmarks (`towers bench`, `towers plan
+--verify`), never asserted here.
 
 A test marked `exact` (the equality tests: N towers against one device, a strategy against
 another) runs inside towers.exactness.exact(), TF32 off and op determinism on, as `towers
@@ -18,7 +18,6 @@ runs just them. The suite passes on both kinds of machine: a test about CPU towe
 devices (`--devices cpu`, `local_plan(['/cpu:0', '/cpu:1'])`), never the machine's default.
 """
 import contextlib
-import fcntl
 import functools
 import http.server
 import os
@@ -36,8 +35,6 @@ os.environ.setdefault('TF_FORCE_GPU_ALLOW_GROWTH', 'true')
 
 
 def pytest_configure(config):
-    config.addinivalue_line('markers', 'alone: no other test runs beside this one (it times '
-                                       'something that another test would slow down)')
     config.addinivalue_line('markers', 'exact: runs with TF32 off and op determinism on '
                                        '(towers.exactness.exact)')
     config.addinivalue_line('markers', 'gpu: needs a GPU (skipped where TensorFlow sees none)')
@@ -54,38 +51,10 @@ def _has_gpu():
     return bool(tf.config.list_physical_devices('GPU'))
 
 
-
-@contextlib.contextmanager
-def _turn(alone):
-    """A test's turn among the xdist workers of this run: shared, or the only one.
-
-    A readers-writer lock of two files: every test passes the gate, and one to run alone
-    holds it until its run ends, so no new test starts while it waits for the running ones
-    to end, and none starts beside it.
-    """
-    if 'PYTEST_XDIST_WORKER' not in os.environ:
-        yield
-        return
-    # Locks on two files every worker has and nobody writes (this folder and this file):
-    # a lock leaves nothing on disk.
-    gate, lock = (os.open(path, os.O_RDONLY) for path in (os.path.dirname(__file__), __file__))
-    try:
-        fcntl.flock(gate, fcntl.LOCK_EX)
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
-        finally:
-            if not alone:
-                fcntl.flock(gate, fcntl.LOCK_UN)
-        yield
-    finally:
-        os.close(lock)  # closing a file releases its lock
-        os.close(gate)
-
-
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     # Around setup, call and teardown: a module fixture's run belongs to its first test.
-    with _turn(item.get_closest_marker('alone') is not None), _exactness(item):
+    with _exactness(item):
         yield
 
 
