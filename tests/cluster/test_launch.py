@@ -11,6 +11,7 @@ import pytest
 
 from towers.cluster.launch import (
     SHARED_GPUS,
+    Task,
     exit_status,
     free_ports,
     gpu_shares,
@@ -44,9 +45,10 @@ def test_free_ports_are_distinct_and_free():
 
 
 def _after(path, code):
-    """code, run once path holds a line (at most 30 s): a worker that ends only after the
-    ps has started serving, so that the teardown's SIGTERM finds it serving."""
-    return ('import os, time\nfor _ in range(300):\n'
+    """code, run once path holds a line (a guard of 60 s): a task that goes on only once
+    another has said it is ready (the ps serving, a worker deaf to SIGTERM), so that the
+    teardown's signal finds that one as the test means it to."""
+    return ('import os, time\nfor _ in range(600):\n'
             '    if os.path.exists(%r) and open(%r).read(): break\n'
             '    time.sleep(0.1)\n%s' % (path, path, code))
 
@@ -66,31 +68,49 @@ def test_every_task_gets_its_tf_config_a_log_and_prefixed_lines(tmp_path):
     assert (tmp_path / 'ps-0.log').read_text() == 'serving\n'  # stopped by SIGTERM, status 0
 
 
-def test_a_failing_task_tears_the_job_down_and_gives_its_status(tmp_path):
-    start = time.monotonic()
+@pytest.fixture
+def started(monkeypatch):
+    """The Tasks launch() starts, in order: what became of each process is read after it."""
+    tasks, start = [], Task.start
+
+    def recording(task):
+        start(task)
+        tasks.append(task)
+    monkeypatch.setattr(Task, 'start', recording)
+    return tasks
+
+
+def _ends(tasks):
+    """{task name: its process's return code (-N: killed by signal N)}."""
+    return {task.name: task.process.returncode for task in tasks}
+
+
+def test_a_failing_task_tears_the_job_down_and_gives_its_status(tmp_path, started):
     lines = []
+    failing = _after(str(tmp_path / 'ps-0.log'), 'import sys; print("boom"); sys.exit(3)')
     status = launch([('worker', 0, _script('import time; time.sleep(60)'), False),
-                     ('worker', 1, _script('import sys; print("boom"); sys.exit(3)'), False),
+                     ('worker', 1, _script(failing), False),
                      ('ps', 0, _script(SERVE_UNTIL_TERM), True)],
                     local_cluster(2, 1), logs=str(tmp_path), log=lines.append, grace=2)
     assert status == 3
     assert 'towers launch: worker 1 exited with status 3; stopping the other 2 task(s)' in lines
-    # worker 0 would sleep a minute: the teardown's SIGTERM ended it.
-    assert time.monotonic() - start < 20
+    # worker 0 would sleep a minute: the teardown's SIGTERM ended it (the ps, on its handler).
+    assert _ends(started) == {'worker 0': -signal.SIGTERM, 'worker 1': 3, 'ps 0': 0}
 
 
-def test_a_task_that_ignores_sigterm_is_killed_after_the_grace_period(tmp_path):
+def test_a_task_that_ignores_sigterm_is_killed_after_the_grace_period(tmp_path, started):
     stubborn = ('import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); '
                 'print("up", flush=True); time.sleep(60)')
     lines = []
-    start = time.monotonic()
+    # worker 1 kills itself once worker 0 says it is up (deaf to SIGTERM by then).
+    killed = _after(str(tmp_path / 'worker-0.log'), 'os.kill(os.getpid(), 9)')
     status = launch([('worker', 0, _script(stubborn), False),
-                     ('worker', 1, _script('import os, time; time.sleep(1); '
-                                           'os.kill(os.getpid(), 9)'), False)],
+                     ('worker', 1, _script(killed), False)],
                     local_cluster(2), logs=str(tmp_path), log=lines.append, grace=1)
     assert status == 137  # worker 1's SIGKILL, as a shell reports it
     assert 'towers launch: worker 1 was killed by SIGKILL; stopping the other 1 task(s)' in lines
-    assert time.monotonic() - start < 15
+    # worker 0 would sleep a minute, deaf to SIGTERM: the SIGKILL after the grace ended it.
+    assert _ends(started) == {'worker 0': -signal.SIGKILL, 'worker 1': -signal.SIGKILL}
     assert exit_status(-15) == 143 and exit_status(2) == 2
 
 
@@ -121,7 +141,7 @@ def test_the_tasks_end_when_the_launcher_is_killed(tmp_path):
         pid = int(line.rsplit(' ', 1)[1])
         launcher.kill()  # SIGKILL: no teardown runs
         launcher.wait()
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60  # (a guard: it goes as soon as the launcher dies)
         while time.monotonic() < deadline:
             try:
                 os.kill(pid, 0)
@@ -140,14 +160,14 @@ def test_the_tasks_end_when_the_launcher_is_killed(tmp_path):
 def test_the_launcher_itself_never_loads_tensorflow(tmp_path):
     # Only its tasks do: each starts as soon as the launcher has parsed its flags.
     code = ('import sys; from towers.cli import main; '
-            'status = main(["launch", "--workers", "1", "--", "models"]); '
+            'status = main(["launch", "--workers", "1", "--", "data", "convert", "--shards", '
+            '"1", "--out", "records"]); '
             'print("launcher:", status, "tensorflow" in sys.modules)')
     run = subprocess.run([PY, '-c', code], cwd=str(tmp_path), capture_output=True, text=True,
                          timeout=120)
     lines = run.stdout.splitlines()
     assert lines[-1] == 'launcher: 0 False', run.stdout + run.stderr
-    assert ('[worker 0] datasets: cifar10, fashion_mnist, mnist, mnist_sample, '
-            'imagenet-synthetic') in lines
+    assert '[worker 0] test: 1000 records in 1 shard(s)' in lines  # (a command on TensorFlow)
 
 
 def test_the_host_gpus_come_from_cuda_visible_devices_or_nvidia_smi(monkeypatch):

@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -213,11 +212,9 @@ def test_a_killed_worker_is_named_and_a_relaunch_resumes_exactly(tmp_path, one_p
     timeout = '3' if mode == 'parameter-server' else '20'
     args = ['--steps', '8', '--logdir', logdir, '--checkpoint-every', '1',
             '--cluster-timeout', timeout] + FLAGS
-    start = time.monotonic()
     status, lines = _launch_and(tmp_path, lambda pid: os.kill(pid, signal.SIGKILL), *args,
                                 mode=mode)
     assert status == 128 + signal.SIGKILL, '\n'.join(lines)  # the lost task's status
-    assert time.monotonic() - start < 60
     lost = [line for line in lines if 'towers: error: lost worker 1 (127.0.0.1:' in line]
     assert len(lost) == 1 and lost[0].startswith('[worker 0] ') and any(lost[0].endswith(
         '(%s); stop the job and start it again to resume from the newest checkpoint' % why)
@@ -238,11 +235,9 @@ def test_a_killed_worker_is_named_and_a_relaunch_resumes_exactly(tmp_path, one_p
 # (In parameter-server mode a frozen worker is a killed one: the step's timeout names it.)
 @pytest.mark.parametrize('mode', ['in-graph', 'collective'])
 def test_a_frozen_worker_is_named_within_the_timeout(tmp_path, mode):
-    start = time.monotonic()
     status, lines = _launch_and(tmp_path, lambda pid: os.kill(pid, signal.SIGSTOP),
                                 '--steps', '400', '--cluster-timeout', '3', *FLAGS, mode=mode)
     assert status == 1, '\n'.join(lines)
-    assert time.monotonic() - start < 60
     lost = [line for line in lines if 'towers: error: lost worker 1 (127.0.0.1:' in line]
     assert len(lost) == 1 and '(the step did not finish within 3 s)' in lost[0], lines
     assert any(line.startswith('towers launch: worker 0 exited with status 1; stopping the '

@@ -59,7 +59,7 @@ class Lines:
             self._queue.put(line.rstrip('\n'))
         self._queue.put(None)
 
-    def wait_for(self, text, seconds=60.0):
+    def wait_for(self, text, seconds=120.0):
         """The first line (read so far or to come) holding text; AssertionError after seconds
         or at the end of the output."""
         deadline = time.monotonic() + seconds
@@ -76,7 +76,7 @@ class Lines:
                 raise AssertionError('no %r in %s' % (text, self.lines))
             self.lines.append(line)
 
-    def rest(self, seconds=60.0):
+    def rest(self, seconds=120.0):
         """Every line, once the output ends (within seconds)."""
         deadline = time.monotonic() + seconds
         while True:

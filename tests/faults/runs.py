@@ -80,7 +80,7 @@ class Training:
     def pid(self):
         return self.process.pid
 
-    def wait_for_line(self, prefix, timeout=60):
+    def wait_for_line(self, prefix, timeout=120):
         """The first line from now on that starts with prefix; AssertionError if none comes."""
         deadline = time.monotonic() + timeout
         while True:
@@ -101,7 +101,7 @@ class Training:
         self.process.kill()
         return self.finish()
 
-    def finish(self, timeout=60):
+    def finish(self, timeout=120):
         """Wait for the process to end (at most timeout seconds); its exit status."""
         self.process.wait(timeout=timeout)
         for reader in self._readers:
@@ -117,7 +117,7 @@ def towers(capsys, *argv):
     return status, out.splitlines(), err.splitlines()
 
 
-def wait_until(condition, timeout=60, what='the condition'):
+def wait_until(condition, timeout=120, what='the condition'):
     """Poll condition() every half millisecond until it is true; its value."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

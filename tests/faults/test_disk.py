@@ -202,7 +202,7 @@ def unreadable(tmp_path):
 
 def _run_unprivileged(argv, cwd):
     with Training(argv, cwd, preexec_fn=_drop_dac_override) as run:
-        status = run.finish(timeout=60)
+        status = run.finish()
     return status, run.out, run.err
 
 

@@ -82,7 +82,7 @@ def test_kill_9_at_random_moments_of_checkpoint_writes(tmp_path, capsys, uninter
                 begun.update(n for n in os.listdir(logdir) if IN_PROGRESS.search(n)
                              and n not in before)
                 return len(begun) >= files
-            wait_until(kth_file_begun, timeout=30, what='temporary file %d' % files)
+            wait_until(kth_file_begun, what='temporary file %d' % files)
             time.sleep(delay)
             assert run.kill() == -signal.SIGKILL
         # What the run before this one left half written, this one removed first;
