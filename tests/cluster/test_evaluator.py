@@ -1,4 +1,8 @@
-"""An evaluator task beside a real 2-worker job: every kept checkpoint, `towers eval`'s numbers."""
+"""An evaluator task beside a real job: every kept checkpoint, `towers eval`'s numbers.
+
+One worker: the evaluator reads only what the chief saves, however many workers train; a
+second worker would add a process's TensorFlow start, not a thing the evaluator sees.
+"""
 import json
 import os
 import subprocess
@@ -17,7 +21,7 @@ def test_launch_evaluator_evaluates_every_kept_checkpoint_as_towers_eval_does(tm
                                                                                capsys):
     logdir = str(tmp_path / 'run')
     process = subprocess.run(
-        [sys.executable, '-m', 'towers', 'launch', '--workers', '2', '--evaluator', '--grace',
+        [sys.executable, '-m', 'towers', 'launch', '--workers', '1', '--evaluator', '--grace',
          '5', '--logs', str(tmp_path / 'logs'), '--', 'train', '--threads', '1',
          '--cluster-mode', 'collective', '--steps', '6', '--logdir', logdir] + FLAGS,
         env=ENV, cwd=str(tmp_path), capture_output=True, text=True, timeout=150)
