@@ -226,6 +226,19 @@ def test_help_exits_0_without_loading_tensorflow(argv, expected):
     assert check.returncode == 0, check.stderr
 
 
+def test_tensorflow_starts_without_keras_and_matplotlib_which_load_later_as_ever():
+    # What a `towers` process imports before its first line, and after: compare's Keras twins.
+    script = ('import sys\nfrom towers.cli.main import KEPT_OUT_OF_START, _import_tensorflow\n'
+              '_import_tensorflow()\nimport tensorflow as tf\n'
+              'print(sorted(n for n in KEPT_OUT_OF_START if n in sys.modules))\n'
+              'import keras\nimport matplotlib\n'
+              'print(keras.layers.Dense(2)(tf.ones([1, 3])).shape, matplotlib.__name__)\n')
+    process = subprocess.run([sys.executable, '-c', script], env=ENV, capture_output=True,
+                             text=True, timeout=120)
+    assert process.returncode == 0, process.stderr[-3000:]
+    assert process.stdout.splitlines() == ['[]', '(1, 2) matplotlib']
+
+
 def test_console_script_help():
     script = os.path.join(os.path.dirname(sys.executable), 'towers')
     if not os.path.exists(script):

@@ -67,6 +67,6 @@ def arm(moment, call):
 
 if __name__ == '__main__':
     cli = importlib.import_module('towers.cli.main')
-    cli._import_tensorflow_quietly()  # the patches need TensorFlow; its banner stays quiet
+    cli._import_tensorflow()  # the patches need TensorFlow; its banner stays quiet
     arm(sys.argv[1], int(sys.argv[2]))
     sys.exit(cli.main(sys.argv[3:]))

@@ -6,6 +6,7 @@ banner. Errors a user can fix become one line, naming flags, and exit
 status 1; --debug shows the traceback instead.
 """
 import argparse
+import contextlib
 import os
 import sys
 import traceback
@@ -15,19 +16,36 @@ from towers.names import XLA_CPU_FLAG
 from towers.quiet import native_stderr_silenced
 from towers.recipes import apply_recipe, explicit_flags
 
+# What TensorFlow imports as it starts and towers' graphs never use: Keras (its optimizers,
+# loaded eagerly for Keras' SavedModel registrations) and, through Keras, matplotlib. Kept out
+# while TensorFlow starts, they cost a `towers` process 1.8 s of its ~7 s of CPU before its
+# first line on a 2-core AMD EPYC (`python -X importtime`), and the suite starts hundreds of
+# them. Imported later (compare's Keras twins, --plot), they load as ever.
+KEPT_OUT_OF_START = ('keras', 'matplotlib')
 
-def _import_tensorflow_quietly():
-    """Import TensorFlow with its import-time C++ log lines dropped.
+
+def _import_tensorflow(quietly=True):
+    """Import TensorFlow without KEPT_OUT_OF_START, and (quietly) without its import-time
+    C++ log lines.
 
     TensorFlow 2.21 writes its oneDNN notice through absl before absl logging is
     initialised, where TF_CPP_MIN_LOG_LEVEL cannot reach it; only the file
     descriptor can. A Python error raised by the import still shows: stderr is
-    restored before it propagates.
+    restored before it propagates. A module set to None in sys.modules raises
+    ImportError when imported, which TensorFlow's optional imports of Keras take as
+    Keras not installed; each is taken out again after the import.
     """
     if 'tensorflow' in sys.modules:
         return
-    with native_stderr_silenced():
-        import tensorflow  # noqa: F401
+    kept_out = [name for name in KEPT_OUT_OF_START if name not in sys.modules]
+    sys.modules.update(dict.fromkeys(kept_out))
+    try:
+        with native_stderr_silenced() if quietly else contextlib.nullcontext():
+            import tensorflow  # noqa: F401
+    finally:
+        for name in kept_out:
+            if name in sys.modules and sys.modules[name] is None:
+                del sys.modules[name]
 
 
 def _set_xla_flag(args, cuda_build=None):
@@ -84,8 +102,7 @@ def main(argv=None):
         from towers.cli.launcher import run_launch
         return _run(args, run_launch)
     try:
-        if not args.debug:
-            _import_tensorflow_quietly()
+        _import_tensorflow(quietly=not args.debug)
         import tensorflow
     except ImportError as e:
         print("towers: error: TensorFlow cannot be imported (%s); install it with "
