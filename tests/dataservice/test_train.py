@@ -40,9 +40,11 @@ def _train_flags(folder, address, *more):
 class _Out:
     """A stdout that keeps what is written and acts on the run's lines as they come.
 
-    at(prefix, act): act() once, when a line starting with prefix is written, before the
-    run goes on (the run's own thread writes its step lines): what a test does to the
-    service lands after an exact step, whatever the machine's speed.
+    at(prefix, act): act() once, when a line starting with prefix has been written, its
+    newline too, before the run goes on (the run's own thread writes its step lines): what a
+    test does to the service lands after an exact step, whatever the machine's speed. (On
+    the line's text, before print writes its newline, a line the service's watch writes
+    meanwhile would join the step's.)
     """
 
     def __init__(self):
@@ -54,7 +56,10 @@ class _Out:
     def write(self, text):
         with self._lock:  # (the service's watch writes from a thread of its own)
             self.text += text
-            due = [(p, a) for p, a in self._acts if text.startswith(p)]
+            due = []
+            if text.endswith('\n'):
+                line = self.text[:-1].rsplit('\n', 1)[-1]  # the line this write ended
+                due = [(p, a) for p, a in self._acts if line.startswith(p)]
             for each in due:
                 self._acts.remove(each)
         for _, act in due:
