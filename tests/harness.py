@@ -5,10 +5,13 @@ initial values, replica sync) and run_steps (the source started, the steps,
 the source stopped), as the Trainer, bench, check and explain do, so a test
 never drives a Session in a way the library does not.
 """
+import gc
 import hashlib
 import os
+import sys
 
 import tensorflow as tf
+from tensorflow.python.eager import context
 
 from towers.inputs import FeedInput
 from towers.session import load_variables, open_session, run_steps
@@ -71,3 +74,18 @@ def snapshot(folder, times=True):
             files[os.path.relpath(path, folder)] = (
                 (info.st_size, digest, info.st_mtime_ns) if times else (info.st_size, digest))
     return files
+
+
+def record_eager_starts(monkeypatch, events):
+    """Appends 'eager' to events at each Context.ensure_initialized, which every eager op and
+    device list calls (TensorFlow has no public hook for when eager starts). A tf.function of
+    an earlier test that is garbage-collected meanwhile removes itself from the context through
+    it: not a call of the code under test, and not recorded."""
+    gc.collect()
+    initialized = context.Context.ensure_initialized
+
+    def ensure_initialized(self):
+        if sys._getframe(1).f_code.co_name != 'remove_function':
+            events.append('eager')
+        return initialized(self)
+    monkeypatch.setattr(context.Context, 'ensure_initialized', ensure_initialized)

@@ -1,11 +1,9 @@
 """towers check: N towers against one device, and a check that can fail."""
-import gc
-import sys
 
 import pytest
 import tensorflow as tf
-from tensorflow.python.eager import context
 
+from tests.harness import record_eager_starts
 from towers import data, models
 from towers.cli import main
 from towers.gradients import average_gradients
@@ -88,7 +86,7 @@ def test_the_command_opens_its_sessions_before_any_eager_call(monkeypatch, capsy
     """Eager TensorFlow makes its devices at its first call, a GPU unsplit with all its memory:
     before check's Sessions, that would leave their logical GPUs none (issue 39)."""
     events = []
-    monkeypatch.setattr(context.Context, 'ensure_initialized', _recorded(events))
+    record_eager_starts(monkeypatch, events)
     opened = tf.compat.v1.Session.__init__
     monkeypatch.setattr(tf.compat.v1.Session, '__init__',
                         lambda self, *args, **kwargs: events.append('session')
@@ -98,20 +96,6 @@ def test_the_command_opens_its_sessions_before_any_eager_call(monkeypatch, capsy
     assert events[:2] == ['session', 'session'], events
     # The shares are Python's, cut as split_sizes cuts them.
     assert capsys.readouterr().out.splitlines()[0].endswith('global batch 10 (4/3/3), 1 SGD steps')
-
-
-def _recorded(events):
-    """Context.ensure_initialized, which every eager op and device list calls, appending 'eager'
-    to events. A tf.function of an earlier test that is garbage-collected meanwhile removes
-    itself from the context through it: not a call of the code under test."""
-    gc.collect()
-    initialized = context.Context.ensure_initialized
-
-    def ensure_initialized(self):
-        if sys._getframe(1).f_code.co_name != 'remove_function':
-            events.append('eager')
-        return initialized(self)
-    return ensure_initialized
 
 
 def test_the_command_fails_beyond_the_tolerance(capsys):

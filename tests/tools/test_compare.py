@@ -1,5 +1,4 @@
 """towers bench --compare: the peers it times, the FLOPs it counts, the plot it draws."""
-import gc
 import os
 import subprocess
 import sys
@@ -7,8 +6,8 @@ import sys
 import numpy as np
 import pytest
 import tensorflow as tf
-from tensorflow.python.eager import context
 
+from tests.harness import record_eager_starts
 from towers import data, models
 from towers.gradients import average_gradients
 from towers.models import layers
@@ -125,7 +124,7 @@ def test_cpu_towers_split_eager_before_any_eager_call_on_a_gpu_machine_too(monke
         tf.config.PhysicalDevice('/physical_device:GPU:0', 'GPU')] if kind == 'GPU'
         else physical(kind))
     events = []
-    monkeypatch.setattr(context.Context, 'ensure_initialized', _recorded(events))
+    record_eager_starts(monkeypatch, events)
     # Recorded only: this process's eager devices stay as they are.
     monkeypatch.setattr(tf.config, 'set_logical_device_configuration',
                         lambda device, logical: events.append((device.device_type, len(logical))))
@@ -139,20 +138,6 @@ def test_cpu_towers_split_eager_before_any_eager_call_on_a_gpu_machine_too(monke
                             dataset=data.load_dataset('mnist_sample').train,
                             variable_updates=('replicated',), devices='cpu', log=lambda line: 0)
     assert events[0] == ('CPU', 2), events
-
-
-def _recorded(events):
-    """Context.ensure_initialized, which every eager op and device list calls, appending 'eager'
-    to events. A tf.function of an earlier test that is garbage-collected meanwhile removes
-    itself from the context through it: not a call of the code under test."""
-    gc.collect()
-    initialized = context.Context.ensure_initialized
-
-    def ensure_initialized(self):
-        if sys._getframe(1).f_code.co_name != 'remove_function':
-            events.append('eager')
-        return initialized(self)
-    return ensure_initialized
 
 
 def test_gpu_towers_give_eager_the_logical_gpus_the_first_session_made(monkeypatch):
