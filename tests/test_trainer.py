@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import towers.trainer
+import towers.distribution
 from tests import easy_digits
 from towers import data, models
 from towers.callbacks.base import Callback
@@ -374,13 +374,13 @@ def test_train_xla_reaches_the_sessions_config_and_is_off_by_default(monkeypatch
                                       '--batch-size', '10', '--eval-every', '0',
                                       '--devices', 'cpu'] + flags)
     config, _, _ = settings(args, from_records=False)
-    opened, open_session = [], towers.trainer.open_session
+    opened, open_session = [], towers.distribution.open_session
 
     def recorded(graph, session_config, **options):
         opened.append(session_config)
         return open_session(graph, session_config, **options)
 
-    monkeypatch.setattr(towers.trainer, 'open_session', recorded)
+    monkeypatch.setattr(towers.distribution, 'open_session', recorded)
     monkeypatch.setenv('TF_XLA_FLAGS', '')  # as a Python user who did not set it
     lines = []
     train(config, _model(), _datasets(), SHAPE, log=lines.append)

@@ -200,6 +200,7 @@ class TrainConfig:
     # the step time, once it is known).
     cluster_mode: str = None
     cluster_timeout: float = None
+    all_reduce_bucket: str = None  # collective mode's buckets: a size like '4MB', 'auto', '0'
     # The tf.data service (towers/inputs/dataservice.py): its dispatcher's HOST:PORT (None:
     # the pipeline runs here), how its workers share the pipeline out, and the name of the job
     # a distributed_epoch run's trainers share (None: each trainer its own).

@@ -19,7 +19,8 @@ from towers import checkpoints, evaluation, exactness
 from towers.callbacks import Checkpoint, Throughput, default_callbacks
 from towers.config import TrainConfig
 from towers.dataorder import DataOrder
-from towers.deviceplan import local_plan, xla_reaches
+from towers.deviceplan import xla_reaches
+from towers.distribution import Run
 from towers.errors import TowersError
 from towers.graph import build_training_graph, finalize_graph
 from towers.inputs import source_for
@@ -28,7 +29,7 @@ from towers.logicalgpus import logical_gpu_line, session_gpu_memory
 from towers.model import ClassifierModel
 from towers.names import RUN_FILE, XLA_CPU_FLAG
 from towers.precision import Precision
-from towers.session import open_session, run_steps, step_options
+from towers.session import run_steps, step_options
 
 tf1 = tf.compat.v1
 
@@ -60,22 +61,21 @@ class Trainer:
         asked after every step; a stop saves a checkpoint and skips evaluation.
       run_info: dict written to logdir/run.json (what `towers eval` and
         `towers export` need to rebuild the model).
-      cluster: a towers.cluster.runtime.ClusterRun, this task's part in a
-        cluster run (config.towers towers on each worker task), or None.
+      run: the run's shape (towers/distribution.py): its plan, strategy, Session...;
+        a cluster mode's (towers/cluster/modes.py), or None: Run.local(config), this
+        process's.
     """
 
     def __init__(self, model, data, config=None, *, callbacks=None, source=None, log=print,
-                 stop_requested=None, run_info=None, cluster=None, **settings):
+                 stop_requested=None, run_info=None, run=None, **settings):
         if config is None:
             config = TrainConfig.from_keywords(**settings)
         elif settings:
             raise TypeError('give a TrainConfig or its settings, not both: %s' % sorted(settings))
         model.check_settings(config)
-        self.model, self.data, self.config, self.cluster = model, data, config, cluster
-        self.plan = (cluster.plan if cluster is not None else local_plan(
-            config.towers, config.param_device, config.variable_update,
-            logical_gpus=config.logical_gpus)).with_data_format(
-                config.data_format).with_xla(config.xla)
+        self.model, self.data, self.config = model, data, config
+        self.run = run if run is not None else Run.local(config)
+        self.plan = self.run.plan
         self.tower_devices = list(self.plan.towers)
         self.logdir, self.batch_size = config.logdir, config.batch_size
         self.warmup_steps = config.warmup_steps
@@ -83,7 +83,7 @@ class Trainer:
         self.callbacks = sorted(default_callbacks(config, data) if callbacks is None
                                 else callbacks, key=lambda c: c.order)
         self.source, self.sampler = source_for(config, data, model, source,
-                                               share=cluster and cluster.share)
+                                               share=self.run.share)
         self.steps_per_epoch = config.steps_per_epoch or (
             self.sampler.steps_per_epoch if self.sampler else self.source.steps_per_epoch)
         self.num_steps = total_steps(config.epochs, config.steps, self.steps_per_epoch)
@@ -112,26 +112,23 @@ class Trainer:
             self.model, self.plan, seed=config.seed, source=self.source,
             learning_rate=config.schedule(), steps_per_epoch=self.steps_per_epoch,
             total_steps=self.num_steps, ema_decay=config.ema, finalize=False,
-            strategy=self.cluster and self.cluster.strategy, sync_bn=config.sync_bn,
+            strategy=self.run.strategy, sync_bn=config.sync_bn,
             precision=Precision(config.precision, config.loss_scale))
         # In a cluster the chief's task completes every device here too: its Savers
         # write the checkpoints, its host runs the evaluation's slicing.
         with graph.graph.as_default(), tf1.device(self.plan.default_device):
-            if self.cluster is not None:
-                self.cluster.build_graph_ops(self.plan.host)
+            self.run.build_ops(self.plan.host)
             self.data_order = DataOrder(self._data_order())
             self.data_order.build(self.plan.host)
             self.graph = graph
             for callback in self.callbacks:
                 callback.setup_graph(self)
-            if self.cluster is not None:
-                self.cluster.build_fingerprint(self)
+            self.run.agree(self)
             self.saved = graph.strategy.saved_variables()
             # A checkpoint of another precision has no loss scale: restore the rest.
             self.unscaled = checkpoints.optional_saver(self.saved, graph.loss_scale)
-            # A MonitoredSession finalizes the graph itself, once its hooks have built.
             init_op, saver = finalize_graph(graph.graph, graph.strategy,
-                                            freeze=not (self.cluster and self.cluster.monitored))
+                                            freeze=self.run.finalizes_graph)
         self.graph = graph._replace(init_op=init_op, saver=saver)
 
     def _data_order(self):
@@ -178,7 +175,7 @@ class Trainer:
         overall = Throughput(self.warmup_steps)
         fetches = self._fetches()
         try:
-            with self._session() as self.sess:
+            with self.run.session(self.graph, self._resume, lambda: self.step) as self.sess:
                 if self.logdir and self.run_info is not None:
                     # Only once the checkpoint there (if any) fits this run: a refused
                     # resume leaves the logdir's record of its model as it was.
@@ -217,22 +214,12 @@ class Trainer:
                 callback.close()
             self.sess = None
 
-    def _session(self):
-        """The run's Session: in this process, or on the cluster (towers/cluster/runtime.py)."""
-        if self.cluster is None:
-            return open_session(self.graph, self.plan.config, load=self._resume)
-
-        def load(sess):  # the workers agree before any collective runs, then the restore
-            self.cluster.check_fingerprint(sess)
-            self._resume(sess)
-        return self.cluster.session(self.graph, load, lambda: self.step)
-
     def _fetches(self):
         """What each step runs: the train op, loss, metrics, ... and the callbacks' fetches."""
         fetches = {'train_op': self.graph.train_op, 'loss': self.graph.loss,
                    'batch': self.graph.batch, 'learning_rate': self.graph.learning_rate}
-        if self.cluster is not None and self.cluster.votes is not None:
-            fetches['stop_votes'] = self.cluster.votes
+        if self.run.votes is not None:
+            fetches['stop_votes'] = self.run.votes
         for name, tensor in self.graph.metrics.items():
             if name in fetches or name == 'seconds':
                 raise TowersError('the model names a metric %r, which the trainer uses itself; '
@@ -247,26 +234,24 @@ class Trainer:
         return fetches
 
     def _run_options(self, step):
-        """Trace the coming step when a callback wants it (--trace); on a cluster, a timeout."""
+        """Trace the coming step when a callback wants it (--trace); the run's own options
+        (on a cluster, a timeout; longer after an epoch's end or a checkpoint)."""
         options = step_options(c.wants_trace(self) for c in self.callbacks)
-        if self.cluster is None:
-            return options
         every = self.config.checkpoint_every
         after_chief_work = step > 0 and (step % self.steps_per_epoch == 0
                                          or bool(every and step % every == 0))
-        return self.cluster.run_options(options, after_chief_work)
+        return self.run.run_options(options, after_chief_work)
 
     def _loop(self, fetches, overall):
         asked = None  # a stop asked of this process; in a collective run, voted on
-        feed = (lambda step: self.cluster.vote_feed(asked)) if 'stop_votes' in fetches else None
+        feed = (lambda step: self.run.vote_feed(asked)) if 'stop_votes' in fetches else None
         with run_steps(self.sess, self.source, fetches, self.step, self.num_steps,
                        run_options=self._run_options, feed=feed) as steps:
             for values in steps:
                 del values['train_op']
                 self.step = steps.step  # the train op increments global_step by exactly one
                 overall.add(values['batch'], values['seconds'])
-                if self.cluster is not None:
-                    self.cluster.observe(values['seconds'])
+                self.run.observe(values['seconds'])
                 self.epoch_stats = {}  # what evaluations at this step found
                 for callback in self.callbacks:
                     callback.after_step(self, values)
@@ -321,7 +306,7 @@ class Trainer:
 
 
 def train(config, model_fn, datasets, input_shape, num_classes=10, log=print, source=None,
-          run_info=None, stop_requested=None, callbacks=(), cluster=None):
+          run_info=None, stop_requested=None, callbacks=(), run=None):
     """Train model_fn on datasets.train as config says; test at the end.
 
     What `towers train` runs: a ClassifierModel (mean softmax cross-entropy,
@@ -337,7 +322,7 @@ def train(config, model_fn, datasets, input_shape, num_classes=10, log=print, so
       num_classes: labels lie in [0, num_classes).
       callbacks: more Callbacks besides the default ones (e.g. a
         towers.tools.trace.Trace).
-      log, source, run_info, stop_requested, cluster: as for Trainer.
+      log, source, run_info, stop_requested, run: as for Trainer.
     Returns:
       dict with steps, test (loss and metrics), test_loss, test_accuracy,
       images_per_sec (mean over the run after warm-up, None if too short),
@@ -350,5 +335,5 @@ def train(config, model_fn, datasets, input_shape, num_classes=10, log=print, so
     trainer = Trainer(model, datasets, config,
                       callbacks=default_callbacks(config, datasets) + list(callbacks),
                       source=source, log=log, stop_requested=stop_requested,
-                      run_info=run_info, cluster=cluster)
+                      run_info=run_info, run=run)
     return trainer.train()

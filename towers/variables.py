@@ -61,15 +61,18 @@ class VariableStrategy(abc.ABC):
 
     Attributes:
       name: the --variable-update name.
-      replicas: True when each tower has copies of its own (then every tower
-        differentiates only its own copies, and has an optimizer of its own).
     """
 
     name = None
-    replicas = False
 
     def __init__(self, plan):
         self.plan = plan
+
+    @property
+    def replicas(self):
+        """Whether each tower has copies of its own (then every tower differentiates only its
+        own copies, and has an optimizer of its own): the plan's to say."""
+        return self.plan.copies
 
     @abc.abstractmethod
     def build_train_op(self, towers, optimizers, global_step, weight_decay=None,
@@ -124,7 +127,6 @@ class Replicated(VariableStrategy):
     """One copy per tower; the same all-reduced update applied to every copy."""
 
     name = 'replicated'
-    replicas = True
 
     def build_train_op(self, towers, optimizers, global_step, weight_decay=None,
                        processors=()):
@@ -147,7 +149,6 @@ class Independent(VariableStrategy):
     """One copy per tower, each trained on its own slice: no synchronisation at all."""
 
     name = 'independent'
-    replicas = True
 
     def build_train_op(self, towers, optimizers, global_step, weight_decay=None,
                        processors=()):

@@ -26,7 +26,7 @@ def _reduces(bucket):
     """([(instance key, element counts of the tensors it sums)] of a worker's gradient
     all-reduces, [element count of each trainable variable] in build order)."""
     cluster = Cluster({'worker': ('a:1', 'b:1')}, 'worker', 1)
-    run = modes.collective(cluster, towers_per_task=1, bucket=bucket)
+    run = modes.Collective(cluster, towers_per_task=1, bucket=bucket)
     model = ClassifierModel(models.build_model('small_convnet', (28, 28, 1), 10), (28, 28, 1),
                             10, optimizer='sgd')
     built = build_training_graph(model, run.plan, source=SyntheticInput(16, 10),

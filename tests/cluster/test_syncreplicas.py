@@ -41,7 +41,7 @@ def test_a_worker_reads_each_variable_once_and_pushes_each_gradient_once(model):
     are summed on the worker, not on the ps (which would send each tower's gradient there
     and the sum back before the push: 3S each way with two towers)."""
     cluster = Cluster({'worker': ('a:1', 'b:1'), 'ps': ('c:1',)}, 'worker', 1)
-    run = modes.parameter_server(cluster, towers_per_task=2)
+    run = modes.ParameterServer(cluster, towers_per_task=2)
     model = ClassifierModel(models.build_model(model, (28, 28, 1), 10), (28, 28, 1), 10,
                             optimizer='momentum')
     built = build_training_graph(model, run.plan, source=SyntheticInput(16, 10),

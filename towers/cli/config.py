@@ -64,7 +64,7 @@ def config_from_args(args, tower_devices, param_device, input_mode):
         towers=tuple(tower_devices) if isinstance(tower_devices, list) else tower_devices,
         param_device=param_device, logical_gpus=not args.no_logical_gpus,
         cluster_mode=args.cluster_mode,
-        cluster_timeout=args.cluster_timeout,
+        cluster_timeout=args.cluster_timeout, all_reduce_bucket=args.all_reduce_bucket,
         variable_update=args.variable_update, sync_bn=args.sync_bn, input=input_mode,
         allow_soft_placement=args.allow_soft_placement, data_format=args.data_format,
         batch_size=args.batch_size, steps_per_epoch=synthetic_epoch(args),

@@ -44,10 +44,10 @@ def _run_train(args, log):
     config, callbacks, devices = settings(args, from_records, cluster)
     if cluster is not None and cluster.is_evaluator:
         return run_evaluator(args, config.logdir, from_records, log)
-    worker = False  # a collective worker but the chief: trains, keeps nothing
+    worker, run = False, None  # a worker but the chief: trains, keeps nothing
     if cluster is not None:
-        worker, cluster = not cluster.is_chief, cluster_run(args, cluster, log)
-        if cluster is None:
+        worker, run = not cluster.is_chief, cluster_run(config, args, cluster, log)
+        if run is None:
             return  # this task served the chief's towers until it was stopped
         if worker:
             config, callbacks = dataclasses.replace(config, logdir=None, eval_every=0), []
@@ -67,7 +67,7 @@ def _run_train(args, log):
         result = train(config, model_fn, datasets, input_shape, num_classes, log=log,
                        run_info={'model': args.model, 'model_options': options,
                                  'dataset': args.dataset, 'data_dir': args.data_dir},
-                       stop_requested=stop.requested, callbacks=callbacks, cluster=cluster)
+                       stop_requested=stop.requested, callbacks=callbacks, run=run)
     if args.recipe and not result['stopped']:
         log(published_line(args.recipe, args.model, args.dataset, num_classes,
                            result['test_accuracy']))
@@ -150,7 +150,7 @@ def settings(args, from_records, cluster=None):
     tower_devices = resolve_devices(args.towers, args.devices,
                                     logical_gpus=not args.no_logical_gpus)
     # On a cluster the towers are per task: the chief places them (towers/cluster/).
-    config = config_from_args(args, tower_devices if cluster is None else args.towers or 1,
+    config = config_from_args(args, tower_devices if cluster is None else args.towers,
                               resolve_param_device(args.param_device, tower_devices),
                               args.input or ('dataset' if from_records else 'feed'))
     if config.best_metric not in ('auto',) + ClassifierModel.METRICS:

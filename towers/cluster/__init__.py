@@ -11,5 +11,5 @@
   syncreplicas.py  parameter-server mode: SyncReplicasOptimizer's exact update, the sessions
   runtime.py     a task's part in a cluster run: step timeouts, the lost task named, the
                  stop vote and the workers' fingerprint
-  modes.py       a task's ClusterRun for each --cluster-mode
+  modes.py       the cluster modes, a class each (a towers.distribution.Run)
 """

@@ -1,4 +1,6 @@
-"""A task's part in a cluster run: where its graph goes, and how a lost task is told.
+"""A task's part in a cluster run: its Session on the cluster, and how a lost task is told.
+
+ClusterRun is what the three modes share (each mode is a class of towers/cluster/modes.py):
 
   in-graph    the chief builds one graph whose towers run on every worker task
               (T per task), the variables on the ps tasks or the chief; only the
@@ -26,10 +28,10 @@ import threading
 
 import tensorflow as tf
 
-from towers.cluster.collective import FINGERPRINT_KEYS
 from towers.cluster.server import start_server, wait_for_tasks
-from towers.cluster.spec import ClusterError, check_same, fingerprint
-from towers.cluster.syncreplicas import WITHOUT_A_WORKER, Readiness, monitored_session
+from towers.cluster.spec import ClusterError
+from towers.cluster.syncreplicas import WITHOUT_A_WORKER
+from towers.distribution import Run
 from towers.errors import op_error_summary
 from towers.session import prepare_session
 
@@ -57,35 +59,51 @@ class LostTaskError(ClusterError):
     """
 
 
-class ClusterRun:
-    """This task's side of a cluster run (in_graph() or collective() make one).
+class ClusterRun(Run):
+    """This task's side of a cluster run: a towers.distribution.Run whose Session is on the
+    cluster. A mode (towers/cluster/modes.py) says where its graph goes and with what
+    strategy, and what its workers agree on.
 
-    Attributes:
-      mode: 'in-graph', 'collective' or 'parameter-server'.
+    Attributes (besides a Run's):
       cluster: the towers.cluster.spec.Cluster.
-      plan: where this task's graph goes (a towers.deviceplan.DevicePlan).
-      strategy: the VariableStrategy the graph uses, or None for the config's.
-      share: (index, count): the share of each global batch this task reads,
-        or None for all of it.
+      timeout: --cluster-timeout in seconds, or None (a few step times).
     """
 
-    def __init__(self, mode, cluster, plan, timeout, strategy=None, share=None):
-        self.mode, self.cluster, self.plan = mode, cluster, plan
-        self.timeout, self.strategy, self.share = timeout, strategy, share
-        self.server, self._seconds, self._pings = None, [], {}
-        self._feed = self.votes = self._vote = self._fingerprint = None
-        self._settings = self._readiness = None
+    # Whether each worker must also place each variable alike (one copy on the ps tasks).
+    placement_agreed = False
 
-    @property
-    def monitored(self):
-        """Whether a MonitoredSession makes the Session (it finalizes the graph itself)."""
-        return self.mode == 'parameter-server'
+    def __init__(self, cluster, plan, timeout, strategy=None, share=None):
+        super().__init__(plan, strategy)
+        self.cluster, self.timeout, self.share = cluster, timeout, share
+        self.server, self._seconds, self._pings, self._feed = None, [], {}, None
+        self._settings = None
 
     @property
     def tasks(self):
         """['worker 0', 'worker 1', 'ps 0', ...]: every task of the cluster."""
         return ['%s %d' % (job, i) for job in self.cluster.jobs
                 for i in range(len(self.cluster.jobs[job]))]
+
+    @classmethod
+    def check(cls, config, cluster):
+        """ClusterError for a setting of the TrainConfig this mode cannot train with."""
+
+    @classmethod
+    def options(cls, config):
+        """The mode's own keywords, from the TrainConfig."""
+        del config
+        return {}
+
+    @classmethod
+    def serves(cls, cluster):
+        """Whether this task only serves the others (it builds no graph)."""
+        del cluster
+        return False
+
+    @classmethod
+    def serve(cls, cluster, config, threads, num_gpus, log):
+        """Serve the cluster's graph until SIGTERM or SIGINT (a task that serves)."""
+        raise NotImplementedError
 
     def start(self):
         """Start this task's server, wait for the others; the Session target."""
@@ -107,21 +125,14 @@ class ClusterRun:
           load: callable(sess) run after init and before the replicas sync.
           steps_done: callable() -> the steps done, for the message.
         """
-        target, monitored = self.start(), None
-        if self.monitored:
-            with built.graph.as_default():
-                monitored, sess = monitored_session(
-                    target, built, built.plan.config, self.strategy, self._readiness,
-                    load, self.timeout or FIRST_STEPS_S)
-        else:
-            sess = tf1.Session(target, graph=built.graph, config=built.plan.config)
+        def agreed_then_loaded(sess):  # the workers agree before any collective runs
+            self.check_agreement(sess)
+            load(sess)
+        monitored, sess = self._open(self.start(), built, agreed_then_loaded)
         try:
             with sess.as_default(), built.graph.as_default():
                 self.check_devices(sess)
-                if monitored is None:
-                    prepare_session(sess, built, load)
-                elif not self.cluster.is_chief:
-                    load(sess)  # the chief's ran in its MonitoredTrainingSession
+                self._prepare(sess, built, agreed_then_loaded)
                 yield sess
         except Exception as error:
             lost = self.lost(sess)
@@ -136,42 +147,33 @@ class ClusterRun:
         else:
             _close(monitored, sess)
 
-    def build_graph_ops(self, host):
-        """In the default graph: a ping per task; in collective mode a stop vote and the
-        fingerprint check, on this task's host."""
+    def _open(self, target, built, load):
+        """(the MonitoredSession or None, the Session) on target, not yet prepared."""
+        del load  # prepared by _prepare
+        return None, tf1.Session(target, graph=built.graph, config=built.plan.config)
+
+    def _prepare(self, sess, built, load):
+        """Init, load(sess), sync: what a new Session runs before the first step."""
+        prepare_session(sess, built, load)
+
+    def build_ops(self, host):
+        """In the default graph: a ping per task (a mode adds its own ops on host)."""
+        del host
         self._feed = tf1.placeholder(tf.float32, [], name='cluster_ping')
         for name in self.tasks:
             job, index = name.split()
             with tf.device('/job:%s/task:%s/device:CPU:0' % (job, index)):
                 # Fed, so that no optimisation folds it onto this task.
                 self._pings[name] = tf.identity(self._feed, name='ping_%s_%s' % (job, index))
-        if self.mode == 'parameter-server':
-            self._vote, self.votes = self.strategy.vote, self.strategy.votes
-        if self.mode == 'collective':
-            collectives = self.strategy.collectives
-            with tf.device(host), tf1.name_scope('cluster'):
-                self._vote = tf1.placeholder(tf.float32, [], name='stop_vote')
-                self.votes = collectives.all_reduce(tf.reshape(self._vote, [1]))[0]
-                # Keys of their own: they meet even when the graphs differ elsewhere.
-                self._fingerprint = tf1.placeholder(tf.int64, [None], name='fingerprint')
-                self._fingerprints = [collectives.all_reduce(self._fingerprint, merge, key)
-                                      for merge, key in zip(('Max', 'Min'), FINGERPRINT_KEYS)]
 
-    def vote_feed(self, stop):
-        """The feed of a step in which this task votes to stop (or not)."""
-        return {self._vote: 1.0 if stop else 0.0} if self._vote is not None else {}
-
-    def build_fingerprint(self, trainer):
+    def agree(self, trainer):
         """Keep what every worker must agree on: the trainer's model, variables, batch,
         seed, steps...; called once its graph holds every variable, before it is final."""
-        self._settings = settings = self.settings(trainer)
-        if self.monitored:
-            self._readiness = Readiness(settings)
+        self._settings = self.settings(trainer)
 
     def settings(self, trainer):
         """{name: value} of a Trainer's run that every worker must share."""
-        # With one copy on the ps tasks, every worker must also place each variable alike.
-        where = (lambda v: v.device) if self.monitored else (lambda v: '')
+        where = (lambda v: v.device) if self.placement_agreed else (lambda v: '')
         with trainer.graph.graph.as_default():
             variables = sorted((v.op.name, v.shape.as_list(), where(v))
                                for v in tf1.global_variables())
@@ -184,18 +186,9 @@ class ClusterRun:
                 'all_reduce_bucket': str(getattr(self.strategy, 'bucket', '0')),
                 'precision': repr(trainer.graph.precision)}  # 'dynamic' and None alike
 
-    def check_fingerprint(self, sess):
-        """ClusterError unless every worker runs with the same settings as this one."""
-        if self._readiness is not None:
-            if not self.cluster.is_chief:
-                self._readiness.check(sess)
-            return
-        if self._fingerprint is None:
-            return
-        names, mine = fingerprint(self._settings)
-        high, low = sess.run(self._fingerprints, {self._fingerprint: mine},
-                             options=self.run_options())
-        check_same(names, high, low)  # the workers agree where their Max equals their Min
+    def check_agreement(self, sess):
+        """ClusterError unless every worker runs with the same settings as this one (a mode
+        whose workers build graphs of their own checks; in-graph's one graph agrees)."""
 
     def check_devices(self, sess):
         """ClusterError unless every tower device exists: each task started with its towers."""

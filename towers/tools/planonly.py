@@ -40,11 +40,10 @@ def cluster_runs(mode, workers, ps=0, towers_per_task=None, gpus_per_worker=0):
     if ps:
         jobs['ps'] = ['planned-ps-%d:2222' % i for i in range(ps)]
     if mode == 'in-graph':
-        return [modes.in_graph(Cluster(jobs, 'worker', 0), towers_per_task,
-                               num_gpus=gpus_per_worker)]
-    make = modes.collective if mode == 'collective' else modes.parameter_server
-    return [make(Cluster(jobs, 'worker', k), towers_per_task, num_gpus=gpus_per_worker)
-            for k in range(workers)]
+        return [modes.InGraph(Cluster(jobs, 'worker', 0), towers_per_task,
+                              num_gpus=gpus_per_worker)]
+    return [modes.MODES[mode](Cluster(jobs, 'worker', k), towers_per_task,
+                              num_gpus=gpus_per_worker) for k in range(workers)]
 
 
 def planned_step(model_fn, input_shape, num_classes, runs, batch_size=100, input_mode='feed',
