@@ -105,3 +105,54 @@ def test_the_names_the_parser_needs_come_without_tensorflow(tmp_path):
             'towers.config.TrainConfig(batch_size=3); '
             'sys.exit("tensorflow" in sys.modules)')
     assert subprocess.run([sys.executable, '-c', code], cwd=str(tmp_path)).returncode == 0
+
+
+# Flags of a setting whose command means another default, on purpose: (command, setting) ->
+# why. Any other flag of a setting takes its default from the setting's TrainConfig field.
+OWN_DEFAULTS = {
+    ('train', 'input'): 'None: feed, or dataset for a split on disk (the dataset decides)',
+    ('explain', 'input'): 'as train',
+    ('bench', 'towers'): 'the tower counts to time, 1,2,4',
+    ('bench', 'input'): 'the input modes to time, synthetic',
+    ('bench', 'batch_size'): "tf_cnn_benchmarks' batch, 128",
+    ('bench', 'variable_update'): 'the strategies to time',
+    ('bench', 'optimizer'): "None: the model's own (sgd, or the recipe's)",
+    ('bench', 'all_reduce_bucket'): 'the buckets to time, auto',
+    ('plan', 'batch_size'): "tf_cnn_benchmarks' batch, 128",
+    ('plan', 'cluster_mode'): 'the modes to plan',
+    ('plan', 'all_reduce_bucket'): 'the buckets to plan, auto',
+    ('plan', 'warmup_steps'): 'steps before a measured window',
+    ('explain', 'optimizer'): "sgd, the textbook's: the bytes of its one apply",
+    ('explain', 'cluster_mode'): 'the mode explained with --workers, in-graph',
+    ('check', 'towers'): 'N towers against one device: 2',
+    ('check', 'steps'): 'the steps compared, 5',
+    ('eval', 'precision'): "None: the run's own",
+    ('server', 'towers'): "a task's devices, 1",
+}
+
+
+def _setting_flags():
+    """[(command, setting, the flag's default)] of every flag of a TrainConfig setting."""
+    from towers.cli.config import FLAGS
+    from towers.cli.parsers import build_parser
+    settings = {f.name for f in dataclasses.fields(TrainConfig)}
+    by_flag = {flag_name: setting for setting, flag_name in FLAGS.items()}
+    found = []
+    for command, parser in build_parser()._subparsers._group_actions[0].choices.items():
+        for action in parser._actions:
+            for option in action.option_strings:
+                setting = by_flag.get(option, option[2:].replace('-', '_'))
+                if option.startswith('--') and setting in settings:
+                    found.append((command, setting, action.default))
+    return found
+
+
+def test_every_flag_of_a_setting_defaults_to_its_field_or_says_why_not():
+    defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+    flags = _setting_flags()
+    assert len({setting for command, setting, _ in flags if command == 'train'}) >= 40
+    differ = {(command, setting): default for command, setting, default in flags
+              if default != defaults[setting]}
+    assert set(differ) == set(OWN_DEFAULTS), sorted(set(differ) ^ set(OWN_DEFAULTS))
+    # The one that disagreed by accident: --best-metric said accuracy, the field auto.
+    assert ('train', 'best_metric', 'auto') in flags

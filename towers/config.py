@@ -143,7 +143,9 @@ class TrainConfig:
     # Devices and variables (towers/devices.py, towers/variables.py).
     towers: object = None  # a tower count (per task in a cluster), device names, or None:
     # every GPU, else one CPU
-    param_device: str = None  # 'cpu' (/cpu:0, as None), 'auto', 'gpu', 'spread' or a device name
+    # Where the shared variables live: 'auto' (the towers' GPU where they are all on one GPU,
+    # else /cpu:0), 'cpu' (/cpu:0, as None), 'gpu', 'spread' or a device name.
+    param_device: str = 'auto'
     # More towers than GPUs split each GPU into logical GPUs (towers/devices.py); False
     # refuses instead.
     logical_gpus: bool = True

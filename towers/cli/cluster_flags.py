@@ -4,6 +4,7 @@ TensorFlow-free, as parsers.py, which adds them to its parser.
 """
 import argparse
 
+from towers.cli.flags import DEFAULT
 from towers.cluster.spec import TASK_TYPES
 from towers.names import ALL_REDUCE_BUCKET, CLUSTER_MODES
 
@@ -11,19 +12,20 @@ from towers.names import ALL_REDUCE_BUCKET, CLUSTER_MODES
 def cluster_train_flags(train):
     """towers train on a cluster: which one, in which mode, with what timeout."""
     cluster_flags(train)
-    train.add_argument('--cluster-mode', default=None, choices=CLUSTER_MODES,
+    train.add_argument('--cluster-mode', default=DEFAULT['cluster_mode'], choices=CLUSTER_MODES,
                        help='with a cluster (TF_CONFIG or --cluster): in-graph, the chief '
                             'builds one graph with towers on every worker task and the '
                             'variables on the ps tasks; collective, every worker its own '
                             'towers and a copy of the variables, gradients all-reduced over '
                             'the workers (default: in-graph)')
-    train.add_argument('--all-reduce-bucket', default=None, metavar='SIZE',
+    train.add_argument('--all-reduce-bucket', default=DEFAULT['all_reduce_bucket'], metavar='SIZE',
                        help='collective mode: all-reduce the gradients in buckets of about SIZE '
                             '(e.g. 256kB, 4MB; auto: an eighth of them), last layer first, each '
                             'as soon as the backward pass has made it, so that the network '
                             'runs while the first layers still compute; 0: all of them after '
                             'the backward pass (default: %s)' % ALL_REDUCE_BUCKET)
-    train.add_argument('--cluster-timeout', type=float, default=None, metavar='SECONDS',
+    train.add_argument('--cluster-timeout', type=float, default=DEFAULT['cluster_timeout'],
+                       metavar='SECONDS',
                        help='with a cluster: how long a step may wait on another task before '
                             'the run stops, naming it (default: 5 times the step time, at '
                             'least 30 s)')

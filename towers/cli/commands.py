@@ -55,7 +55,7 @@ def run_models(args, log):
 
 def run_devices(args, log):
     tower_devices = resolve_devices(args.towers, args.devices,
-                                    logical_gpus=not args.no_logical_gpus)
+                                    logical_gpus=args.logical_gpus)
     param_device = resolve_param_device(args.param_device, tower_devices)
     log(build_line())
     for line in gpu_lines():

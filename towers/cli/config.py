@@ -62,7 +62,7 @@ def config_from_args(args, tower_devices, param_device, input_mode):
     check_xla_determinism(args)
     return TrainConfig(
         towers=tuple(tower_devices) if isinstance(tower_devices, list) else tower_devices,
-        param_device=param_device, logical_gpus=not args.no_logical_gpus,
+        param_device=param_device, logical_gpus=args.logical_gpus,
         cluster_mode=args.cluster_mode,
         cluster_timeout=args.cluster_timeout, all_reduce_bucket=args.all_reduce_bucket,
         variable_update=args.variable_update, sync_bn=args.sync_bn, input=input_mode,
@@ -77,7 +77,7 @@ def config_from_args(args, tower_devices, param_device, input_mode):
         clip_norm=args.clip_norm, freeze=args.freeze,
         ema=args.ema, logdir=args.logdir, checkpoint_every=args.checkpoint_every,
         keep_checkpoints=args.keep_checkpoints, eval_every=args.eval_every,
-        best_metric=args.best_metric, tensorboard=not args.no_tensorboard,
+        best_metric=args.best_metric, tensorboard=args.tensorboard,
         histograms=args.histograms, log_every=args.log_every, quiet=args.quiet,
         precision=args.precision, loss_scale=loss_scale(args.loss_scale), xla=args.xla,
         **data_service_settings(args))

@@ -43,7 +43,7 @@ def run_explain(args, log):
             num_gpus=task_gpus(args.devices))
     else:
         plan = local_plan(args.towers, args.param_device, args.variable_update, args.devices,
-                          logical_gpus=not args.no_logical_gpus)
+                          logical_gpus=args.logical_gpus)
     plan = plan.with_data_format(args.data_format)
     report = explain.explain(model_fn, info.input_shape, info.num_classes, plan,
                              args.batch_size, args.input or 'feed', args.optimizer,
@@ -95,7 +95,7 @@ def _plan_only(args, log, model_fn, info, precision):
             (index + 1 for kind, index in named if kind == 'gpu'), default=None)
         plan = local_plan(args.towers, args.param_device, args.variable_update, args.devices,
                           num_gpus=gpus, data_format=args.data_format,
-                          logical_gpus=not args.no_logical_gpus)
+                          logical_gpus=args.logical_gpus)
         runs, where = [(plan, None)], 'variables: %s' % plan.describe()
     report = planonly.planned_step(model_fn, info.input_shape, info.num_classes, runs,
                                    args.batch_size, args.input or 'feed', args.optimizer,

@@ -61,7 +61,7 @@ def run_eval(args, log):
         data.check_images(test_set, run['input_shape'], origin=origin,
                           model='the model in %s' % os.path.join(args.logdir, RUN_FILE))
     plan = local_plan(args.towers, args.param_device, devices=args.devices,
-                      logical_gpus=not args.no_logical_gpus)
+                      logical_gpus=args.logical_gpus)
     model = ClassifierModel(model_fn, run['input_shape'], run['num_classes'],
                             normalization=run.get('normalization'))
     ema = run.get('ema', False)

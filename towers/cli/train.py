@@ -89,7 +89,7 @@ def run_evaluator(args, logdir, from_records, log):
     model_fn = models.build_model(run['model'], run['input_shape'], run['num_classes'],
                                   **run.get('model_options', {}))
     plan = local_plan(args.towers, args.param_device, devices=args.devices,
-                      logical_gpus=not args.no_logical_gpus)
+                      logical_gpus=args.logical_gpus)
     log('evaluator: evaluating each checkpoint of %s on its %s set' % (logdir, split))
     evaluator = Evaluator(logdir, run, model_fn, (split, getattr(datasets, split)), plan,
                           args.batch_size, args.best_metric, log=log)
@@ -148,7 +148,7 @@ def settings(args, from_records, cluster=None):
         raise SettingError('{cluster_mode} needs a cluster: set TF_CONFIG, give {cluster} '
                            'FILE.json {task_type} and {task_index}, or start the tasks with srun')
     tower_devices = resolve_devices(args.towers, args.devices,
-                                    logical_gpus=not args.no_logical_gpus)
+                                    logical_gpus=args.logical_gpus)
     # On a cluster the towers are per task: the chief places them (towers/cluster/).
     config = config_from_args(args, tower_devices if cluster is None else args.towers,
                               resolve_param_device(args.param_device, tower_devices),
