@@ -156,3 +156,18 @@ def test_every_flag_of_a_setting_defaults_to_its_field_or_says_why_not():
     assert set(differ) == set(OWN_DEFAULTS), sorted(set(differ) ^ set(OWN_DEFAULTS))
     # The one that disagreed by accident: --best-metric said accuracy, the field auto.
     assert ('train', 'best_metric', 'auto') in flags
+
+
+def test_each_input_mode_is_a_class_that_says_the_facts_of_its_name():
+    from towers.inputs import INPUTS
+    from towers.names import InputMode
+    assert list(INPUTS) == list(INPUT_MODES)
+    for name, source in INPUTS.items():
+        assert source.name == name
+        assert InputMode(name, source.tf_data, source.stages, source.has_images) == \
+            INPUT_MODES[name]
+    # What the string tests asked, now facts: a tf.data pipeline (normalises, streams records),
+    # a loader that stages, images to augment.
+    assert [n for n, m in INPUT_MODES.items() if m.tf_data] == ['dataset']
+    assert [n for n, m in INPUT_MODES.items() if m.stages] == ['staging']
+    assert [n for n, m in INPUT_MODES.items() if not m.has_images] == ['synthetic']

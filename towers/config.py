@@ -229,12 +229,12 @@ class TrainConfig:
     def _check_pairs(self):
         if (self.mean is None) != (self.std is None):
             raise SettingError('{mean} and {std} go together')
-        if self.mean is not None and self.input != 'dataset':
+        if self.mean is not None and not INPUT_MODES[self.input].tf_data:
             raise SettingError('{mean}/{std} normalise in the tf.data pipeline: use them with '
                                '{input} dataset')
         if self.std is not None and not all(_is_number(s) and s > 0 for s in self.std):
             raise SettingError('{std} values must be positive, got %s', list(self.std))
-        if self.data_service is not None and self.input != 'dataset':
+        if self.data_service is not None and not INPUT_MODES[self.input].tf_data:
             raise SettingError('{data_service} runs the tf.data pipeline of {input} dataset on '
                                'its workers; not {input} %s', self.input)
 

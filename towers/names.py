@@ -5,13 +5,32 @@ The command line offers them as choices before TensorFlow is imported
 tuples, so a name is spelled once. As tf_cnn_benchmarks keeps its flag values
 apart from the graph code.
 """
+import typing
 
 # --variable-update: where the variables live and how the towers' gradients meet
 # (towers/variables.py).
 VARIABLE_UPDATES = ('parameter_server', 'replicated', 'independent')
 
-# --input: how each step's batch reaches the towers (towers/inputs/).
-INPUT_MODES = ('feed', 'staging', 'dataset', 'synthetic')
+
+class InputMode(typing.NamedTuple):
+    """An --input mode, and what the settings, the commands and the Trainer ask of it before
+    its InputSource (towers/inputs/, the class of the same name) is built."""
+    name: str
+    # Its batches come from a tf.data pipeline: it normalises (--mean/--std), streams a split
+    # on disk, runs on a tf.data service; its order is tf.data's, not the sampler's.
+    tf_data: bool = False
+    # A loader fills a StagingArea per tower ahead of the step.
+    stages: bool = False
+    # It reads the dataset's images (synthetic makes random ones: nothing to augment or load).
+    has_images: bool = True
+
+
+# --input: how each step's batch reaches the towers (towers/inputs/): name -> InputMode.
+INPUT_MODES = {mode.name: mode for mode in (
+    InputMode('feed'),
+    InputMode('staging', stages=True),
+    InputMode('dataset', tf_data=True),
+    InputMode('synthetic', has_images=False))}
 
 # --optimizer (towers/model.py make_optimizer).
 OPTIMIZERS = ('sgd', 'momentum', 'adam')

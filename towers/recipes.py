@@ -13,6 +13,7 @@ import argparse
 import dataclasses
 
 from towers.errors import SettingError
+from towers.names import INPUT_MODES
 
 # What the paper says about the CIFAR-10 ResNets (He et al. 2016, section 4.2 and table 6).
 HE_2016 = 'He et al. 2016, Deep Residual Learning for Image Recognition'
@@ -163,7 +164,8 @@ def apply_recipe(args, given):
             lines.append('  %s %s (given by hand; the recipe: %s)'
                          % (flag, _shown(getattr(args, dest)), setting.source))
             continue
-        if dest == 'augment' and getattr(args, 'input', None) == 'synthetic':
+        if dest == 'augment' and not INPUT_MODES[getattr(args, 'input', None) or 'feed'
+                                                 ].has_images:
             lines.append('  %s left out: --input synthetic has no images to vary (the recipe: '
                          '%s)' % (flag, setting.source))
             continue

@@ -133,8 +133,8 @@ class Trainer:
 
     def _data_order(self):
         examples = self.sampler.num_examples if self.sampler else -1
-        # feed and staging follow the sampler; dataset shuffles in tf.data: another order.
-        pipeline = 1 if self.source.name == 'dataset' else 0
+        # feed and staging follow the sampler; a tf.data pipeline shuffles: another order.
+        pipeline = 1 if self.source.tf_data else 0
         return {'seed': self.config.seed, 'batch_size': self.batch_size,
                 'num_examples': examples, 'tf_data_order': pipeline,
                 'steps_per_epoch': self.steps_per_epoch}

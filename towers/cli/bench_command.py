@@ -13,7 +13,7 @@ from towers.cli.datasets import (
 )
 from towers.devices import resolve_devices
 from towers.errors import SettingError
-from towers.names import VARIABLE_UPDATES
+from towers.names import INPUT_MODES, VARIABLE_UPDATES
 from towers.tools.hardware import machine
 
 
@@ -43,7 +43,7 @@ def _run_bench(args, log):
     info = dataset_info(args)
     counts = int_list(args.towers, 'towers')
     model_fn = models.build_model(args.model, info.input_shape, info.num_classes)
-    modes = [m.strip() for m in args.input.split(',') if m.strip()]
+    modes = name_list(args.input, 'input', INPUT_MODES)
     scale = loss_scale(args.loss_scale)
     precisions = [p.name for p in bench.precisions_of(  # each once; a scale needs fp16
         name_list(args.precision, 'precision', PRECISIONS), scale)]
@@ -55,7 +55,7 @@ def _run_bench(args, log):
     elif args.plot:
         raise SettingError('{plot} goes with {compare}')
     train_set = None
-    if set(modes) - {'synthetic'} or args.compare:  # the textbook and Keras feed it too
+    if any(INPUT_MODES[m].has_images for m in modes) or args.compare:  # Keras reads it too
         train_set = load_dataset(args, info).train
     # train's optimizer, so that a row times train's step; --compare's rows step as its peers.
     optimizer = 'sgd' if args.compare else args.optimizer or bench.TRAIN_OPTIMIZER

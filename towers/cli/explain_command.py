@@ -15,7 +15,7 @@ from towers.deviceplan import local_plan
 from towers.devices import parse_device, task_gpus
 from towers.errors import SettingError
 from towers.logicalgpus import logical_gpu_line
-from towers.names import DEVICE_KINDS
+from towers.names import DEVICE_KINDS, INPUT_MODES
 from towers.precision import Precision
 from towers.tools import explain, planonly
 
@@ -28,8 +28,8 @@ def run_explain(args, log):
     precision = Precision(args.precision, loss_scale(args.loss_scale))
     if args.plan_only:
         return _plan_only(args, log, model_fn, info, precision)
-    if args.gpus_per_worker or args.cluster_mode != 'in-graph' or args.input in (
-            'staging', 'dataset'):
+    mode = INPUT_MODES[args.input or 'feed']
+    if args.gpus_per_worker or args.cluster_mode != 'in-graph' or mode.stages or mode.tf_data:
         raise SettingError('{gpus_per_worker}, {cluster_mode} and {input} staging or dataset '
                            'go with {plan_only}: explain runs one real step in-graph on this '
                            'machine')

@@ -9,6 +9,7 @@ from towers.names import (
     CLUSTER_MODES,
     DATA_FORMATS,
     DEVICE_KINDS,
+    INPUT_MODES,
     OPTIMIZERS,
     VARIABLE_UPDATES,
 )
@@ -164,7 +165,7 @@ def explain_parser(commands):
                          choices=VARIABLE_UPDATES,
                          help='as for train (default: parameter_server)')
     explain.add_argument('--input', default=None,
-                         choices=['feed', 'synthetic', 'staging', 'dataset'],
+                         choices=tuple(INPUT_MODES),
                          help='as for train (default: feed; staging and dataset with '
                               '--plan-only)')
     explain.add_argument('--optimizer', default='sgd', choices=OPTIMIZERS,

@@ -25,7 +25,7 @@ from towers.devices import resolve_devices, resolve_param_device
 from towers.errors import SettingError
 from towers.inputs import check_augment
 from towers.model import ClassifierModel
-from towers.names import FOLDERS
+from towers.names import FOLDERS, INPUT_MODES
 from towers.recipes import published_line
 from towers.tools.hardware import check_compute_capability, slow_warning
 from towers.tools.trace import Trace, check_trace_step
@@ -111,7 +111,7 @@ def load_data(args, from_records, log):
                            'are decoded as they are read; not %s', args.dataset)
     if from_records:
         check_image_size(args)
-        if args.input not in (None, 'dataset'):
+        if args.input is not None and not INPUT_MODES[args.input].tf_data:
             raise SettingError('%sDIR streams from disk through {input} dataset; {input} %s '
                                'needs an in-memory dataset', args.dataset.split(':')[0] + ':',
                                args.input)

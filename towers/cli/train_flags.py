@@ -78,7 +78,7 @@ def _train_strategy_flags(train):
     train.add_argument('--sync-bn', action='store_true', default=DEFAULT['sync_bn'],
                        help='batch norm over the whole global batch (moments all-reduced over '
                             'the towers) instead of each tower its own slice')
-    train.add_argument('--input', default=None, choices=INPUT_MODES,
+    train.add_argument('--input', default=None, choices=tuple(INPUT_MODES),
                        help='how batches reach the towers: feed (feed_dict, the reference), '
                             'staging (host queue + per-tower StagingArea), dataset (in-graph '
                             'tf.data), synthetic (random, benchmarks only); default: feed, '

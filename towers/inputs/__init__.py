@@ -20,9 +20,10 @@ copying happens, which is what decides whether the towers wait for data:
              tf.data service (dataservice.py), on the service's workers instead.
 
 base.py says how the Session loop drives a source; make_input picks one by
-its --input name, source_for the one a TrainConfig asks for, with the augmentation it
-asks for or the one that fits the images (towers/data/augment.py), which every mode but
-synthetic applies to the global batch before it is cut per tower.
+its --input name (INPUTS: a mode is a class, which says how it is made and the facts of its
+towers.names.InputMode), source_for the one a TrainConfig asks for, with the augmentation it
+asks for or the one that fits the images (towers/data/augment.py), which every mode with
+images applies to the global batch before it is cut per tower.
 """
 import functools
 import math
@@ -39,11 +40,14 @@ from towers.inputs.python import PythonInput
 from towers.inputs.staging import StagingInput
 from towers.inputs.synthetic import SyntheticInput
 from towers.names import INPUT_MODES
-from towers.tower import share_of
 
-__all__ = ['INPUT_MODES', 'DataServiceInput', 'DatasetInput', 'FeedInput', 'InputSource',
-           'PythonInput', 'StagingInput', 'SyntheticInput', 'check_augment', 'make_input',
-           'source_for', 'train_augmentation']
+__all__ = ['INPUTS', 'INPUT_MODES', 'DataServiceInput', 'DatasetInput', 'FeedInput',
+           'InputSource', 'PythonInput', 'StagingInput', 'SyntheticInput', 'check_augment',
+           'make_input', 'source_for', 'train_augmentation']
+
+# --input: each mode's InputSource class (its facts are its towers.names.INPUT_MODES entry's).
+INPUTS = {source.name: source for source in (FeedInput, StagingInput, DatasetInput,
+                                             SyntheticInput)}
 
 
 def make_input(mode, dataset, sampler, batch_size, num_classes, seed=0, epochs=None, mean=None,
@@ -60,8 +64,8 @@ def make_input(mode, dataset, sampler, batch_size, num_classes, seed=0, epochs=N
       seed: shuffle seed of the dataset pipeline.
       epochs: passes the dataset pipeline makes before it ends (None: forever).
       mean, std: per-channel normalisation of the dataset pipeline, or None.
-      share: (index, count): the dataset pipeline of a cluster worker keeps
-        only its share of each global batch (towers/inputs/dataset.py).
+      share: (index, count): a cluster worker reads only its share of each global
+        batch, cut as split_batch cuts (synthetic: its share of a random batch).
       augment: how the training images are augmented: None (none), a name of
         towers.names.AUGMENTATIONS, or a towers.data.augment.Augmentation (source_for's:
         the one asked for, or the default for the images); synthetic input has no images
@@ -70,7 +74,7 @@ def make_input(mode, dataset, sampler, batch_size, num_classes, seed=0, epochs=N
     check('input', mode)
     augment = as_augmentation(augment)
     if hasattr(dataset, 'source'):  # records on disk (a RecordSet, an ImageNetSet)
-        if mode != 'dataset':
+        if not INPUTS[mode].tf_data:
             raise SettingError('records stream through {input} dataset, not %s', mode)
         source_fn, epoch_source_fn = dataset.source, getattr(dataset, 'epoch_source', None)
         if getattr(dataset, 'shuffled', False):  # it augments each record as it decodes it
@@ -82,14 +86,8 @@ def make_input(mode, dataset, sampler, batch_size, num_classes, seed=0, epochs=N
                             pixel_scale=255.0, source_fn=source_fn, epochs=epochs,
                             mean=mean, std=std, share=share, epoch_source_fn=epoch_source_fn,
                             augment=augment, **_done_by_the_set(dataset))
-    if mode == 'feed':
-        return FeedInput(dataset, sampler, augment=augment, seed=seed)
-    if mode == 'staging':
-        return StagingInput(dataset, sampler, augment=augment, seed=seed)
-    if mode == 'dataset':
-        return DatasetInput(dataset.images, dataset.labels, num_classes, batch_size, seed=seed,
-                            epochs=epochs, mean=mean, std=std, share=share, augment=augment)
-    return SyntheticInput(batch_size, num_classes)
+    return INPUTS[mode].over(dataset, sampler, batch_size, num_classes, seed=seed,
+                             epochs=epochs, mean=mean, std=std, share=share, augment=augment)
 
 
 def check_augment(config, source=None):
@@ -101,7 +99,7 @@ def check_augment(config, source=None):
         raise SettingError('{augment} varies the images of a dataset towers reads; an input '
                            'source of your own (%s) varies its own batches',
                            type(source).__name__)
-    if config.input == 'synthetic':
+    if not INPUT_MODES[config.input].has_images:
         raise SettingError('{augment} varies the training images; {input} synthetic has none '
                            '(one random batch, for benchmarks)')
 
@@ -136,7 +134,7 @@ def source_for(config, data, model, source=None, share=None):
     epochs = None if (config.steps or config.steps_per_epoch) else math.ceil(config.epochs)
     # (DataSet and RecordSet know their class count; a ModelDesc may say it too.)
     num_classes = getattr(model, 'num_classes', None) or train_set.num_classes
-    augment = None if config.input == 'synthetic' else train_augmentation(
+    augment = None if not INPUT_MODES[config.input].has_images else train_augmentation(
         config.augment, train_set, _image_shape(train_set, model))
     if share is not None:
         shortest = train_set.num_examples % config.batch_size or config.batch_size
@@ -144,9 +142,6 @@ def source_for(config, data, model, source=None, share=None):
             raise SettingError('{batch_size} %d leaves a batch of %d for %d workers: every '
                                'worker needs at least one example of each batch',
                                config.batch_size, shortest, share[1])
-        if config.input != 'dataset' and not hasattr(train_set, 'source'):
-            return _shared_input(config.input, train_set, sampler, share, num_classes,
-                                 augment, config.seed), sampler
     if config.data_service is not None:
         return _service_input(config, train_set, num_classes, share,
                               config.steps_per_epoch or sampler.steps_per_epoch,
@@ -168,19 +163,6 @@ def _image_shape(train_set, model):
     which its images are fed as."""
     shape = getattr(train_set, 'input_shape', None)
     return tuple(shape if shape is not None else model.input_shape)
-
-
-def _shared_input(mode, train_set, sampler, share, num_classes, augment=None, seed=0):
-    """feed, staging or synthetic of one share of every global batch (the batch cut as
-    split_batch does), augmented as those rows of the whole batch are."""
-    index, count = share
-    if mode == 'synthetic':  # a benchmark's: this worker's share of a random batch
-        return SyntheticInput(share_of(sampler.batch_size, count, index)[1], num_classes)
-    if mode not in ('feed', 'staging'):
-        raise SettingError('a worker of a cluster reads its share of each batch through {input} '
-                           'feed, staging, dataset or synthetic, not %s', mode)
-    kind = FeedInput if mode == 'feed' else StagingInput
-    return kind(train_set, sampler, augment=augment, seed=seed, share=share)
 
 
 def _service_input(config, train_set, num_classes, share, steps_per_epoch, augment=None):

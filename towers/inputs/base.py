@@ -32,7 +32,11 @@ class InputSource:
     """Base class: the four calls, doing nothing.
 
     Attributes:
-      name: what the run's log calls this input.
+      name: what the run's log calls this input; for the source of an --input mode, the
+        mode's name (towers.names.INPUT_MODES), whose facts the class also says:
+      tf_data: its batches come from a tf.data pipeline, in tf.data's order.
+      stages: a loader fills a StagingArea per tower ahead of the step.
+      has_images: it reads the dataset's images (synthetic makes random ones).
       augmentation: the towers.data.augment.Augmentation its training images get, said in
         the run's first lines; None for a source that augments nothing (or its own way).
       steps_per_epoch: (optional) steps that make one epoch of this source,
@@ -40,7 +44,15 @@ class InputSource:
     """
 
     name = 'custom'  # what the Session loop's log calls this input
+    tf_data, stages, has_images = False, False, True
     augmentation = None
+
+    @classmethod
+    def over(cls, dataset, sampler, batch_size, num_classes, seed=0, epochs=None, mean=None,
+             std=None, share=None, augment=None):
+        """The source of an --input mode over an in-memory DataSet (towers.inputs.make_input
+        says the arguments); a mode's class says how it is made."""
+        raise NotImplementedError
 
     def build(self, input_shape, tower_devices):
         raise NotImplementedError

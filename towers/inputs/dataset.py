@@ -69,6 +69,13 @@ class DatasetInput(InputSource):
     """
 
     name = 'dataset'
+    tf_data = True
+
+    @classmethod
+    def over(cls, dataset, sampler, batch_size, num_classes, seed=0, epochs=None, mean=None,
+             std=None, share=None, augment=None):
+        return cls(dataset.images, dataset.labels, num_classes, batch_size, seed=seed,
+                   epochs=epochs, mean=mean, std=std, share=share, augment=augment)
 
     def __init__(self, images=None, labels=None, num_classes=10, batch_size=100,
                  pixel_scale=None, epochs=None, shuffle_buffer=10000, seed=0, augment=None,

@@ -32,6 +32,11 @@ class FeedInput(FedBatch, InputSource):
 
     name = 'feed'
 
+    @classmethod
+    def over(cls, dataset, sampler, batch_size, num_classes, seed=0, epochs=None, mean=None,
+             std=None, share=None, augment=None):
+        return cls(dataset, sampler, augment=augment, seed=seed, share=share)
+
     def __init__(self, dataset=None, sampler=None, batches=None, augment=None, seed=0,
                  share=None):
         super().__init__()

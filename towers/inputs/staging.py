@@ -75,6 +75,12 @@ class StagingInput(InputSource):
     """
 
     name = 'staging'
+    stages = True
+
+    @classmethod
+    def over(cls, dataset, sampler, batch_size, num_classes, seed=0, epochs=None, mean=None,
+             std=None, share=None, augment=None):
+        return cls(dataset, sampler, augment=augment, seed=seed, share=share)
 
     def __init__(self, dataset=None, sampler=None, capacity=4, num_threads=1, batches=None,
                  augment=None, seed=0, share=None):

@@ -19,6 +19,14 @@ class SyntheticInput(InputSource):
     """
 
     name = 'synthetic'
+    has_images = False
+
+    @classmethod
+    def over(cls, dataset, sampler, batch_size, num_classes, seed=0, epochs=None, mean=None,
+             std=None, share=None, augment=None):
+        """A worker's (share) is its share of a random batch, as a benchmark's."""
+        return cls(share_of(batch_size, share[1], share[0])[1] if share else batch_size,
+                   num_classes)
 
     def __init__(self, batch_size, num_classes):
         self.batch_size, self.num_classes = batch_size, num_classes

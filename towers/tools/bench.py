@@ -264,7 +264,7 @@ def run_bench(model_fn, input_shape, num_classes, tower_counts, batch_size, mode
     if not rows:
         raise TowersError('no tower count could run; try {towers} 1')
     log(variables_line(homes))
-    if augment is not None and any(mode != 'synthetic' for mode in modes):
+    if augment is not None and any(INPUT_MODES[mode].has_images for mode in modes):
         log(augment.line())
     devices = list(dict.fromkeys(d for row in rows for d in row['devices'].split(',')))
     for precision in chosen:

@@ -35,6 +35,7 @@ from towers.errors import SettingError
 from towers.graph import build_training_graph
 from towers.inputs import DatasetInput, SyntheticInput, make_input
 from towers.model import ClassifierModel
+from towers.names import INPUT_MODES
 from towers.precision import Precision
 from towers.session import open_session, run_steps, trace_options
 from towers.tools.trace import AVERAGE_SCOPES, short_device
@@ -83,7 +84,8 @@ def explain(model_fn, input_shape, num_classes, plan, batch_size=100, input_mode
       that computed in it).
     """
     precision = Precision.of(precision)
-    if input_mode not in ('feed', 'synthetic'):
+    mode = INPUT_MODES[input_mode]
+    if mode.stages or mode.tf_data:  # a loader or a pipeline ahead of the one step it runs
         raise SettingError('explain runs {input} feed or synthetic (where the input comes '
                            'from changes only the input transfers), not %s', input_mode)
     source = zeros_input(input_mode, input_shape, num_classes, batch_size)
@@ -129,7 +131,7 @@ def zeros_input(input_mode, input_shape, num_classes, batch_size):
     """An InputSource of the mode over one batch of zeros: where the input comes from
     matters to a graph's placement, not what it holds (the dataset input's are bytes,
     as records and image files give)."""
-    if input_mode == 'dataset':
+    if INPUT_MODES[input_mode].tf_data:
         return DatasetInput(np.zeros([batch_size] + list(input_shape), np.uint8),
                             np.zeros([batch_size], np.int64), num_classes, batch_size)
     images = np.zeros([batch_size] + list(input_shape), np.float32)
