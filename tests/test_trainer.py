@@ -23,7 +23,8 @@ from towers.evaluation import evaluate
 from towers.graph import build_training_graph
 from towers.model import ClassifierModel
 from towers.names import XLA_CPU_FLAG
-from towers.trainer import total_steps, train
+from towers.schedules import total_steps
+from towers.trainer import train
 
 tf1 = tf.compat.v1
 

@@ -153,6 +153,17 @@ class LossScale:
     def variables(self):
         return [v for v in (self.scale, self.good_steps, self.skipped_steps) if v is not None]
 
+    def skipped(self, sess, log):
+        """The steps a dynamic scale skipped over the whole run (resumes included), said in
+        one line where there are any; 0 for a fixed scale."""
+        if not self.dynamic:
+            return 0
+        skipped, value = sess.run([self.skipped_steps, self.scale])
+        if skipped:
+            log('skipped %d step(s) whose float16 gradients overflowed; the loss scale is now '
+                '%g' % (skipped, value))
+        return int(skipped)
+
     def optimizer(self, optimizer, primary=True):
         """optimizer, scaling its loss and (when dynamic) skipping steps that overflow.
 

@@ -15,10 +15,19 @@ From the command line (`--lr 0.1 --lr-schedule SPEC --warmup-epochs W`):
 --warmup-epochs W ramps the rate up linearly over the first W epochs (Goyal
 et al. 2017), in front of any schedule.
 """
+import fractions
 import math
 
 from towers.errors import SettingError
 from towers.names import SCHEDULES
+
+
+def total_steps(epochs, steps, steps_per_epoch):
+    """Steps of a whole run; a fractional epoch count is rounded up to a step."""
+    if steps is not None:
+        return steps
+    # Fraction: 0.07 epochs of 1,100 steps is 77 steps, not 78 as float ceil says.
+    return max(1, math.ceil(fractions.Fraction(repr(float(epochs))) * steps_per_epoch))
 
 
 class LearningRate:

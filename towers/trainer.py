@@ -9,10 +9,6 @@ a Callback (towers/callbacks/). The settings come whole
 in a TrainConfig (towers/config.py). `train()` is what `towers train` runs:
 a ClassifierModel over a registry model_fn, the default callbacks, this loop.
 """
-import fractions
-import math
-import os
-
 import tensorflow as tf
 
 from towers import checkpoints, evaluation, exactness
@@ -27,19 +23,13 @@ from towers.inputs import source_for
 from towers.logdir import LogdirLock, prepare_logdir
 from towers.logicalgpus import logical_gpu_line, session_gpu_memory
 from towers.model import ClassifierModel
-from towers.names import RUN_FILE, XLA_CPU_FLAG
+from towers.names import XLA_CPU_FLAG
 from towers.precision import Precision
+from towers.resuming import record_run, resume
+from towers.schedules import total_steps
 from towers.session import run_steps, step_options
 
 tf1 = tf.compat.v1
-
-
-def total_steps(epochs, steps, steps_per_epoch):
-    """Steps of a whole run; a fractional epoch count is rounded up to a step."""
-    if steps is not None:
-        return steps
-    # Fraction: 0.07 epochs of 1,100 steps is 77 steps, not 78 as float ceil says.
-    return max(1, math.ceil(fractions.Fraction(repr(float(epochs))) * steps_per_epoch))
 
 
 class Trainer:
@@ -140,27 +130,8 @@ class Trainer:
                 'steps_per_epoch': self.steps_per_epoch}
 
     def _resume(self, sess):
-        """Restore the logdir's newest complete checkpoint, if any, and check its data order."""
-        latest, newest = checkpoints.to_restore(self.logdir) if self.logdir else (None, None)
-        if not latest:
-            return
-        fresh = checkpoints.restore(sess, self.graph.saver, latest, self.saved,
-                                    advice='move it away to resume from an older one, or use '
-                                           'another {logdir}', optional=self.unscaled)
-        self.data_order.check(sess, self.logdir)
-        self.log('resumed from %s%s' % (latest, '' if latest == newest else
-                                         ' (%s, newer, does not read back whole)' % newest))
-        before = checkpoints.read_run(self.logdir).get('deterministic') \
-            if os.path.exists(os.path.join(self.logdir, RUN_FILE)) else None
-        if before is not None and before != exactness.deterministic():
-            # Op determinism changes the kernels themselves, the CPU's too.
-            self.log('warning: %s was trained with op determinism %s and resumes with it %s: '
-                     'it continues, not bit-exactly' % (
-                         self.logdir, 'on' if before else 'off', 'off' if before else 'on'))
-        if fresh:
-            self.log('%s holds no dynamic loss scale (trained in another precision, or with a '
-                     'fixed scale): the scale starts at %g'
-                     % (latest, self.graph.precision.scaling[1]))
+        resume(sess, self.logdir, self.graph, self.saved, self.unscaled, self.data_order,
+               self.log)
 
     def train(self):
         """Run the loop to num_steps (or a stop); returns a dict (see `train`)."""
@@ -179,13 +150,8 @@ class Trainer:
                 if self.logdir and self.run_info is not None:
                     # Only once the checkpoint there (if any) fits this run: a refused
                     # resume leaves the logdir's record of its model as it was.
-                    checkpoints.write_run(
-                        self.logdir, input_shape=list(self.model.input_shape),
-                        num_classes=getattr(self.model, 'num_classes', None),
-                        ema=self.config.ema is not None, precision=self.config.precision,
-                        normalization=getattr(self.model, 'normalization', None),
-                        num_steps=self.num_steps, deterministic=exactness.deterministic(),
-                        **self.run_info)
+                    record_run(self.logdir, self.model, self.config, self.num_steps,
+                               self.run_info)
                 self.step = int(self.sess.run(self.graph.global_step))
                 self.log('training %d steps on %d tower(s) %s, global batch %d, %s input%s%s'
                          % (self.num_steps, len(self.tower_devices),
@@ -285,24 +251,14 @@ class Trainer:
         if test is not None:
             self.log('test: %s (%d images)' % (evaluation.format_metrics(test),
                                                evaluation.split_size(self.data, 'test')))
-        skipped = self._skipped_steps()
+        scale = self.graph.loss_scale
+        skipped = scale.skipped(self.sess, self.log) if scale is not None else 0
         checkpoint = next((c.last_saved for c in self.callbacks
                            if isinstance(c, Checkpoint)), None)
         return {'steps': self.step, 'test': test,
                 'test_loss': test and test['loss'], 'test_accuracy': test and test.get('accuracy'),
                 'images_per_sec': rate, 'checkpoint': checkpoint, 'dropped': dropped,
                 'stopped': self.stopped, 'skipped_steps': skipped}
-
-    def _skipped_steps(self):
-        """The steps a dynamic loss scale skipped over the whole run (resumes included)."""
-        scale = self.graph.loss_scale
-        if scale is None or not scale.dynamic:
-            return 0
-        skipped, value = self.sess.run([scale.skipped_steps, scale.scale])
-        if skipped:
-            self.log('skipped %d step(s) whose float16 gradients overflowed; the loss scale is '
-                     'now %g' % (skipped, value))
-        return int(skipped)
 
 
 def train(config, model_fn, datasets, input_shape, num_classes=10, log=print, source=None,
