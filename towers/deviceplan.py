@@ -41,13 +41,7 @@ import os
 
 import tensorflow as tf
 
-from towers.devices import (
-    physical_gpus,
-    resolve_devices,
-    resolve_param_device,
-    session_config,
-    visible_gpus,
-)
+from towers.devices import resolve_process_devices
 from towers.errors import DeviceError
 from towers.logicalgpus import share_text
 from towers.names import SPREAD, XLA_CPU_FLAG
@@ -124,6 +118,10 @@ class DevicePlan:
             if gpu is not None:
                 towers.setdefault(gpu, []).append(index)
         return {gpu: indices for gpu, indices in towers.items() if len(indices) > 1}
+
+    def param_device(self):
+        """Where the shared variables were asked to go, resolved: a device, or 'spread'."""
+        return SPREAD if isinstance(self.variables, Spread) else self.host
 
     def variable_home(self, index):
         """(variable scope, device or device function) where tower `index` gets its variables.
@@ -202,17 +200,12 @@ def local_plan(towers=None, param_device=None, variable_update='parameter_server
     Raises:
       DeviceError: a device that does not exist, or a tower count that cannot be met.
     """
-    tower_devices = (list(towers) if isinstance(towers, (list, tuple))
-                     else resolve_devices(towers, devices, num_gpus, logical_gpus, per_gpu))
-    if num_gpus is None and any(d.startswith('/gpu') for d in tower_devices):
-        num_gpus = visible_gpus()
-    param = resolve_param_device(param_device, tower_devices, num_gpus, per_gpu)
+    found = resolve_process_devices(towers, param_device, devices, num_gpus, logical_gpus,
+                                    per_gpu)
     # What no device scope places (the fed placeholders, the Saver's ops) stays on the
     # host: on a GPU machine TensorFlow would otherwise take GPU 0 for it.
-    return make_plan(tower_devices, param, variable_update, default_device='/cpu:0',
-                     config=session_config(tower_devices, param, num_gpus, per_gpu),
-                     all_reduce=all_reduce,
-                     gpus=physical_gpus(tower_devices, num_gpus or 0, per_gpu)
+    return make_plan(found.towers, found.param, variable_update, default_device='/cpu:0',
+                     config=found.config, all_reduce=all_reduce, gpus=found.gpus
                      ).with_data_format(data_format)
 
 

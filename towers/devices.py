@@ -18,6 +18,7 @@ j // ceil(N / G).
 import math
 import os
 import re
+import typing
 
 import tensorflow as tf
 
@@ -199,6 +200,30 @@ def on_one_gpu(tower_devices, num_gpus=None, per_gpu=None):
         return False
     num_gpus = visible_gpus() if num_gpus is None else num_gpus
     return len(set(physical_gpus(tower_devices, num_gpus, per_gpu))) == 1
+
+
+class ProcessDevices(typing.NamedTuple):
+    """A process's devices, resolved once (resolve_process_devices)."""
+    towers: list  # one device name per tower
+    param: object  # where the shared variables go: a device, or 'spread'
+    config: object  # the Session's ConfigProto, under which every one of them exists
+    gpus: tuple  # the GPU each tower is on (physical_gpus)
+
+
+def resolve_process_devices(towers=None, param_device=None, devices=None, num_gpus=None,
+                            logical_gpus=True, per_gpu=None):
+    """Every device of one process's run, resolved in one place: the towers (a count or None
+    as resolve_devices takes it, or device names resolved already), the parameter device
+    (resolve_param_device), the Session's ConfigProto and each tower's GPU. Arguments as
+    towers.deviceplan.local_plan has them."""
+    tower_devices = (list(towers) if isinstance(towers, (list, tuple))
+                     else resolve_devices(towers, devices, num_gpus, logical_gpus, per_gpu))
+    if num_gpus is None and any(d.startswith('/gpu') for d in tower_devices):
+        num_gpus = visible_gpus()
+    param = resolve_param_device(param_device, tower_devices, num_gpus, per_gpu)
+    return ProcessDevices(tower_devices, param,
+                          session_config(tower_devices, param, num_gpus, per_gpu),
+                          physical_gpus(tower_devices, num_gpus or 0, per_gpu))
 
 
 def session_config(tower_devices, param_device='/cpu:0', num_gpus=None, per_gpu=None,

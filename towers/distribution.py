@@ -44,10 +44,12 @@ class Run:
         self.strategy = strategy if strategy is not None else make_strategy(plan)
 
     @classmethod
-    def local(cls, config):
-        """The run of a TrainConfig in this process: its towers resolved once, here."""
-        plan = local_plan(config.towers, config.param_device, config.variable_update,
-                          logical_gpus=config.logical_gpus)
+    def local(cls, config, plan=None):
+        """The run of a TrainConfig in this process. plan: the plan of its devices, resolved
+        once already (the command line's); None: resolved here, from config.towers."""
+        if plan is None:
+            plan = local_plan(config.towers, config.param_device, config.variable_update,
+                              logical_gpus=config.logical_gpus)
         return cls(plan.with_data_format(config.data_format).with_xla(config.xla))
 
     def build_ops(self, host):

@@ -200,17 +200,20 @@ def test_pods_not_up_yet_are_named_by_task_and_host(monkeypatch):
 def test_on_the_ps_replica_the_same_command_serves_and_on_the_evaluator_it_never_does(
         job, monkeypatch):
     import towers.cli.cluster as cli_cluster
+    import towers.cluster.modes
+    from towers.cli.train import settings
     container = job['spec']['tfReplicaSpecs']['PS']['template']['spec']['containers'][0]
     args = build_parser().parse_args(container['command'][1:] + container['args'])
     served, lines = [], []
-    monkeypatch.setattr(cli_cluster, 'serve', lambda cluster, config, log: served.append(
+    monkeypatch.setattr(towers.cluster.modes, 'serve', lambda cluster, config, log: served.append(
         (cluster.task_type, cluster.task_index, config.device_count['CPU'])))
     ps = from_tf_config(tf_config(job, 'PS', 0))
-    assert cli_cluster.cluster_run(args, ps, lines.append) is None
+    config = settings(args, from_records=False, cluster=ps)[0]
+    assert cli_cluster.cluster_run(config, args, ps, lines.append) is None
     assert served == [('ps', 0, 1)] and lines == [
         'parameter-server mode: ps 0 serves the variables']
     evaluator = from_tf_config(tf_config(job, 'Evaluator', 0))
     with pytest.raises(ClusterError, match='^this task is the evaluator, outside the training '
                                            'cluster: it serves nothing; run towers train there'):
-        cli_cluster.cluster_run(args, evaluator, lines.append)
+        cli_cluster.cluster_run(config, args, evaluator, lines.append)
     assert len(served) == 1

@@ -21,7 +21,7 @@ from towers.cli.datasets import (
     load_dataset,
 )
 from towers.deviceplan import local_plan
-from towers.devices import resolve_devices, resolve_param_device
+from towers.distribution import Run
 from towers.errors import SettingError
 from towers.inputs import check_augment
 from towers.model import ClassifierModel
@@ -40,19 +40,20 @@ def run_train(args, log):
 def _run_train(args, log):
     from_records = args.dataset.startswith(FOLDERS)
     cluster = cluster_of(args)
-    # Checked before any data is read; the devices resolved once, here.
-    config, callbacks, devices = settings(args, from_records, cluster)
+    # Checked before any data is read; the devices resolved once, here, into this process's
+    # plan: the local run's, or (in a cluster) what its precision is checked on.
+    config, callbacks, plan = settings(args, from_records, cluster)
     if cluster is not None and cluster.is_evaluator:
-        return run_evaluator(args, config.logdir, from_records, log)
-    worker, run = False, None  # a worker but the chief: trains, keeps nothing
+        return run_evaluator(args, config, plan, from_records, log)
+    worker, run = False, Run.local(config, plan)  # a worker but the chief: keeps nothing
     if cluster is not None:
         worker, run = not cluster.is_chief, cluster_run(config, args, cluster, log)
         if run is None:
             return  # this task served the chief's towers until it was stopped
         if worker:
             config, callbacks = dataclasses.replace(config, logdir=None, eval_every=0), []
-    check_compute_capability(config.precision, devices)
-    warning = slow_warning(config.precision, devices)
+    check_compute_capability(config.precision, plan.towers)
+    warning = slow_warning(config.precision, plan.towers)
     if warning:  # a teacher may want loss scaling at work all the same: not an error
         log(warning)
     input_shape, num_classes, datasets = load_data(args, from_records, log)
@@ -75,10 +76,11 @@ def _run_train(args, log):
         raise KeyboardInterrupt  # saved and stopped; exit as an interrupted command does
 
 
-def run_evaluator(args, logdir, from_records, log):
+def run_evaluator(args, config, plan, from_records, log):
     """An evaluator task: the chief's checkpoints evaluated as they come (towers/evaluator.py),
-    on the validation set the same flags hold back, else the test set."""
+    on this task's plan, on the validation set the same flags hold back, else the test set."""
     from towers.evaluator import Evaluator, wait_for_run
+    logdir = config.logdir
     if not logdir:
         raise SettingError("an evaluator task evaluates the chief's checkpoints: give it the "
                            "chief's {logdir} (a folder both can reach)")
@@ -88,11 +90,9 @@ def run_evaluator(args, logdir, from_records, log):
     split = ('validation' if datasets.validation.num_examples else 'test')
     model_fn = models.build_model(run['model'], run['input_shape'], run['num_classes'],
                                   **run.get('model_options', {}))
-    plan = local_plan(args.towers, args.param_device, devices=args.devices,
-                      logical_gpus=args.logical_gpus)
     log('evaluator: evaluating each checkpoint of %s on its %s set' % (logdir, split))
     evaluator = Evaluator(logdir, run, model_fn, (split, getattr(datasets, split)), plan,
-                          args.batch_size, args.best_metric, log=log)
+                          config.batch_size, config.best_metric, log=log)
     try:
         evaluator.run_until_done(wait)
     finally:
@@ -142,22 +142,22 @@ def _empty(like):
 
 
 def settings(args, from_records, cluster=None):
-    """(the TrainConfig of the flags, the callbacks they add, this process's tower devices);
-    SettingError for a bad one."""
+    """(the TrainConfig of the flags, the callbacks they add, the DevicePlan of this process's
+    devices, resolved once); SettingError for a bad one."""
     if cluster is None and args.cluster_mode:
         raise SettingError('{cluster_mode} needs a cluster: set TF_CONFIG, give {cluster} '
                            'FILE.json {task_type} and {task_index}, or start the tasks with srun')
-    tower_devices = resolve_devices(args.towers, args.devices,
-                                    logical_gpus=args.logical_gpus)
+    plan = local_plan(args.towers, args.param_device, args.variable_update, args.devices,
+                      logical_gpus=args.logical_gpus)
     # On a cluster the towers are per task: the chief places them (towers/cluster/).
-    config = config_from_args(args, tower_devices if cluster is None else args.towers,
-                              resolve_param_device(args.param_device, tower_devices),
+    config = config_from_args(args, list(plan.towers) if cluster is None else args.towers,
+                              plan.param_device(),
                               args.input or ('dataset' if from_records else 'feed'))
     if config.best_metric not in ('auto',) + ClassifierModel.METRICS:
         raise SettingError('{best_metric} %r is not a metric of this model; choose one of: %s',
                            config.best_metric, ', '.join(ClassifierModel.METRICS))
     check_augment(config)
-    return config, trace_callbacks(args), tower_devices
+    return config, trace_callbacks(args), plan
 
 
 def trace_callbacks(args):
