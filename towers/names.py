@@ -53,8 +53,25 @@ DEVICE_KINDS = ('cpu', 'gpu')
 # --param-device spread: the variables over the tower devices (towers/devices.py).
 SPREAD = 'spread'
 
-# --cluster-mode: how a cluster's tasks train together (towers/cluster/).
-CLUSTER_MODES = ('in-graph', 'collective', 'parameter-server')
+
+class ClusterMode(typing.NamedTuple):
+    """A --cluster-mode, and what the TensorFlow-free command line, the launcher and the
+    planning tools ask of it (its Run is the class of towers/cluster/modes.py of that name)."""
+    name: str
+    # The chief builds one graph over every task and runs it; the other tasks only serve.
+    one_graph: bool = False
+    # Each worker keeps a copy of the variables and the workers all-reduce their gradients
+    # (in buckets: --all-reduce-bucket); it has no ps tasks.
+    copy_per_worker: bool = False
+    # The variables live on ps tasks: it cannot train without one.
+    needs_ps: bool = False
+
+
+# --cluster-mode: how a cluster's tasks train together (towers/cluster/): name -> ClusterMode.
+CLUSTER_MODES = {mode.name: mode for mode in (
+    ClusterMode('in-graph', one_graph=True),
+    ClusterMode('collective', copy_per_worker=True),
+    ClusterMode('parameter-server', needs_ps=True))}
 
 # --data-service-mode: how a tf.data service's workers share out a trainer's pipeline
 # (towers/inputs/dataservice.py).

@@ -13,7 +13,7 @@ from towers.cli.datasets import (
 )
 from towers.devices import resolve_devices
 from towers.errors import SettingError
-from towers.names import INPUT_MODES, VARIABLE_UPDATES
+from towers.names import CLUSTER_MODES, INPUT_MODES, VARIABLE_UPDATES
 from towers.tools.hardware import machine
 
 
@@ -131,7 +131,8 @@ def run_cluster_bench(args, log):
         raise SettingError('{cluster_mode} times one {towers} count per task and one {input}, '
                            'without {compare}')
     bench.check_window(args.batch_size, args.warmup, args.window)
-    ps = args.ps if args.ps is not None else int(args.cluster_mode == 'parameter-server')
+    mode = CLUSTER_MODES[args.cluster_mode]
+    ps = args.ps if args.ps is not None else int(mode.needs_ps)
     common = ['--model', args.model, '--dataset', args.dataset, '--precision', precisions[0]]
     common += ['--loss-scale', args.loss_scale] if args.loss_scale is not None else []
     common += ['--image-size', str(args.image_size)] if args.image_size else []
@@ -140,7 +141,7 @@ def run_cluster_bench(args, log):
                       '--quiet', '--log-every', str(args.warmup + args.window)]
     flags += ['--threads', str(args.threads)] if args.threads else []
     flags += ['--xla'] if args.xla else []  # every run, the one process and the clusters
-    if args.cluster_mode == 'collective':
+    if mode.copy_per_worker:
         flags += ['--all-reduce-bucket', args.all_reduce_bucket]
     log('bench: %s, global batch %d, %s input, %s, %d warm-up + %d timed steps per run, '
         '%d rounds; %s mode, %d tower(s) per task%s; on %s'
@@ -160,7 +161,7 @@ def run_cluster_bench(args, log):
     rows = clusterbench.run_cluster_bench(args.cluster_mode, workers, flags, towers, ps,
                                           args.rounds, log=log)
     explained = (clusterbench.explained_bytes(workers, ps, towers, common + [
-        '--batch-size', str(args.batch_size)]) if args.cluster_mode == 'in-graph' else {})
+        '--batch-size', str(args.batch_size)]) if mode.one_graph else {})
     size = clusterbench.gradient_bytes(model_fn, info.input_shape)
     log('S = %d bytes of gradients (the model\'s trainable variables)' % size)
     for line in clusterbench.table_lines(rows, args.cluster_mode, size, explained,

@@ -12,7 +12,8 @@ from towers.names import ALL_REDUCE_BUCKET, CLUSTER_MODES
 def cluster_train_flags(train):
     """towers train on a cluster: which one, in which mode, with what timeout."""
     cluster_flags(train)
-    train.add_argument('--cluster-mode', default=DEFAULT['cluster_mode'], choices=CLUSTER_MODES,
+    train.add_argument('--cluster-mode', default=DEFAULT['cluster_mode'],
+                       choices=tuple(CLUSTER_MODES),
                        help='with a cluster (TF_CONFIG or --cluster): in-graph, the chief '
                             'builds one graph with towers on every worker task and the '
                             'variables on the ps tasks; collective, every worker its own '

@@ -69,41 +69,15 @@ def run_devices(args, log):
 def run_plan(args, log):
     """towers plan: predicted scaling over --workers, from one step timed here."""
     from towers.cluster.collective import bucket_bytes
-    from towers.cluster.emulate import parse_delay, parse_rate, parse_size
-    from towers.names import CLUSTER_MODES
+    from towers.cluster.emulate import parse_size
     from towers.precision import Precision
-    from towers.tools import bench, linkbench, plan
-    from towers.tools.explain import flops_text
-    from towers.tools.trace import check_output
-    workers = int_list(args.workers, 'workers')
-    modes = name_list(args.cluster_mode, 'cluster_mode', CLUSTER_MODES)
-    bandwidth, latency = parse_rate(args.bandwidth), parse_delay(args.latency)
+    from towers.tools import linkbench, plan
+    workers, modes, bandwidth, latency, device_flops, threads = _plan_flags(args)
     towers = args.devices_per_worker
-    if towers < 1:
-        raise SettingError('{devices_per_worker} is at least 1, got %d', towers)
-    if args.ps != 'workers' and not (args.ps.isdigit() and int(args.ps) >= 0):
-        raise SettingError('{ps} is a count of 0 or more, or "workers", not %r', args.ps)
-    if 'parameter-server' in modes and args.ps == '0':
-        raise SettingError('{cluster_mode} parameter-server needs {ps} of at least 1')
-    device_flops = plan.parse_flops(args.device_flops) if args.device_flops is not None else None
-    if args.plot:
-        check_output(args.plot, 'plot')
-    if args.gradient_bytes is not None and args.step_seconds is None:
-        raise SettingError('{gradient_bytes} goes with {step_seconds}: a model towers does not '
-                           'have cannot be timed here')
-    if args.step_seconds is not None and (device_flops is not None or args.step_seconds <= 0):
-        raise SettingError('{step_seconds} is a positive number of seconds, instead of '
-                           '{device_flops}, got %r', args.step_seconds)
-    threads = args.threads
-    if args.verify:  # refused now, before a step is timed
-        if device_flops is not None or args.step_seconds is not None or args.gradient_bytes:
-            raise SettingError("{verify} runs towers' own model, timed here: not with "
-                               '{device_flops}, {step_seconds} or {gradient_bytes}')
-        threads = threads or 1  # each task's and the one timed here: a host's cores are its own
-        linkbench.check_verify(workers, threads, latency, args.rounds)
     precision = Precision(args.precision, loss_scale(args.loss_scale))
     info = dataset_info(args)
-    model, slice_bytes = args.model, plan.slice_bytes(info.input_shape, args.batch_size)
+    model, slice_bytes, model_fn = args.model, plan.slice_bytes(info.input_shape,
+                                                                args.batch_size), None
     if args.gradient_bytes is not None:
         # Even shares over the ps tasks: its variables' sizes are not known here.
         model, sizes = 'a model of %s' % args.gradient_bytes, plan.even_sizes(
@@ -111,26 +85,7 @@ def run_plan(args, log):
     else:
         model_fn = models.build_model(args.model, info.input_shape, info.num_classes)
         sizes = plan.model_sizes(model_fn, info.input_shape)
-    # One worker's towers split its batch; each tower's share, as train splits it.
-    per_tower = -(-args.batch_size // towers)
-    if args.step_seconds is not None:
-        compute, source = args.step_seconds, 'one worker measured elsewhere: --step-seconds'
-    elif device_flops is not None:
-        flops = plan.tower_flops(model_fn, info.input_shape, info.num_classes, per_tower)
-        compute = flops / device_flops
-        source = ('%s per tower step (%d images) / %s FLOP/s'
-                  % (flops_text(flops), per_tower, args.device_flops))
-    else:
-        bench.check_window(args.batch_size, args.warmup, args.window)
-        mean, stderr = bench.measure_one_worker(model_fn, info.input_shape, info.num_classes,
-                                                towers, args.batch_size, args.warmup,
-                                                args.window, precision, threads)
-        compute = args.batch_size / mean
-        source = ('one worker timed here: %d tower(s), batch %d, %s%s: %.1f ± %.1f images/sec '
-                  'over %d steps after %d; on %s' % (
-                      towers, args.batch_size, precision.name,
-                      ', %d thread(s)' % threads if threads else '', mean, stderr,
-                      args.window, args.warmup, machine()))
+    compute, source = _plan_step(args, info, model_fn, device_flops, precision, threads)
     log('plan: %s, batch %d per worker of %d device(s); links %s each way (B = %s/s), '
         'latency a = %s' % (model, args.batch_size, towers, args.bandwidth,
                             plan.bytes_text(bandwidth), args.latency))
@@ -168,6 +123,68 @@ def run_plan(args, log):
         plan.plot_rows(rows, args.plot, '%s, batch %d per worker, %s links'
                        % (model, args.batch_size, args.bandwidth))
         log('plot: %s' % args.plot)
+
+
+def _plan_flags(args):
+    """towers plan's flags, checked before a step is timed: (worker counts, modes, bandwidth,
+    latency, device FLOP/s or None, threads)."""
+    from towers.cluster.emulate import parse_delay, parse_rate
+    from towers.names import CLUSTER_MODES
+    from towers.tools import linkbench, plan
+    from towers.tools.trace import check_output
+    workers = int_list(args.workers, 'workers')
+    modes = name_list(args.cluster_mode, 'cluster_mode', CLUSTER_MODES)
+    bandwidth, latency = parse_rate(args.bandwidth), parse_delay(args.latency)
+    towers = args.devices_per_worker
+    if towers < 1:
+        raise SettingError('{devices_per_worker} is at least 1, got %d', towers)
+    if args.ps != 'workers' and not (args.ps.isdigit() and int(args.ps) >= 0):
+        raise SettingError('{ps} is a count of 0 or more, or "workers", not %r', args.ps)
+    needs_ps = [mode for mode in modes if CLUSTER_MODES[mode].needs_ps]
+    if needs_ps and args.ps == '0':
+        raise SettingError('{cluster_mode} %s needs {ps} of at least 1', needs_ps[0])
+    device_flops = plan.parse_flops(args.device_flops) if args.device_flops is not None else None
+    if args.plot:
+        check_output(args.plot, 'plot')
+    if args.gradient_bytes is not None and args.step_seconds is None:
+        raise SettingError('{gradient_bytes} goes with {step_seconds}: a model towers does not '
+                           'have cannot be timed here')
+    if args.step_seconds is not None and (device_flops is not None or args.step_seconds <= 0):
+        raise SettingError('{step_seconds} is a positive number of seconds, instead of '
+                           '{device_flops}, got %r', args.step_seconds)
+    threads = args.threads
+    if args.verify:  # refused now, before a step is timed
+        if device_flops is not None or args.step_seconds is not None or args.gradient_bytes:
+            raise SettingError("{verify} runs towers' own model, timed here: not with "
+                               '{device_flops}, {step_seconds} or {gradient_bytes}')
+        threads = threads or 1  # each task's and the one timed here: a host's cores are its own
+        linkbench.check_verify(workers, threads, latency, args.rounds)
+    return workers, modes, bandwidth, latency, device_flops, threads
+
+
+def _plan_step(args, info, model_fn, device_flops, precision, threads):
+    """(seconds of one worker's step, where the figure comes from): --step-seconds as given,
+    FLOPs over --device-flops, or one worker's step timed here."""
+    from towers.tools import bench, plan
+    from towers.tools.explain import flops_text
+    towers = args.devices_per_worker
+    if args.step_seconds is not None:
+        return args.step_seconds, 'one worker measured elsewhere: --step-seconds'
+    # One worker's towers split its batch; each tower's share, as train splits it.
+    per_tower = -(-args.batch_size // towers)
+    if device_flops is not None:
+        flops = plan.tower_flops(model_fn, info.input_shape, info.num_classes, per_tower)
+        return flops / device_flops, ('%s per tower step (%d images) / %s FLOP/s'
+                                      % (flops_text(flops), per_tower, args.device_flops))
+    bench.check_window(args.batch_size, args.warmup, args.window)
+    mean, stderr = bench.measure_one_worker(model_fn, info.input_shape, info.num_classes,
+                                            towers, args.batch_size, args.warmup,
+                                            args.window, precision, threads)
+    return args.batch_size / mean, (
+        'one worker timed here: %d tower(s), batch %d, %s%s: %.1f ± %.1f images/sec over %d '
+        'steps after %d; on %s' % (towers, args.batch_size, precision.name,
+                                   ', %d thread(s)' % threads if threads else '', mean, stderr,
+                                   args.window, args.warmup, machine()))
 
 
 def run_convert(args, log):

@@ -15,7 +15,7 @@ from towers.deviceplan import local_plan
 from towers.devices import parse_device, task_gpus
 from towers.errors import SettingError
 from towers.logicalgpus import logical_gpu_line
-from towers.names import DEVICE_KINDS, INPUT_MODES
+from towers.names import CLUSTER_MODES, DEVICE_KINDS, INPUT_MODES
 from towers.precision import Precision
 from towers.tools import explain, planonly
 
@@ -29,7 +29,8 @@ def run_explain(args, log):
     if args.plan_only:
         return _plan_only(args, log, model_fn, info, precision)
     mode = INPUT_MODES[args.input or 'feed']
-    if args.gpus_per_worker or args.cluster_mode != 'in-graph' or mode.stages or mode.tf_data:
+    if (args.gpus_per_worker or not CLUSTER_MODES[args.cluster_mode].one_graph or mode.stages
+            or mode.tf_data):
         raise SettingError('{gpus_per_worker}, {cluster_mode} and {input} staging or dataset '
                            'go with {plan_only}: explain runs one real step in-graph on this '
                            'machine')

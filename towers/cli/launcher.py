@@ -8,6 +8,7 @@ import argparse
 
 from towers.cluster import emulate, launch
 from towers.cluster.spec import ClusterError
+from towers.names import CLUSTER_MODES
 
 
 def run_launch(args, log):
@@ -19,9 +20,9 @@ def run_launch(args, log):
                            '--workers 2 -- train ...')
     if args.workers < 1 or args.ps < 0:
         raise ClusterError('towers launch needs {workers} of at least 1 and {ps} of 0 or more')
-    mode = _train_flags(command).cluster_mode or 'in-graph'
+    mode = CLUSTER_MODES[_train_flags(command).cluster_mode or 'in-graph']
     tasks = [('worker', i, launch.towers_command(*command),
-              mode == 'in-graph' and i > 0 and command[0] == 'train')
+              mode.one_graph and i > 0 and command[0] == 'train')
              for i in range(args.workers)]
     tasks += [('ps', i, launch.towers_command('server', *_server_flags(command)), True)
               for i in range(args.ps)]

@@ -65,7 +65,7 @@ def bench_parser(commands):
                        help='with --compare: draw images/sec against towers (needs matplotlib)')
     precision_flags(bench, several=True)
     cluster = bench.add_argument_group('across processes (towers launch on this machine)')
-    cluster.add_argument('--cluster-mode', default=None, choices=CLUSTER_MODES,
+    cluster.add_argument('--cluster-mode', default=None, choices=tuple(CLUSTER_MODES),
                          help='time clusters of --workers local processes in this mode, each '
                               'against one process with the same towers (--towers per task)')
     cluster.add_argument('--workers', default='1,2',
@@ -189,7 +189,7 @@ def explain_parser(commands):
                           help='with --plan-only: plan each task (with --workers), or this '
                                'one process, with G GPUs; more towers than G split them into '
                                'logical GPUs (default: 0, virtual CPUs)')
-    planning.add_argument('--cluster-mode', default='in-graph', choices=CLUSTER_MODES,
+    planning.add_argument('--cluster-mode', default='in-graph', choices=tuple(CLUSTER_MODES),
                           help='with --plan-only --workers: the mode to plan (default: '
                                'in-graph; without --plan-only explain runs in-graph only)')
     explain.add_argument('--json', action='store_true', help='the report as JSON')

@@ -29,6 +29,7 @@ import sys
 import tensorflow as tf
 
 from towers.errors import TowersError
+from towers.names import CLUSTER_MODES
 from towers.tools.bench import mean_stderr
 from towers.tools.explain import bytes_text
 from towers.tools.plan import bytes_between_tasks, model_sizes
@@ -45,11 +46,12 @@ def gradient_bytes(model_fn, input_shape):
 
 def between_tasks(mode, workers, size, explained=None, towers=1, ps=0):
     """Bytes sent between tasks per step, and how they are known."""
-    if workers == 1 and mode == 'collective':
+    facts = CLUSTER_MODES[mode]
+    if workers == 1 and facts.copy_per_worker:
         return 0, 'one task'
-    if mode == 'in-graph':
+    if facts.one_graph:
         return explained, 'counted by explain'
-    how = 'ring: 2(n-1)/n*S per worker' if mode == 'collective' else \
+    how = 'ring: 2(n-1)/n*S per worker' if facts.copy_per_worker else \
         'per worker: S read, S pushed'
     return bytes_between_tasks(mode, workers, [size], towers, ps), how
 
@@ -67,8 +69,8 @@ def run_cluster_bench(mode, worker_counts, train_flags, towers=1, ps=0, rounds=3
     Returns:
       list of dicts: config, workers, mean, stderr, vs_one_process.
     """
-    if mode == 'parameter-server' and ps < 1:
-        raise TowersError('{cluster_mode} parameter-server needs {ps} of at least 1')
+    if CLUSTER_MODES[mode].needs_ps and ps < 1:
+        raise TowersError('{cluster_mode} %s needs {ps} of at least 1' % mode)
     if rounds < 2:
         raise TowersError('{rounds} must be at least 2 for a standard error')
     configs = []

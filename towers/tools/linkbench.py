@@ -24,6 +24,7 @@ from towers.cluster.collective import bucket_bytes
 from towers.cluster.emulate import has_netem, parse_link, unavailable
 from towers.config import TrainConfig
 from towers.errors import SettingError, TowersError
+from towers.names import CLUSTER_MODES
 from towers.tools import clusterbench, plan
 from towers.tools.bench import mean_stderr, measure_one_worker
 from towers.tools.explain import bytes_text
@@ -69,8 +70,11 @@ def run_link_bench(mode, worker_counts, train_flags, model_fn, input_shape, num_
       from one round) of the step, and tasks: [(task, planned sent, planned received,
       measured sent, measured received)].
     """
-    if mode == 'parameter-server' and ps < 1:
-        raise TowersError('{cluster_mode} parameter-server needs {ps} of at least 1')
+    facts = CLUSTER_MODES[mode]
+    if facts.needs_ps and ps < 1:
+        raise TowersError('{cluster_mode} %s needs {ps} of at least 1' % mode)
+    if facts.copy_per_worker:  # no ps tasks
+        ps = 0
     if rounds < 1:
         raise TowersError('{rounds} must be at least 1')
     bandwidth, latency = parse_link(link)
@@ -78,7 +82,7 @@ def run_link_bench(mode, worker_counts, train_flags, model_fn, input_shape, num_
     if reason:
         raise TowersError('{emulate_link}: %s' % reason)
     sizes = plan.model_sizes(model_fn, input_shape)
-    overlap = bucket_bytes(bucket, sizes) if mode == 'collective' else 0
+    overlap = bucket_bytes(bucket, sizes) if facts.copy_per_worker else 0
     planned = {}
     for n in worker_counts:
         per_worker = batch_size // n
@@ -88,15 +92,14 @@ def run_link_bench(mode, worker_counts, train_flags, model_fn, input_shape, num_
                                                    per_worker, warmup, window,
                                                    threads=threads)[0]
         planned[n] = plan.predict(mode, [n], step, per_worker, sizes, bandwidth, latency,
-                                  towers, ps if mode != 'collective' else 0,
+                                  towers, ps,
                                   plan.slice_bytes(input_shape, per_worker), overlap)[0]
         log('%s, %d worker(s): one worker\'s step (%d tower(s), batch %d) %.4f s here; planned '
             'step %.4f s' % (mode, n, towers, per_worker, step, planned[n]['step_s']))
     runs = {n: [] for n in worker_counts}
     for round_index in range(rounds):
         for n in worker_counts:
-            command = ['launch', '--workers', str(n), '--ps', str(ps if mode != 'collective'
-                                                                  else 0),
+            command = ['launch', '--workers', str(n), '--ps', str(ps),
                        '--emulate-link', link, '--grace', '5', '--', 'train',
                        '--cluster-mode', mode, '--towers', str(towers)] + list(train_flags) + [
                 '--log-every', '1']
@@ -185,10 +188,11 @@ def verify_plan(modes, worker_counts, common, model_fn, input_shape, num_classes
     rows = []
     for mode in modes:
         for n in worker_counts:
-            tasks = 0 if mode == 'collective' else n if ps == 'workers' else ps
+            all_reduce = CLUSTER_MODES[mode].copy_per_worker
+            tasks = 0 if all_reduce else n if ps == 'workers' else ps
             rows += run_link_bench(
                 mode, [n], flags + ['--batch-size', str(n * batch)] + (
-                    ['--all-reduce-bucket', bucket] if mode == 'collective' else []),
+                    ['--all-reduce-bucket', bucket] if all_reduce else []),
                 model_fn, input_shape, num_classes, n * batch, link, towers, tasks, rounds,
                 log=log, bucket=bucket, threads=threads, compute=compute)
     return rows

@@ -61,6 +61,7 @@ from towers.cluster.emulate import SCALES
 from towers.deviceplan import local_plan
 from towers.errors import SettingError
 from towers.model import ClassifierModel
+from towers.names import CLUSTER_MODES
 from towers.spread import LeastLoaded
 from towers.tools.explain import bytes_text, op_flops
 from towers.tools.trace import pyplot_for, save_png
@@ -110,7 +111,11 @@ def communication(mode, workers, sizes, bandwidth, latency, towers=1, ps=0, inpu
       input_bytes: I, one worker's slice of the batch (in-graph: fed by the chief).
     """
     n, g, size, b, a = workers, towers, sum(sizes), bandwidth, latency
-    if mode == 'collective':
+    if mode not in CLUSTER_MODES:
+        raise SettingError('{cluster_mode} is in-graph, collective or parameter-server, not %r',
+                           mode)
+    facts = CLUSTER_MODES[mode]
+    if facts.copy_per_worker:  # the workers' ring all-reduce
         if n == 1:
             return 0.0, 'one worker: nothing crosses the network'
         buffers = max(1, math.ceil(size / BUFFER_BYTES))
@@ -118,14 +123,11 @@ def communication(mode, workers, sizes, bandwidth, latency, towers=1, ps=0, inpu
         seconds = moved / b + 2 * (n - 1) * a * (buffers + 1)
         return seconds, '2(N-1)/N*S/B + 2(N-1)*a*(buffers+1) = %s/B + %d*a' % (
             bytes_text(moved), 2 * (n - 1) * (buffers + 1))
-    if mode not in ('parameter-server', 'in-graph'):
-        raise SettingError('{cluster_mode} is in-graph, collective or parameter-server, not %r',
-                           mode)
-    if mode == 'parameter-server' and ps < 1:
-        raise SettingError('{cluster_mode} parameter-server needs {ps} of at least 1')
+    if facts.needs_ps and ps < 1:
+        raise SettingError('{cluster_mode} %s needs {ps} of at least 1', mode)
     # Without ps tasks (in-graph only) the chief holds every variable and reads its own.
     shard = max(shard_bytes(sizes, ps)) if ps else size
-    if mode == 'parameter-server':  # each worker's one read and one push
+    if not facts.one_graph:  # a worker's graph of its own: its one read and one push
         pull = push = max(size, n * shard)
         seconds = (pull + push) / b + 4 * a
         return seconds, '2*max(S, N*S_p)/B + 4a = (%s + %s)/B + 4a' % (bytes_text(pull),
@@ -159,11 +161,12 @@ def task_bytes(mode, workers, sizes, towers=1, ps=0, input_bytes=0):
     """
     n, g, size = workers, towers, sum(sizes)
     names = ['worker %d' % k for k in range(n)] + ['ps %d' % p for p in range(ps)]
-    if mode == 'collective':
+    facts = CLUSTER_MODES[mode]
+    if facts.copy_per_worker:
         ring = ring_bytes(n, size)
         return [(name, ring, ring) for name in names]
     shards = list(shard_bytes(sizes, ps)) if ps else []
-    if mode == 'parameter-server':
+    if not facts.one_graph:  # parameter-server: each worker's read and push
         return [(name, size, size) for name in names[:n]] + [
             (name, n * shard, n * shard) for name, shard in zip(names[n:], shards)]
     if ps:  # in-graph: every worker's towers read from the ps tasks and send back there
@@ -216,8 +219,9 @@ def predict(mode, worker_counts, compute, batch, sizes, bandwidth, latency, towe
     """
     rows, bandwidth = [], bandwidth / FRAMING  # what the link carries of the payload
     for n in worker_counts:
-        tasks = 0 if mode == 'collective' else n if ps == 'workers' else ps
-        if mode == 'collective' and bucket_bytes:
+        all_reduce = CLUSTER_MODES[mode].copy_per_worker
+        tasks = 0 if all_reduce else n if ps == 'workers' else ps
+        if all_reduce and bucket_bytes:
             step, network, formula = overlapped(compute, n, sizes, bandwidth, latency,
                                                 bucket_bytes)
         else:

@@ -20,6 +20,7 @@ from towers.cluster.spec import Cluster
 from towers.deviceplan import canonical_device, planned_device, uses_variable
 from towers.graph import build_training_graph
 from towers.model import ClassifierModel
+from towers.names import CLUSTER_MODES
 from towers.tools.explain import zeros_input
 from towers.tower import VARIABLE_OPS
 
@@ -39,7 +40,7 @@ def cluster_runs(mode, workers, ps=0, towers_per_task=None, gpus_per_worker=0):
     jobs = {'worker': ['planned-worker-%d:2222' % i for i in range(workers)]}
     if ps:
         jobs['ps'] = ['planned-ps-%d:2222' % i for i in range(ps)]
-    if mode == 'in-graph':
+    if CLUSTER_MODES[mode].one_graph:
         return [modes.InGraph(Cluster(jobs, 'worker', 0), towers_per_task,
                               num_gpus=gpus_per_worker)]
     return [modes.MODES[mode](Cluster(jobs, 'worker', k), towers_per_task,
