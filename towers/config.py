@@ -143,6 +143,8 @@ class TrainConfig:
     # Devices and variables (towers/devices.py, towers/variables.py).
     towers: object = None  # a tower count (per task in a cluster), device names, or None:
     # every GPU, else one CPU
+    devices: str = None  # with a count: the devices by name ('/gpu:0,/gpu:2') or a kind ('cpu':
+    # virtual CPU devices, on a GPU machine too; 'gpu')
     # Where the shared variables live: 'auto' (the towers' GPU where they are all on one GPU,
     # else /cpu:0), 'cpu' (/cpu:0, as None), 'gpu', 'spread' or a device name.
     param_device: str = 'auto'
@@ -202,6 +204,7 @@ class TrainConfig:
     # the step time, once it is known).
     cluster_mode: str = None
     cluster_timeout: float = None
+    threads: int = None  # each task's intra- and inter-op threads (None: TensorFlow's)
     all_reduce_bucket: str = None  # collective mode's buckets: a size like '4MB', 'auto', '0'
     # The tf.data service (towers/inputs/dataservice.py): its dispatcher's HOST:PORT (None:
     # the pipeline runs here), how its workers share the pipeline out, and the name of the job

@@ -49,7 +49,7 @@ class Run:
         once already (the command line's); None: resolved here, from config.towers."""
         if plan is None:
             plan = local_plan(config.towers, config.param_device, config.variable_update,
-                              logical_gpus=config.logical_gpus)
+                              config.devices, logical_gpus=config.logical_gpus)
         return cls(plan.with_data_format(config.data_format).with_xla(config.xla))
 
     def build_ops(self, host):

@@ -209,11 +209,11 @@ def test_on_the_ps_replica_the_same_command_serves_and_on_the_evaluator_it_never
         (cluster.task_type, cluster.task_index, config.device_count['CPU'])))
     ps = from_tf_config(tf_config(job, 'PS', 0))
     config = settings(args, from_records=False, cluster=ps)[0]
-    assert cli_cluster.cluster_run(config, args, ps, lines.append) is None
+    assert cli_cluster.cluster_run(config, ps, lines.append) is None
     assert served == [('ps', 0, 1)] and lines == [
         'parameter-server mode: ps 0 serves the variables']
     evaluator = from_tf_config(tf_config(job, 'Evaluator', 0))
     with pytest.raises(ClusterError, match='^this task is the evaluator, outside the training '
                                            'cluster: it serves nothing; run towers train there'):
-        cli_cluster.cluster_run(config, args, evaluator, lines.append)
+        cli_cluster.cluster_run(config, evaluator, lines.append)
     assert len(served) == 1

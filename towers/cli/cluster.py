@@ -37,9 +37,9 @@ def run_server(args, log):
     serve(cluster, server_config(cluster, args.towers, args.threads), log=log)
 
 
-def cluster_run(config, args, cluster, log):
-    """This task's run of a train command (towers/cluster/modes.py), or None once a task that
-    only serves is done."""
+def cluster_run(config, cluster, log):
+    """This task's run of a train command's TrainConfig (towers/cluster/modes.py), or None
+    once a task that only serves is done."""
     _not_the_evaluator(cluster)
     # --devices cpu: virtual CPUs, on GPU hosts too
-    return modes.cluster_run(config, cluster, args.threads, task_gpus(args.devices), log)
+    return modes.cluster_run(config, cluster, config.threads, task_gpus(config.devices), log)

@@ -52,7 +52,7 @@ def cluster_flags(parser):
     group.add_argument('--port-base', type=int, default=None, metavar='PORT',
                        help="in a SLURM step: the port of each node's first task, the next "
                             'task PORT+1, and so on (default: 8888)')
-    group.add_argument('--threads', type=int, default=None,
+    group.add_argument('--threads', type=int, default=DEFAULT['threads'],
                        help="intra- and inter-op threads of this task's server (default: "
                             "TensorFlow's choice)")
 

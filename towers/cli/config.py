@@ -62,7 +62,8 @@ def config_from_args(args, tower_devices, param_device, input_mode):
     check_xla_determinism(args)
     return TrainConfig(
         towers=tuple(tower_devices) if isinstance(tower_devices, list) else tower_devices,
-        param_device=param_device, logical_gpus=args.logical_gpus,
+        devices=args.devices, param_device=param_device, logical_gpus=args.logical_gpus,
+        threads=args.threads,
         cluster_mode=args.cluster_mode,
         cluster_timeout=args.cluster_timeout, all_reduce_bucket=args.all_reduce_bucket,
         variable_update=args.variable_update, sync_bn=args.sync_bn, input=input_mode,

@@ -19,7 +19,7 @@ def device_flags(parser):
                        help='number of towers (default: every visible GPU, or 1 CPU); '
                             'without GPUs, N virtual CPU devices /cpu:0..N-1; more than '
                             'the GPUs: each GPU split into logical GPUs, a tower on each')
-    group.add_argument('--devices', default=None,
+    group.add_argument('--devices', default=DEFAULT['devices'],
                        help='explicit comma-separated tower devices, e.g. /gpu:0,/gpu:2; or a '
                             'kind, cpu or gpu: --towers towers on that kind (cpu: virtual '
                             'CPU devices even where there are GPUs)')

@@ -47,7 +47,7 @@ def _run_train(args, log):
         return run_evaluator(args, config, plan, from_records, log)
     worker, run = False, Run.local(config, plan)  # a worker but the chief: keeps nothing
     if cluster is not None:
-        worker, run = not cluster.is_chief, cluster_run(config, args, cluster, log)
+        worker, run = not cluster.is_chief, cluster_run(config, cluster, log)
         if run is None:
             return  # this task served the chief's towers until it was stopped
         if worker:
