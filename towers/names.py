@@ -24,6 +24,11 @@ class InputMode(typing.NamedTuple):
     # It reads the dataset's images (synthetic makes random ones: nothing to augment or load).
     has_images: bool = True
 
+    @property
+    def runs_ahead(self):
+        """A loader or a pipeline makes batches ahead of the step (not for one step alone)."""
+        return self.stages or self.tf_data
+
 
 # --input: how each step's batch reaches the towers (towers/inputs/): name -> InputMode.
 INPUT_MODES = {mode.name: mode for mode in (

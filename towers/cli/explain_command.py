@@ -28,9 +28,8 @@ def run_explain(args, log):
     precision = Precision(args.precision, loss_scale(args.loss_scale))
     if args.plan_only:
         return _plan_only(args, log, model_fn, info, precision)
-    mode = INPUT_MODES[args.input or 'feed']
-    if (args.gpus_per_worker or not CLUSTER_MODES[args.cluster_mode].one_graph or mode.stages
-            or mode.tf_data):
+    if (args.gpus_per_worker or not CLUSTER_MODES[args.cluster_mode].one_graph
+            or INPUT_MODES[args.input or 'feed'].runs_ahead):
         raise SettingError('{gpus_per_worker}, {cluster_mode} and {input} staging or dataset '
                            'go with {plan_only}: explain runs one real step in-graph on this '
                            'machine')

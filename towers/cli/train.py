@@ -45,8 +45,10 @@ def _run_train(args, log):
     config, callbacks, plan = settings(args, from_records, cluster)
     if cluster is not None and cluster.is_evaluator:
         return run_evaluator(args, config, plan, from_records, log)
-    worker, run = False, Run.local(config, plan)  # a worker but the chief: keeps nothing
-    if cluster is not None:
+    worker = False  # a worker but the chief: trains, keeps nothing
+    if cluster is None:
+        run = Run.local(config, plan)
+    else:
         worker, run = not cluster.is_chief, cluster_run(config, cluster, log)
         if run is None:
             return  # this task served the chief's towers until it was stopped

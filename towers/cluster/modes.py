@@ -57,7 +57,8 @@ class InGraph(ClusterRun):
 
     @classmethod
     def check(cls, config, cluster):
-        _one_copy(config, 'on the ps tasks (or the chief)')
+        super().check(config, cluster)
+        _one_copy(cls.name, config, 'on the ps tasks (or the chief)')
 
     @classmethod
     def serves(cls, cluster):
@@ -113,7 +114,7 @@ class Collective(ClusterRun):
         return {'bucket': config.all_reduce_bucket or ALL_REDUCE_BUCKET}
 
     @classmethod
-    def check(cls, config, cluster):
+    def check(cls, config, cluster):  # its buckets are its own: not ClusterRun's refusal
         if cluster.num_ps:
             raise ClusterError('{cluster_mode} collective has no ps tasks: give the cluster '
                                'workers only, or use {cluster_mode} in-graph')
@@ -187,6 +188,7 @@ class ParameterServer(ClusterRun):
 
     @classmethod
     def check(cls, config, cluster):
+        super().check(config, cluster)
         if config.ema is not None:
             raise ClusterError('{ema} is not kept in {cluster_mode} parameter-server yet: the '
                                "averages would follow every worker's push, not each update")
@@ -194,7 +196,7 @@ class ParameterServer(ClusterRun):
             raise ClusterError('{sync_bn} pools batch norm over the towers of one process; '
                                '{cluster_mode} parameter-server does not pool it across '
                                'workers')
-        _one_copy(config, 'on the ps tasks')
+        _one_copy(cls.name, config, 'on the ps tasks')
 
     @classmethod
     def serves(cls, cluster):
@@ -241,9 +243,6 @@ def cluster_run(config, cluster, threads=None, num_gpus=None, log=print):
     has (None: as many as this one sees; 0: virtual CPUs, on GPU hosts too).
     """
     mode = MODES[config.cluster_mode or InGraph.name]
-    if config.all_reduce_bucket is not None and mode is not Collective:
-        raise ClusterError('{all_reduce_bucket} sizes the all-reduce of {cluster_mode} '
-                           'collective; %s mode has none' % mode.name)
     mode.check(config, cluster)
     if mode.serves(cluster):
         mode.serve(cluster, config, threads, num_gpus, log)
@@ -252,11 +251,10 @@ def cluster_run(config, cluster, threads=None, num_gpus=None, log=print):
                 data_format=config.data_format, xla=config.xla, **mode.options(config))
 
 
-def _one_copy(config, where):
+def _one_copy(mode, config, where):
     if config.variable_update != 'parameter_server':
         raise ClusterError('{cluster_mode} %s keeps one copy of the variables %s: leave '
-                           '{variable_update} at parameter_server'
-                           % (config.cluster_mode or InGraph.name, where))
+                           '{variable_update} at parameter_server' % (mode, where))
 
 
 def _own_towers(cluster, towers_per_task, num_gpus=None):

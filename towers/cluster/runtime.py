@@ -86,7 +86,11 @@ class ClusterRun(Run):
 
     @classmethod
     def check(cls, config, cluster):
-        """ClusterError for a setting of the TrainConfig this mode cannot train with."""
+        """ClusterError for a setting of the TrainConfig this mode cannot train with; here,
+        what only a mode that all-reduces across workers takes (which overrides it)."""
+        if config.all_reduce_bucket is not None:
+            raise ClusterError('{all_reduce_bucket} sizes the all-reduce of {cluster_mode} '
+                               'collective; %s mode has none' % cls.name)
 
     @classmethod
     def options(cls, config):

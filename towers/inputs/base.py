@@ -32,8 +32,8 @@ class InputSource:
     """Base class: the four calls, doing nothing.
 
     Attributes:
-      name: what the run's log calls this input; for the source of an --input mode, the
-        mode's name (towers.names.INPUT_MODES), whose facts the class also says:
+      name: what the run's log calls this input; the source of an --input mode takes its
+        name and these facts from its towers.names.INPUT_MODES entry:
       tf_data: its batches come from a tf.data pipeline, in tf.data's order.
       stages: a loader fills a StagingArea per tower ahead of the step.
       has_images: it reads the dataset's images (synthetic makes random ones).
@@ -51,8 +51,9 @@ class InputSource:
     def over(cls, dataset, sampler, batch_size, num_classes, seed=0, epochs=None, mean=None,
              std=None, share=None, augment=None):
         """The source of an --input mode over an in-memory DataSet (towers.inputs.make_input
-        says the arguments); a mode's class says how it is made."""
-        raise NotImplementedError
+        says the arguments): here, one fed from the DataSet in the sampler's order (feed,
+        staging); a mode made otherwise says how."""
+        return cls(dataset, sampler, augment=augment, seed=seed, share=share)
 
     def build(self, input_shape, tower_devices):
         raise NotImplementedError

@@ -30,6 +30,7 @@ from towers.deviceplan import device_kind
 from towers.errors import SettingError
 from towers.inputs.base import InputSource
 from towers.inputs.staging import past_the_end, stage
+from towers.names import INPUT_MODES
 from towers.session import input_errors
 from towers.tower import split_batch
 
@@ -68,8 +69,7 @@ class DatasetInput(InputSource):
         memory is the towers' memory: nothing to copy ahead).
     """
 
-    name = 'dataset'
-    tf_data = True
+    name, tf_data, stages, has_images = INPUT_MODES['dataset']
 
     @classmethod
     def over(cls, dataset, sampler, batch_size, num_classes, seed=0, epochs=None, mean=None,

@@ -9,6 +9,7 @@ import functools
 
 from towers.inputs.augmenting import FedAugmentation
 from towers.inputs.base import InputSource, sampled_batch
+from towers.names import INPUT_MODES
 from towers.placeholders import FedBatch
 
 
@@ -30,12 +31,7 @@ class FeedInput(FedBatch, InputSource):
         cluster worker's), cut as split_batch cuts; None: all of it.
     """
 
-    name = 'feed'
-
-    @classmethod
-    def over(cls, dataset, sampler, batch_size, num_classes, seed=0, epochs=None, mean=None,
-             std=None, share=None, augment=None):
-        return cls(dataset, sampler, augment=augment, seed=seed, share=share)
+    name, tf_data, stages, has_images = INPUT_MODES['feed']
 
     def __init__(self, dataset=None, sampler=None, batches=None, augment=None, seed=0,
                  share=None):

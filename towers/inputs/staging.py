@@ -17,6 +17,7 @@ from tensorflow.python.ops import data_flow_ops
 from towers.errors import TowersError, op_error_summary
 from towers.inputs.augmenting import FedAugmentation
 from towers.inputs.base import InputSource, sampled_batch
+from towers.names import INPUT_MODES
 from towers.tower import TowerSlice, split_batch
 
 tf1 = tf.compat.v1
@@ -74,13 +75,7 @@ class StagingInput(InputSource):
       augment, seed, share: as towers.inputs.FeedInput's.
     """
 
-    name = 'staging'
-    stages = True
-
-    @classmethod
-    def over(cls, dataset, sampler, batch_size, num_classes, seed=0, epochs=None, mean=None,
-             std=None, share=None, augment=None):
-        return cls(dataset, sampler, augment=augment, seed=seed, share=share)
+    name, tf_data, stages, has_images = INPUT_MODES['staging']
 
     def __init__(self, dataset=None, sampler=None, capacity=4, num_threads=1, batches=None,
                  augment=None, seed=0, share=None):

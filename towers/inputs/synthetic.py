@@ -5,6 +5,7 @@ No input cost at all: the upper bound for benchmarks, never a way to train.
 import tensorflow as tf
 
 from towers.inputs.base import InputSource
+from towers.names import INPUT_MODES
 from towers.tower import TowerSlice, share_of
 
 tf1 = tf.compat.v1
@@ -18,8 +19,7 @@ class SyntheticInput(InputSource):
       num_classes: labels are drawn from [0, num_classes).
     """
 
-    name = 'synthetic'
-    has_images = False
+    name, tf_data, stages, has_images = INPUT_MODES['synthetic']
 
     @classmethod
     def over(cls, dataset, sampler, batch_size, num_classes, seed=0, epochs=None, mean=None,

@@ -84,8 +84,7 @@ def explain(model_fn, input_shape, num_classes, plan, batch_size=100, input_mode
       that computed in it).
     """
     precision = Precision.of(precision)
-    mode = INPUT_MODES[input_mode]
-    if mode.stages or mode.tf_data:  # a loader or a pipeline ahead of the one step it runs
+    if INPUT_MODES[input_mode].runs_ahead:
         raise SettingError('explain runs {input} feed or synthetic (where the input comes '
                            'from changes only the input transfers), not %s', input_mode)
     source = zeros_input(input_mode, input_shape, num_classes, batch_size)

@@ -40,11 +40,9 @@ def cluster_runs(mode, workers, ps=0, towers_per_task=None, gpus_per_worker=0):
     jobs = {'worker': ['planned-worker-%d:2222' % i for i in range(workers)]}
     if ps:
         jobs['ps'] = ['planned-ps-%d:2222' % i for i in range(ps)]
-    if CLUSTER_MODES[mode].one_graph:
-        return [modes.InGraph(Cluster(jobs, 'worker', 0), towers_per_task,
-                              num_gpus=gpus_per_worker)]
+    builders = 1 if CLUSTER_MODES[mode].one_graph else workers  # in-graph: the chief's alone
     return [modes.MODES[mode](Cluster(jobs, 'worker', k), towers_per_task,
-                              num_gpus=gpus_per_worker) for k in range(workers)]
+                              num_gpus=gpus_per_worker) for k in range(builders)]
 
 
 def planned_step(model_fn, input_shape, num_classes, runs, batch_size=100, input_mode='feed',
