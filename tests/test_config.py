@@ -40,11 +40,12 @@ def test_the_defaults_are_a_valid_run():
     (dict(variable_update='ring'), "unknown variable_update 'ring'; choose one of: "
      'parameter_server, replicated, independent'),
     (dict(input='disk'), "unknown input 'disk'; choose one of: feed, staging, dataset, synthetic"),
-    (dict(optimizer='lbfgs'), "unknown optimizer 'lbfgs'; choose one of: sgd, momentum, adam"),
+    (dict(optimizer='lbfgs'),
+     "unknown optimizer 'lbfgs'; choose one of: sgd, momentum, adam, lars"),
     (dict(learning_rate=0), 'learning_rate must be positive, got 0'),
     (dict(warmup_epochs=-1), 'warmup_epochs must be 0 or more, got -1'),
     (dict(lr_schedule='cosine:x'), "lr_schedule wants constant, piecewise:EPOCH=LR,..., "
-     "exponential:FACTOR,EPOCHS or cosine[:EPOCHS], got 'cosine:x'"),
+     "exponential:FACTOR,EPOCHS, cosine[:EPOCHS] or poly[:POWER[,END]], got 'cosine:x'"),
     (dict(mean=[0.5]), 'mean and std go together'),
     (dict(mean=[0.5], std=[0.2]), 'mean/std normalise in the tf.data pipeline: use them with '
      'input dataset'),

@@ -58,7 +58,7 @@ def test_each_kept_checkpoint_once_with_the_numbers_towers_eval_gives(trained, t
         assert [json.loads(line) for line in f] == written
     assert lines[-1] == "evaluator: the last step's checkpoint (4) is evaluated; done"
     assert main(['eval', '--logdir', logdir, '--batch-size', '20', '--devices', 'cpu']) == 0
-    metrics = {name: written[-1][name] for name in ('loss', 'accuracy')}
+    metrics = {name: written[-1][name] for name in ('loss', 'accuracy', 'top5')}
     assert 'test: %s (%d images)' % (format_metrics(metrics), written[-1]['examples']) \
         in capsys.readouterr().out
     with open(os.path.join(logdir, EVAL_DIR, 'best', 'best.json')) as f:

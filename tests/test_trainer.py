@@ -129,8 +129,8 @@ def test_epochs_run_exactly_the_computed_steps_on_two_towers():
     assert sets.train.batches == 4
     assert 'training 4 steps on 2 tower(s) /cpu:0,/cpu:1, global batch 30, feed input' in lines
     assert result['checkpoint'] is None
-    assert lines[-1] == 'test: loss %.4f accuracy %.4f (37 images)' % (
-        result['test_loss'], result['test_accuracy'])
+    assert lines[-1] == 'test: loss %.4f accuracy %.4f top5 %.4f (37 images)' % (
+        result['test_loss'], result['test_accuracy'], result['test_top5'])
 
 
 def test_steps_override_epochs():

@@ -59,6 +59,7 @@ _NON_NEGATIVE = (lambda v: _is_number(v) and v >= 0), 'must be 0 or more'
 # the names a choice takes.
 RULES = {
     'batch_size': _at_least(1),
+    'accumulate': _at_least(1),
     'steps': _optional(_at_least(1)),
     'epochs': _POSITIVE,
     'steps_per_epoch': _optional(_at_least(1)),
@@ -166,6 +167,9 @@ class TrainConfig:
     # The data (towers/inputs/).
     input: str = 'feed'
     batch_size: int = 100
+    # Towers in time: each tower's slice in this many micro-batches, one after another in a
+    # step, their gradients summed before the one apply (towers/tower.py micro_slices).
+    accumulate: int = 1
     seed: int = 0  # graph seed and data order, saved with every checkpoint
     mean: tuple = None  # per-channel normalisation, --input dataset only
     std: tuple = None
@@ -188,6 +192,10 @@ class TrainConfig:
     clip_norm: float = None
     freeze: str = None  # regex of variables not to train
     ema: float = None  # decay of the weights' moving average, used to evaluate and export
+    # Fine-tuning (towers/initfrom.py): a new run's model variables from this logdir or
+    # checkpoint where names and shapes match, its names renamed by 'OLD=NEW' regex rules.
+    init_from: str = None
+    init_map: tuple = None
     # What the run keeps and says (towers/callbacks/).
     logdir: str = None
     checkpoint_every: int = 500
@@ -214,7 +222,7 @@ class TrainConfig:
     data_service_job: str = None
 
     def __post_init__(self):
-        for name in ('towers', 'mean', 'std'):
+        for name in ('towers', 'mean', 'std', 'init_map'):
             value = getattr(self, name)
             if isinstance(value, list):  # a frozen config holds tuples
                 object.__setattr__(self, name, tuple(value))
@@ -228,6 +236,9 @@ class TrainConfig:
         self.schedule()  # the schedule's own one-line errors
         if self.freeze is not None:
             check_pattern(self.freeze, '{freeze}')
+        if self.init_map and self.init_from is None:
+            raise SettingError('{init_map} renames the names of {init_from}\'s checkpoint: give '
+                               '{init_from} too')
 
     def _check_pairs(self):
         if (self.mean is None) != (self.std is None):

@@ -30,6 +30,8 @@ class TowerContext:
 
     # The collective group the towers of one step form (--sync-bn).
     GROUP_KEY = 1
+    # Micro-batch k's batch norms (--accumulate) meet under keys from k * KEYS_PER_MICRO on.
+    KEYS_PER_MICRO = 1000000
 
     def __init__(self, mode, index, num_towers, count, weight, sync_bn=False):
         if mode not in (TRAIN, EVAL):
@@ -38,6 +40,18 @@ class TowerContext:
         self.count, self.weight = count, weight
         self.sync_bn = sync_bn and mode == TRAIN
         self._collectives = 0
+        self.micro_batch = None
+
+    def micro(self, k, count, share):
+        """The context of this tower's micro-batch k (--accumulate): its count, and its
+        share of the slice times the tower's weight (what its gradient is weighted by);
+        its batch norms pool with the other towers' micro-batch k."""
+        weight = share if isinstance(self.weight, (int, float)) and self.weight == 1 \
+            else self.weight * share
+        context = TowerContext(self.mode, self.index, self.num_towers, count, weight,
+                               self.sync_bn)
+        context.micro_batch, context._collectives = k, k * self.KEYS_PER_MICRO
+        return context
 
     @property
     def training(self):
@@ -47,8 +61,9 @@ class TowerContext:
         return self.training
 
     def __repr__(self):
-        return 'TowerContext(%s, tower %d of %d%s)' % (
-            self.mode, self.index, self.num_towers, ', sync_bn' if self.sync_bn else '')
+        return 'TowerContext(%s, tower %d of %d%s%s)' % (
+            self.mode, self.index, self.num_towers, ', sync_bn' if self.sync_bn else '',
+            '' if self.micro_batch is None else ', micro-batch %d' % self.micro_batch)
 
     def next_collective_keys(self):
         """Collective instance keys (forward, backward) of the next pooled batch norm.

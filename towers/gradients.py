@@ -11,7 +11,8 @@ once per tower) and gradient processors (towers/processors.py).
 import tensorflow as tf
 
 from towers.errors import GradientError
-from towers.tower import tower_update_ops
+
+tf1 = tf.compat.v1
 
 
 def check_same_variables(tower_variables, name=None):
@@ -157,3 +158,12 @@ def build_train_op(towers, optimizer, global_step, weight_decay=None, processors
     apply_op = optimizer.apply_gradients(grads, global_step=global_step)
     # Batch-norm moving averages from tower 0 only: once per step, not N times.
     return tf.group(apply_op, *tower_update_ops(towers[0]), name='train_op'), grads
+
+
+def tower_update_ops(tower):
+    """The UPDATE_OPS (batch-norm moving averages) built by one tower.
+
+    Only tower 0's are run, once per step, as tf_cnn_benchmarks does: running
+    every tower's would move the averages N times per step.
+    """
+    return tf1.get_collection(tf1.GraphKeys.UPDATE_OPS, scope=tower.scope)

@@ -83,7 +83,7 @@ def weighted_metrics(towers):
 
 def build_training_graph(model, plan, seed=None, source=None, learning_rate=1e-3,
                          steps_per_epoch=1, ema_decay=None, finalize=True, strategy=None,
-                         sync_bn=False, precision=None, total_steps=None):
+                         sync_bn=False, precision=None, total_steps=None, accumulate=1):
     """Build a fresh tf.Graph with training and evaluation towers.
 
     Args:
@@ -109,6 +109,9 @@ def build_training_graph(model, plan, seed=None, source=None, learning_rate=1e-3
       precision: a towers.precision.Precision or its name ('fp32', 'bf16',
         'fp16'): what the towers compute in, over float32 variables, and the
         loss scaling; None: float32.
+      accumulate: K, each training tower's slice in K micro-batches one after
+        another, their gradients summed (towers/tower.py micro_slices): the
+        same update in about 1/K of the activations' memory.
     Returns:
       A TrainGraph.
     """
@@ -135,7 +138,8 @@ def build_training_graph(model, plan, seed=None, source=None, learning_rate=1e-3
                           for i, o in enumerate(optimizers)]
         towers = build_towers_from_slices(model.tower_loss, slices, plan,
                                           optimizer=optimizers[0], training=True,
-                                          sync_bn=sync_bn, precision=precision)
+                                          sync_bn=sync_bn, precision=precision,
+                                          accumulate=accumulate)
         decay = model.weight_decay()
         train_op, applied = strategy.build_train_op(towers, optimizers, global_step, decay,
                                                     model.gradient_processors())

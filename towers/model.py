@@ -15,7 +15,8 @@ import tensorflow as tf
 from towers import processors
 from towers.config import CLASSIFIER_SETTINGS, TrainConfig, check
 from towers.errors import SettingError, TowersError
-from towers.tower import tower_loss
+from towers.lars import LARSOptimizer
+from towers.tower import TOP_K, tower_loss
 
 tf1 = tf.compat.v1
 
@@ -28,16 +29,20 @@ DECAY_PATTERNS = {
 }
 
 
-def make_optimizer(name, learning_rate, momentum=0.9):
-    """A tf.compat.v1 optimizer by name: 'sgd', 'momentum' or 'adam'.
+def make_optimizer(name, learning_rate, momentum=0.9, weight_decay=0.0, decay_pattern=r'.'):
+    """A tf.compat.v1 optimizer by name: 'sgd', 'momentum', 'adam' or 'lars'.
 
     learning_rate may be a float or a scalar tensor (a schedule, towers/schedules.py).
+    weight_decay, decay_pattern: LARS decays (and scales) the variables the pattern finds
+    itself (towers/lars.py); the others' decay is the trainer's (WeightDecay).
     """
     check('optimizer', name)
     if name == 'sgd':
         return tf1.train.GradientDescentOptimizer(learning_rate)
     if name == 'momentum':
         return tf1.train.MomentumOptimizer(learning_rate, momentum)
+    if name == 'lars':
+        return LARSOptimizer(learning_rate, momentum, weight_decay, decay_pattern)
     return tf1.train.AdamOptimizer(learning_rate)
 
 
@@ -166,7 +171,8 @@ class ClassifierModel(ModelDesc):
         before the model. None: none.
     """
 
-    METRICS = ('loss', 'accuracy')  # what evaluation reports, and --best-metric chooses from
+    # What evaluation reports, and --best-metric chooses from (top5 with more than 5 classes).
+    METRICS = ('loss', 'accuracy', 'top%d' % TOP_K)
 
     def __init__(self, model_fn, input_shape, num_classes, optimizer='adam', momentum=0.9,
                  weight_decay=0.0, decay_pattern='weights', clip_norm=None, freeze=None,
@@ -176,8 +182,10 @@ class ClassifierModel(ModelDesc):
         decay_pattern = DECAY_PATTERNS.get(decay_pattern, decay_pattern)
         self._input_shape = tuple(input_shape)
         self._optimizer, self._momentum = check('optimizer', optimizer), momentum
-        self._decay = processors.WeightDecay(weight_decay, decay_pattern) if weight_decay \
-            else None
+        # LARS takes the decay into its trust ratio: its own, not added to the gradients.
+        self._weight_decay, self._decay_pattern = weight_decay, decay_pattern
+        self._decay = processors.WeightDecay(weight_decay, decay_pattern) \
+            if weight_decay and optimizer != 'lars' else None
         self._processors = []
         if freeze:
             self._processors.append(processors.FreezeVariables(freeze))
@@ -212,7 +220,8 @@ class ClassifierModel(ModelDesc):
         return tower_loss(self.model_fn, images, labels, count, training, self.label_smoothing)
 
     def optimizer(self, learning_rate):
-        return make_optimizer(self._optimizer, learning_rate, self._momentum)
+        return make_optimizer(self._optimizer, learning_rate, self._momentum,
+                              self._weight_decay, self._decay_pattern)
 
     def gradient_processors(self):
         return list(self._processors)

@@ -38,10 +38,10 @@ INPUT_MODES = {mode.name: mode for mode in (
     InputMode('synthetic', has_images=False))}
 
 # --optimizer (towers/model.py make_optimizer).
-OPTIMIZERS = ('sgd', 'momentum', 'adam')
+OPTIMIZERS = ('sgd', 'momentum', 'adam', 'lars')
 
 # --lr-schedule kinds (towers/schedules.py).
-SCHEDULES = ('constant', 'piecewise', 'exponential', 'cosine')
+SCHEDULES = ('constant', 'piecewise', 'exponential', 'cosine', 'poly')
 
 # --augment: how training images are varied (towers/data/augment.py); evaluation always takes
 # the centre view.

@@ -19,6 +19,8 @@ from towers.names import INPUT_MODES
 HE_2016 = 'He et al. 2016, Deep Residual Learning for Image Recognition'
 TF_CNN_BENCHMARKS = 'tensorflow/benchmarks tf_cnn_benchmarks'
 NVIDIA_RN50 = 'NVIDIA DeepLearningExamples TensorFlow/Classification/ConvNets resnet50v1.5'
+MLPERF_RN50 = ('MLPerf training v1.0 ResNet-50 reference, mlcommons/training '
+               'image_classification/tensorflow2')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,6 +123,24 @@ RECIPES = {recipe.name: recipe for recipe in (
     }, published=(Published('resnet50', 'imagenet', 0.7701,
                             NVIDIA_RN50 + ' README: 90 epochs, TF32, 8x A100 (v1.5, as '
                                           "towers' resnet50)"),)),
+    Recipe('mlperf-resnet50-lars', MLPERF_RN50 + ' with LARS, batch 4096 (TPU v3-64)', {
+        'batch_size': Setting(4096, 'README_tensorflow2.md: --batch_size=4096'),
+        'epochs': Setting(42, 'README_tensorflow2.md: --train_epochs=42'),
+        'optimizer': Setting('lars', 'README_tensorflow2.md: --optimizer=LARS (eta 0.001, '
+                                     'lars_optimizer.py)'),
+        'momentum': Setting(0.9, 'README_tensorflow2.md: --momentum=0.9'),
+        'lr': Setting(_scaled(10.0, 4096), 'lars_util.py: 10.0 below batch 16384, scaled '
+                                           'linearly (the reference sets 8.5 at 2048 by hand)'),
+        'lr_schedule': Setting('poly:2,0.0001', 'lars_util.py: polynomial decay, power 2, to '
+                                                '0.0001'),
+        'warmup_epochs': Setting(5, 'README_tensorflow2.md: --warmup_epochs=5'),
+        'weight_decay': Setting(2e-4, 'README_tensorflow2.md: --weight_decay=0.0002, in LARS'),
+        'decay_on': Setting('weights', "lars_optimizer.py skip_list: not batch norm or biases"),
+        'label_smoothing': Setting(0.1, 'README_tensorflow2.md: --label_smoothing=0.1'),
+        'augment': Setting('inception', 'imagenet_preprocessing.py: a random crop of the '
+                                        'bounding box, flipped'),
+    }, published=(Published('resnet50', 'imagenet', 0.759,
+                            MLPERF_RN50 + ' README: the quality target it trains to'),)),
 )}
 
 
@@ -178,8 +198,9 @@ def _shown(value):
     return '%g' % value if isinstance(value, float) else '%s' % (value,)
 
 
-def published_line(recipe_name, model, dataset, num_classes, accuracy):
-    """The line that sets a run's test accuracy beside the recipe's published figure."""
+def published_line(recipe_name, model, dataset, num_classes, accuracy, top5=None):
+    """The line that sets a run's test accuracy (top-1; its top-5 beside it where the model
+    has more than 5 classes) beside the recipe's published figure."""
     recipe = RECIPES[recipe_name]
     kind = dataset.split(':', 1)[0]
     data = dataset
@@ -190,9 +211,11 @@ def published_line(recipe_name, model, dataset, num_classes, accuracy):
             if accuracy is None:
                 return 'recipe %s: no test accuracy to set beside the published %.4f (%s)' % (
                     recipe.name, figure.accuracy, figure.source)
-            return ('recipe %s: test accuracy %.4f against the published %.4f for %s on %s '
-                    '(%s): %+.4f' % (recipe.name, accuracy, figure.accuracy, model, data,
-                                     figure.source, accuracy - figure.accuracy))
+            return ('recipe %s: test accuracy %.4f%s against the published %.4f for %s on %s '
+                    '(%s): %+.4f' % (recipe.name, accuracy,
+                                     '' if top5 is None else ' (top-5 %.4f)' % top5,
+                                     figure.accuracy, model, data, figure.source,
+                                     accuracy - figure.accuracy))
     known = ', '.join('%s %.4f on %s' % (f.model, f.accuracy, f.dataset)
                       for f in recipe.published)
     return 'recipe %s: no published figure for %s on %s (the recipe\'s: %s)' % (

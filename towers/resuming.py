@@ -33,10 +33,12 @@ def resume(sess, logdir, graph, saved, unscaled, data_order, log):
         for a checkpoint of another precision, or None.
       data_order: the run's towers.dataorder.DataOrder, checked against the checkpoint's.
       log: callable taking one line.
+    Returns:
+      Whether a checkpoint was restored.
     """
     latest, newest = checkpoints.to_restore(logdir) if logdir else (None, None)
     if not latest:
-        return
+        return False
     fresh = checkpoints.restore(sess, graph.saver, latest, saved,
                                 advice='move it away to resume from an older one, or use '
                                        'another {logdir}', optional=unscaled)
@@ -53,3 +55,4 @@ def resume(sess, logdir, graph, saved, unscaled, data_order, log):
     if fresh:
         log('%s holds no dynamic loss scale (trained in another precision, or with a fixed '
             'scale): the scale starts at %g' % (latest, graph.precision.scaling[1]))
+    return True

@@ -12,6 +12,9 @@ From the command line (`--lr 0.1 --lr-schedule SPEC --warmup-epochs W`):
   cosine[:EPOCHS]               half a cosine from the rate down to 0 over EPOCHS (default: the
                                 whole run), after the warm-up (Loshchilov & Hutter 2017, as
                                 NVIDIA's ResNet-50 v1.5)
+  poly[:POWER[,END]]            (1 - t)^POWER from the rate down to END (default 2 and 0) over
+                                the run after the warm-up, as MLPerf's ResNet-50 with LARS
+                                (power 2, END 0.0001)
 --warmup-epochs W ramps the rate up linearly over the first W epochs (Goyal
 et al. 2017), in front of any schedule.
 """
@@ -39,11 +42,12 @@ class LearningRate:
       points: piecewise: [(epoch, rate)] in increasing epoch order.
       factor, every: exponential: multiply by factor every `every` epochs.
       length: cosine: the epochs it decays over, None for the whole run (build's total_steps).
+      power, end: poly: the polynomial's power and the rate it ends at.
       warmup_epochs: linear ramp from base/warmup_steps to base over this many epochs.
     """
 
     def __init__(self, base, kind='constant', points=(), factor=None, every=None,
-                 warmup_epochs=0.0, length=None):
+                 warmup_epochs=0.0, length=None, power=2.0, end=0.0):
         if not (base > 0 and math.isfinite(base)):
             raise SettingError('{learning_rate} must be positive, got %g', base)
         if not (warmup_epochs >= 0 and math.isfinite(warmup_epochs)):
@@ -53,14 +57,14 @@ class LearningRate:
                                ', '.join(SCHEDULES))
         self.base, self.kind, self.points = float(base), kind, list(points)
         self.factor, self.every, self.warmup_epochs = factor, every, float(warmup_epochs)
-        self.length = length
+        self.length, self.power, self.end = length, power, end
 
     @classmethod
     def parse(cls, base, spec='constant', warmup_epochs=0.0):
         """A LearningRate from the --lr-schedule text; SettingError naming what is wrong."""
         kind, _, args = (spec or 'constant').partition(':')
         usage = ('{lr_schedule} wants constant, piecewise:EPOCH=LR,..., '
-                 'exponential:FACTOR,EPOCHS or cosine[:EPOCHS], got %r')
+                 'exponential:FACTOR,EPOCHS, cosine[:EPOCHS] or poly[:POWER[,END]], got %r')
         try:
             if kind == 'constant' and not args:
                 return cls(base, warmup_epochs=warmup_epochs)
@@ -82,6 +86,12 @@ class LearningRate:
                     raise SettingError(usage + ': its EPOCHS must pass the warm-up\'s %g',
                                        spec, warmup_epochs)
                 return cls(base, 'cosine', length=length, warmup_epochs=warmup_epochs)
+            if kind == 'poly' and len(numbers) <= 2:
+                power, end = (numbers + [2.0, 0.0][len(numbers):])
+                if not power > 0 or not 0 <= end < base:
+                    raise SettingError(usage + ': POWER must be positive and END lie in [0, the '
+                                       'rate)', spec)
+                return cls(base, 'poly', power=power, end=end, warmup_epochs=warmup_epochs)
             if kind == 'exponential':
                 factor, every = (float(v) for v in args.split(','))
                 if not 0 < factor or not every > 0:
@@ -110,8 +120,8 @@ class LearningRate:
                 rate = tf1.train.exponential_decay(
                     self.base, step, _steps(self.every, steps_per_epoch), self.factor,
                     staircase=True)
-            elif self.kind == 'cosine':
-                rate = self._cosine(step, steps_per_epoch, total_steps)
+            elif self.kind in ('cosine', 'poly'):
+                rate = self._decay(step, steps_per_epoch, total_steps)
             else:
                 rate = tf.constant(self.base)
             warmup_steps = _steps(self.warmup_epochs, steps_per_epoch)
@@ -120,18 +130,22 @@ class LearningRate:
                 rate = rate * ramp
             return tf.identity(tf.cast(rate, tf.float32), name='value')
 
-    def _cosine(self, step, steps_per_epoch, total_steps):
-        """TensorFlow's cosine_decay from the end of the warm-up to the end of its length."""
+    def _decay(self, step, steps_per_epoch, total_steps):
+        """TensorFlow's cosine_decay or polynomial_decay from the end of the warm-up to the end
+        of its length."""
         import tensorflow as tf
         warmup_steps = _steps(self.warmup_epochs, steps_per_epoch)
         length = total_steps if self.length is None else _steps(self.length, steps_per_epoch)
         if length is None:
-            raise SettingError('{lr_schedule} cosine decays over the run: give its length '
-                               '(cosine:EPOCHS) where the run has none')
+            raise SettingError('{lr_schedule} %s decays over the run: give its length '
+                               '(cosine:EPOCHS) where the run has none', self.kind)
         if length <= warmup_steps:
-            raise SettingError('{lr_schedule} cosine decays after the warm-up of %d steps, but '
-                               'the run is only %d steps long', warmup_steps, length)
+            raise SettingError('{lr_schedule} %s decays after the warm-up of %d steps, but '
+                               'the run is only %d steps long', self.kind, warmup_steps, length)
         after = tf.maximum(step - warmup_steps, 0)
+        if self.kind == 'poly':
+            return tf.compat.v1.train.polynomial_decay(self.base, after, length - warmup_steps,
+                                                       self.end, self.power)
         return tf.compat.v1.train.cosine_decay(self.base, after, length - warmup_steps)
 
     def describe(self):
@@ -142,6 +156,8 @@ class LearningRate:
                                                             self.every or 0),
                 'cosine': 'cosine from %g to 0 over %s' % (
                     self.base, 'the run' if self.length is None else '%g epochs' % self.length),
+                'poly': 'polynomial (power %g) from %g to %g over the run' % (
+                    self.power, self.base, self.end),
                 }[self.kind]
         return text + (', linear warm-up over %g epochs' % self.warmup_epochs
                        if self.warmup_epochs else '')

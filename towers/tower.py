@@ -8,6 +8,7 @@ number of towers. The variables sit on a parameter device (the tutorial's
 `/cpu:0` by default); each tower's compute, and its gradients, on its own device.
 """
 import collections
+import contextlib
 import functools
 
 import tensorflow as tf
@@ -15,6 +16,7 @@ import tensorflow as tf
 from towers.context import EVAL, TRAIN, TowerContext
 from towers.deviceplan import DevicePlan
 from towers.errors import SettingError
+from towers.gradients import combine
 from towers.models import layout
 from towers.models.channels_first import cpu_runs_nchw
 from towers.precision import Precision
@@ -122,6 +124,11 @@ def split_batch(images, labels, num_towers):
         return slices
 
 
+# Top-k accuracy's k (tf_cnn_benchmarks' and the ImageNet papers' top-5): a metric of every
+# classifier of more than k classes, beside accuracy (top-1).
+TOP_K = 5
+
+
 def tower_loss(model_fn, images, labels, count, training, label_smoothing=0.0):
     """Build the model on one slice: its mean loss and accuracy.
 
@@ -139,7 +146,9 @@ def tower_loss(model_fn, images, labels, count, training, label_smoothing=0.0):
     Returns:
       (loss, metrics): scalar float32, the mean cross-entropy over the real
       examples (0 for none, never NaN); {'accuracy': scalar float64}, the
-      fraction of the real examples classified right (0 for none).
+      fraction of the real examples classified right (0 for none), and with more
+      than TOP_K classes 'top5', the fraction whose label is among the TOP_K
+      highest logits (tf.math.in_top_k: a tie at the k-th place counts in).
     """
     # float32 whatever the towers compute in: the softmax needs its range (precision.py).
     logits = tf.cast(model_fn(images, training), tf.float32)
@@ -156,11 +165,19 @@ def tower_loss(model_fn, images, labels, count, training, label_smoothing=0.0):
     loss = tf.math.divide(tf.reduce_sum(xent), tf.cast(tf.maximum(count, 1), tf.float32),
                           name='loss')
     predictions = tf.argmax(logits, axis=1, output_type=labels.dtype)
-    hits = tf.logical_and(real, tf.equal(predictions, labels))
-    # float64: over a whole test set, count * accuracy gives back the exact count.
-    accuracy = tf.math.divide(tf.reduce_sum(tf.cast(hits, tf.float64)),
-                              tf.cast(tf.maximum(count, 1), tf.float64), name='accuracy')
-    return loss, {'accuracy': accuracy}
+    metrics = {'accuracy': _rate(tf.equal(predictions, labels), real, count, 'accuracy')}
+    if (logits.shape[1] or 0) > TOP_K:  # over k classes: top-k is not 1 by construction
+        metrics['top%d' % TOP_K] = _rate(tf.math.in_top_k(labels, logits, TOP_K), real, count,
+                                         'top%d' % TOP_K)
+    return loss, metrics
+
+
+def _rate(hits, real, count, name):
+    """The fraction of the real examples that hit, in float64: over a whole test set,
+    count * rate gives back the exact count (a tower's rates combine as counts)."""
+    hits = tf.logical_and(real, hits)
+    return tf.math.divide(tf.reduce_sum(tf.cast(hits, tf.float64)),
+                          tf.cast(tf.maximum(count, 1), tf.float64), name=name)
 
 
 def build_towers(model_fn, images, labels, tower_devices, param_device='/cpu:0',
@@ -196,7 +213,7 @@ def build_towers(model_fn, images, labels, tower_devices, param_device='/cpu:0',
 
 
 def build_towers_from_slices(loss_fn, slices, plan, optimizer=None, training=True, reuse=False,
-                             sync_bn=False, precision=None):
+                             sync_bn=False, precision=None, accumulate=1):
     """build_towers for input already cut per tower (e.g. staged on each device).
 
     Args:
@@ -214,6 +231,10 @@ def build_towers_from_slices(loss_fn, slices, plan, optimizer=None, training=Tru
       precision: a towers.precision.Precision (or its name): each tower casts
         its images to the compute type and reads the float32 variables cast to
         it; its loss comes back float32. None: float32.
+      accumulate: K, towers in time (--accumulate): a training tower cuts its
+        slice into K micro-batches (micro_slices) and runs them one after
+        another in the step, summing their gradients weighted by their shares
+        of the slice; 1: the slice at once.
       The other arguments are those of build_towers.
     Returns:
       A list of Tower, one per device.
@@ -226,7 +247,6 @@ def build_towers_from_slices(loss_fn, slices, plan, optimizer=None, training=Tru
         # The reuse flag lives only inside this `with`, so it cannot leak into
         # the optimizer's slot creation later (Momentum/Adam get_variable calls).
         shares = own_scope is None and (reuse or i > 0)
-        before = set(tf1.trainable_variables())
         with tf1.variable_scope(own_scope or tf1.get_variable_scope(),
                                 reuse=True if (shares or reuse) else None,
                                 custom_getter=precision.getter(),
@@ -240,25 +260,114 @@ def build_towers_from_slices(loss_fn, slices, plan, optimizer=None, training=Tru
             weight = 1.0 if piece.count is piece.batch else tf.math.divide(
                 tf.cast(piece.count, tf.float32), tf.cast(tf.maximum(piece.batch, 1),
                                                           tf.float32), name='weight')
-            context = TowerContext(TRAIN if training else EVAL, i, plan.num_towers,
-                                   piece.count, weight, sync_bn=sync_bn)
-            loss, metrics = loss_fn(precision.cast(piece.images), piece.labels, piece.count,
-                                    context)
-            loss = tf.cast(loss, tf.float32)
-            grads_and_vars = None
-            if optimizer is not None:
-                # A tower with copies of its own differentiates only those.
-                own = ([v for v in tf1.trainable_variables() if v not in before]
-                       if plan.copies else None)
-                # No gating: each gradient is ready as soon as it is computed, so the
-                # next layer's backward pass runs beside this layer's weight gradient
-                # (GATE_OP, the default, holds it back; the values are the same).
-                grads_and_vars = optimizer.compute_gradients(
-                    loss, var_list=own, colocate_gradients_with_ops=True,
-                    gate_gradients=tf1.train.Optimizer.GATE_NONE)
+            step = _TowerStep(loss_fn, optimizer, precision, plan.copies, TowerContext(
+                TRAIN if training else EVAL, i, plan.num_towers, piece.count, weight,
+                sync_bn=sync_bn))
+            if training and accumulate > 1:
+                (loss, metrics, grads_and_vars), scope = _accumulated(step, piece, accumulate)
+            else:
+                loss, metrics, grads_and_vars = step(piece)
         towers.append(Tower(device, scope, piece.images, piece.labels, loss, metrics,
                             piece.count, weight, grads_and_vars))
     return towers
+
+
+class _TowerStep:
+    """One tower's forward pass on a piece of its slice, and its backward pass where
+    there is an optimizer: (loss, metrics, grads_and_vars or None).
+
+    Built inside the tower's scopes. context is the tower's TowerContext, for the
+    slice whole; a micro-batch gets its own (TowerContext.micro).
+    """
+
+    def __init__(self, loss_fn, optimizer, precision, copies, context):
+        self.loss_fn, self.optimizer, self.precision = loss_fn, optimizer, precision
+        self.copies, self.context = copies, context
+        self.before = set(tf1.trainable_variables())
+
+    def __call__(self, piece, context=None, after=()):
+        """after: ops the forward pass waits for (the previous micro-batch's gradients)."""
+        with tf.control_dependencies(after):
+            loss, metrics = self.loss_fn(self.precision.cast(piece.images), piece.labels,
+                                         piece.count, context or self.context)
+            loss = tf.cast(loss, tf.float32)
+        if self.optimizer is None:
+            return loss, metrics, None
+        # A tower with copies of its own differentiates only those.
+        own = ([v for v in tf1.trainable_variables() if v not in self.before]
+               if self.copies else None)
+        # No gating: each gradient is ready as soon as it is computed, so the
+        # next layer's backward pass runs beside this layer's weight gradient
+        # (GATE_OP, the default, holds it back; the values are the same).
+        return loss, metrics, self.optimizer.compute_gradients(
+            loss, var_list=own, colocate_gradients_with_ops=True,
+            gate_gradients=tf1.train.Optimizer.GATE_NONE)
+
+
+def micro_slices(piece, parts):
+    """A tower's slice cut into `parts` micro-batches (--accumulate), as split_batch cuts a
+    global batch: contiguous, as equal as possible, the first larger, and a micro-batch
+    with no real example carries a stand-in (count 0). Each one's `batch` is the slice's
+    count, which its share is a part of."""
+    with tf.name_scope('micro_batches'):
+        size = tf.shape(piece.labels)[0]  # >= 1: the count, or an empty share's stand-in
+        sizes = split_sizes(piece.count, parts)
+        starts = tf.cumsum(sizes, exclusive=True)
+        micros = []
+        for k in range(parts):
+            begin = tf.minimum(starts[k], size - 1)
+            end = begin + tf.maximum(sizes[k], 1)
+            micros.append(TowerSlice(piece.images[begin:end], piece.labels[begin:end],
+                                     sizes[k], piece.count))
+        return micros
+
+
+def accumulation_line(parts, sync_bn, batch_norm):
+    """What --accumulate K does to a run, in the words of its first lines; batch_norm:
+    whether the model has batch norm, whose statistics are each micro-batch's own."""
+    norms = ('; batch norm\'s statistics are each micro-batch\'s own%s'
+             % (' pooled over the towers (--sync-bn)' if sync_bn else '')) if batch_norm else ''
+    return ('accumulating: each tower runs its slice as %d micro-batches one after another, and '
+            'the step applies their summed gradients once%s' % (parts, norms))
+
+
+def _accumulated(step, piece, parts):
+    """A training tower's step in `parts` micro-batches: ((loss, metrics, grads_and_vars),
+    the first micro-batch's name scope, whose batch-norm updates the step runs).
+
+    Micro-batch k starts once k-1's gradients are computed, so one micro-batch's
+    activations are alive at a time; each gradient, loss and metric is weighted by its
+    share of the slice (n_k / n, exact for any cut, as the towers' weights are), and the
+    tower's sums go on as one tower's. Batch norm's statistics are each micro-batch's own
+    (--sync-bn pools micro-batch k over the towers, its context's collective keys k's).
+    """
+    whole = tf.maximum(piece.count, 1)
+    results, counts, shares, after, first = [], [], [], [], None
+    for k, micro in enumerate(micro_slices(piece, parts)):
+        share = tf.math.divide(tf.cast(micro.count, tf.float32), tf.cast(whole, tf.float32),
+                               name='share_%d' % k)
+        context = step.context.micro(k, micro.count, share)
+        # The first builds the tower's variables (or reuses them as the tower does).
+        again = tf1.variable_scope(tf1.get_variable_scope(), reuse=True,
+                                   auxiliary_name_scope=False) if k else contextlib.nullcontext()
+        with again, tf1.name_scope('micro_%d' % k) as scope:
+            results.append(step(micro, context, after))
+        first = first or scope
+        shares.append(share)
+        counts.append(micro.count)
+        grads = results[-1][2]
+        after = [tf.group(*[g.op for g, _ in grads if g is not None])] if grads else []
+    losses, metrics, grads = zip(*results)
+    loss = tf.add_n([share * part for share, part in zip(shares, losses)], name='loss')
+    # In the metric's own type (accuracy's float64): sum n_k m_k / n.
+    metrics = {name: tf.math.divide(
+        tf.add_n([tf.cast(n, m[name].dtype) * m[name] for n, m in zip(counts, metrics)]),
+        tf.cast(whole, metrics[0][name].dtype), name=name) for name in metrics[0]}
+    if grads[0] is None:
+        return (loss, metrics, None), first
+    summed = [(combine([g[j][0] for g in grads], shares), var)
+              for j, (_, var) in enumerate(grads[0])]
+    return (loss, metrics, summed), first
 
 
 def _check_channels_first(plan, precision):
@@ -272,12 +381,3 @@ def _check_channels_first(plan, precision):
             '(oneDNN has them, in float32 where TF_ENABLE_ONEDNN_OPTS is on and in bfloat16 or '
             'float16 only on CPUs with AVX-512): use {data_format} NHWC on CPU towers '
             '(%s)', precision.dtype.name, ','.join(on_cpu))
-
-
-def tower_update_ops(tower):
-    """The UPDATE_OPS (batch-norm moving averages) built by one tower.
-
-    Only tower 0's are run, once per step, as tf_cnn_benchmarks does: running
-    every tower's would move the averages N times per step.
-    """
-    return tf1.get_collection(tf1.GraphKeys.UPDATE_OPS, scope=tower.scope)

@@ -19,6 +19,7 @@ from towers.deviceplan import xla_reaches
 from towers.distribution import Run
 from towers.errors import TowersError
 from towers.graph import build_training_graph, finalize_graph
+from towers.initfrom import InitFrom
 from towers.inputs import source_for
 from towers.logdir import LogdirLock, prepare_logdir
 from towers.logicalgpus import logical_gpu_line, session_gpu_memory
@@ -28,6 +29,7 @@ from towers.precision import Precision
 from towers.resuming import record_run, resume
 from towers.schedules import total_steps
 from towers.session import run_steps, step_options
+from towers.tower import accumulation_line
 
 tf1 = tf.compat.v1
 
@@ -103,7 +105,8 @@ class Trainer:
             learning_rate=config.schedule(), steps_per_epoch=self.steps_per_epoch,
             total_steps=self.num_steps, ema_decay=config.ema, finalize=False,
             strategy=self.run.strategy, sync_bn=config.sync_bn,
-            precision=Precision(config.precision, config.loss_scale))
+            precision=Precision(config.precision, config.loss_scale),
+            accumulate=config.accumulate)
         # In a cluster the chief's task completes every device here too: its Savers
         # write the checkpoints, its host runs the evaluation's slicing.
         with graph.graph.as_default(), tf1.device(self.plan.default_device):
@@ -115,6 +118,8 @@ class Trainer:
                 callback.setup_graph(self)
             self.run.agree(self)
             self.saved = graph.strategy.saved_variables()
+            self.init_from = InitFrom(config.init_from, config.init_map, self.saved) \
+                if config.init_from else None
             # A checkpoint of another precision has no loss scale: restore the rest.
             self.unscaled = checkpoints.optional_saver(self.saved, graph.loss_scale)
             init_op, saver = finalize_graph(graph.graph, graph.strategy,
@@ -130,8 +135,13 @@ class Trainer:
                 'steps_per_epoch': self.steps_per_epoch}
 
     def _resume(self, sess):
-        resume(sess, self.logdir, self.graph, self.saved, self.unscaled, self.data_order,
-               self.log)
+        resumed = resume(sess, self.logdir, self.graph, self.saved, self.unscaled,
+                         self.data_order, self.log)
+        if self.init_from is not None and resumed:
+            self.log('init from %s left out: the run resumes from its own checkpoint'
+                     % self.init_from.checkpoint)
+        elif self.init_from is not None:
+            self.init_from.restore(sess, self.log)
 
     def train(self):
         """Run the loop to num_steps (or a stop); returns a dict (see `train`)."""
@@ -158,6 +168,10 @@ class Trainer:
                             ','.join(self.tower_devices), self.batch_size, self.source.name,
                             ', ' + self.graph.precision.name if self.graph.precision.mixed
                             else '', ', XLA auto-clustering on' if self.config.xla else ''))
+                if self.config.accumulate > 1:
+                    self.log(accumulation_line(
+                        self.config.accumulate, self.config.sync_bn,
+                        bool(self.graph.graph.get_collection(tf1.GraphKeys.UPDATE_OPS))))
                 if self.config.xla and not xla_reaches(self.tower_devices):
                     self.log('XLA: TensorFlow clusters nothing on CPU towers unless TF_XLA_FLAGS '
                              'holds %s before its first Session (towers train --xla sets it)'
@@ -257,6 +271,7 @@ class Trainer:
                            if isinstance(c, Checkpoint)), None)
         return {'steps': self.step, 'test': test,
                 'test_loss': test and test['loss'], 'test_accuracy': test and test.get('accuracy'),
+                'test_top5': test and test.get('top5'),
                 'images_per_sec': rate, 'checkpoint': checkpoint, 'dropped': dropped,
                 'stopped': self.stopped, 'skipped_steps': skipped}
 

@@ -34,9 +34,13 @@ import tensorflow as tf
 
 from towers.allreduce import TowerAllReduce
 from towers.errors import SettingError, TowersError
-from towers.gradients import build_train_op, check_same_variables, process_gradients
+from towers.gradients import (
+    build_train_op,
+    check_same_variables,
+    process_gradients,
+    tower_update_ops,
+)
 from towers.names import VARIABLE_UPDATES
-from towers.tower import tower_update_ops
 
 tf1 = tf.compat.v1
 

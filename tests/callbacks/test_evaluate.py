@@ -49,14 +49,15 @@ def test_evaluate_each_epoch_on_validation_with_exact_numbers(tmp_path):
     assert len(evaluated) == 2
     for line, epoch in zip(evaluated, (1, 2)):
         match = re.fullmatch(r'validation at epoch %d\.00: loss (\d\.\d{4}) accuracy (\d\.\d{4}) '
-                             r'\(23 images\)' % epoch, line)
+                             r'top5 \d\.\d{4} \(23 images\)' % epoch, line)
         assert match, line
         loss, accuracy = _reference(os.path.join(logdir, 'model.ckpt-%d' % (3 * epoch)),
                                     sets.validation)
         assert float(match.group(1)) == pytest.approx(loss, abs=6e-5), line
         assert match.group(2) == '%.4f' % accuracy, line
     # The final test line is the trainer's, on the test split.
-    assert re.fullmatch(r'test: loss \S+ accuracy \S+ \(17 images\)', lines[-1]), lines[-1]
+    assert re.fullmatch(r'test: loss \S+ accuracy \S+ top5 \S+ \(17 images\)', lines[-1]), \
+        lines[-1]
 
 
 def test_evaluate_falls_back_to_test_and_keeps_no_best_checkpoint_there(tmp_path):
@@ -153,9 +154,9 @@ def test_a_resumed_run_still_keeps_one_best_checkpoint(tmp_path):
 
 def test_a_best_metric_the_model_lacks_is_an_error_that_names_the_known_ones(tmp_path):
     with pytest.raises(TowersError, match=re.escape(
-            "best_metric 'top5' is not a metric of this model; choose one of: "
-            'loss, accuracy')):
-        make_trainer([cb.Evaluate(best_metric='top5')], [], datasets=easy_datasets(validation=10),
+            "best_metric 'top3' is not a metric of this model; choose one of: "
+            'loss, accuracy, top5')):
+        make_trainer([cb.Evaluate(best_metric='top3')], [], datasets=easy_datasets(validation=10),
                      steps=1, logdir=str(tmp_path)).train()
 
 

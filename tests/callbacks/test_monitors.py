@@ -51,9 +51,9 @@ def test_tensorboard_writes_scalars_the_graph_and_histograms_and_marks_a_resume(
                 scalars.setdefault(event.step, {})[value.tag] = value.simple_value
             elif value.HasField('histo'):
                 histograms.setdefault(event.step, {})[value.tag] = value.histo
-    train_tags = {'loss', 'accuracy', 'learning_rate', 'images_per_sec', 'tower_0/loss',
+    train_tags = {'loss', 'accuracy', 'top5', 'learning_rate', 'images_per_sec', 'tower_0/loss',
                   'tower_1/loss'}
-    eval_tags = {'test/loss', 'test/accuracy'}
+    eval_tags = {'test/loss', 'test/accuracy', 'test/top5'}
     # Every 2 steps and at the last; the evaluation after epoch 1 (step 3) and at the end.
     assert {step: set(tags) for step, tags in scalars.items()} == {
         2: train_tags, 3: eval_tags, 4: train_tags | eval_tags}
@@ -106,9 +106,9 @@ def test_tensorboard_itself_reads_the_run(tmp_path):
     run = EventAccumulator(str(tmp_path), size_guidance={'histograms': 0})
     run.Reload()
     tags = run.Tags()
-    assert set(tags['scalars']) == {'loss', 'accuracy', 'learning_rate', 'images_per_sec',
-                                    'tower_0/loss', 'tower_1/loss', 'test/loss',
-                                    'test/accuracy'}
+    assert set(tags['scalars']) == {'loss', 'accuracy', 'top5', 'learning_rate',
+                                    'images_per_sec', 'tower_0/loss', 'tower_1/loss',
+                                    'test/loss', 'test/accuracy', 'test/top5'}
     assert [e.step for e in run.Scalars('learning_rate')] == [2, 4]
     assert run.Scalars('learning_rate')[-1].value == pytest.approx(0.05)
     assert [e.step for e in run.Scalars('test/accuracy')] == [3, 4]
@@ -170,7 +170,8 @@ def test_stats_file_has_one_line_per_epoch_with_weighted_means_and_survives_a_re
                                                       recorder.values[3:]),
                                               recorder.epoch_stats):
         assert set(line) == {'epoch', 'step', 'time', 'learning_rate', 'images_per_sec',
-                             'train_loss', 'train_accuracy', 'test_loss', 'test_accuracy'}
+                             'train_loss', 'train_accuracy', 'train_top5', 'test_loss',
+                             'test_accuracy', 'test_top5'}
         losses = [float(v['loss']) for v in epoch_values]
         batches = [int(v['batch']) for v in epoch_values]
         weighted = sum(loss * batch for loss, batch in zip(losses, batches)) / 50
@@ -216,7 +217,7 @@ def test_progress_logs_plain_lines_every_k_steps_and_at_the_last():
     printed = step_lines(lines)
     assert len(printed) == 3
     for line, step in zip(printed, (4, 8, 10)):
-        match = re.fullmatch(r'step %d/10 epoch %.2f: loss (\S+) accuracy (\S+) lr 0\.05 '
+        match = re.fullmatch(r'step %d/10 epoch %.2f: loss (\S+) accuracy (\S+) top5 \S+ lr 0\.05 '
                              r'\| ([\d.]+) images/sec' % (step, step / 10), line)
         assert match, line
         values = recorder.values[step - 1]

@@ -41,7 +41,8 @@ def test_train_end_to_end_on_the_embedded_sample(tmp_path):
     assert 'Traceback' not in process.stderr and 'error' not in process.stderr
     out = process.stdout
     assert 'training 240 steps on 2 tower(s) /cpu:0,/cpu:1, global batch 50' in out
-    match = re.search(r'^test: loss (\d+\.\d+) accuracy (\d\.\d+) \(1000 images\)$', out, re.M)
+    match = re.search(r'^test: loss (\d+\.\d+) accuracy (\d\.\d+) top5 (\d\.\d+) \(1000 images\)$',
+                      out, re.M)
     assert match, out
     assert float(match.group(2)) >= 0.95, match.group(0)
     state = tf1.train.get_checkpoint_state(str(logdir))
@@ -94,7 +95,8 @@ BAD_INPUT = [
      '--batch-size 4001 exceeds the 4000 training examples'),
     (['train', '--steps', '1', '--logdir', None], 'cannot create --logdir'),
     (['train', '--lr-schedule', 'linear'], "--lr-schedule wants constant, "
-     "piecewise:EPOCH=LR,..., exponential:FACTOR,EPOCHS or cosine[:EPOCHS], got 'linear'"),
+     "piecewise:EPOCH=LR,..., exponential:FACTOR,EPOCHS, cosine[:EPOCHS] or "
+     "poly[:POWER[,END]], got 'linear'"),
     (['train', '--lr-schedule', 'piecewise:3=0.1,2=0.01'], 'epochs must increase'),
     (['train', '--warmup-epochs', '-1'], '--warmup-epochs must be 0 or more, got -1'),
     (['train', '--freeze', 'conv1/('], "--freeze 'conv1/(' is not a valid regular expression"),
@@ -103,19 +105,19 @@ BAD_INPUT = [
     (['train', '--clip-norm', '0'], '--clip-norm must be positive, got 0'),
     (['train', '--keep-checkpoints', '0'], '--keep-checkpoints must be at least 1, got 0'),
     (['train', '--eval-every', '-1'], '--eval-every must be 0 (off) or more epochs'),
-    (['train', '--steps', '1', '--best-metric', 'top5'],
-     "--best-metric 'top5' is not a metric of this model; choose one of: loss, accuracy"),
+    (['train', '--steps', '1', '--best-metric', 'top3'],
+     "--best-metric 'top3' is not a metric of this model; choose one of: loss, accuracy, top5"),
     (['train', '--freeze', '.', '--steps', '1'], "--freeze '.' matches every trained variable"),
     # Flags are checked before any data is read (cifar10 is not on this machine).
-    (['check', '--towers', '0', '--dataset', 'cifar10'], 'check needs --towers, --batch-size and '
-     '--steps of at least 1 and a positive --tolerance'),
+    (['check', '--towers', '0', '--dataset', 'cifar10'], 'check needs --towers, --batch-size, '
+     '--steps and --accumulate of at least 1 and a positive --tolerance'),
     (['bench', '--compare', '--variable-update', 'ring', '--dataset', 'cifar10'],
      "--variable-update wants some of parameter_server,replicated,independent, got 'ring'"),
     (['bench', '--plot', 'p.png', '--dataset', 'cifar10'], '--plot goes with --compare'),
     (['bench', '--window', '1'], 'bench needs --batch-size >= 1, --window >= 2 and --warmup >= 0; '
      'got 128, 1 and 10'),
-    (['train', '--best-metric', 'top5', '--dataset', 'cifar10'],
-     "--best-metric 'top5' is not a metric of this model; choose one of: loss, accuracy"),
+    (['train', '--best-metric', 'top3', '--dataset', 'cifar10'],
+     "--best-metric 'top3' is not a metric of this model; choose one of: loss, accuracy, top5"),
     (['train', '--trace-step', '0'], '--trace-step must be at least 1, got 0'),
     (['train', '--loss-scale', '8'], '--loss-scale scales the float16 loss: use it with '
      '--precision fp16 (fp32 needs no loss scaling)'),

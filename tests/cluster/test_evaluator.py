@@ -35,5 +35,5 @@ def test_launch_evaluator_evaluates_every_kept_checkpoint_as_towers_eval_does(tm
     assert kept == [2, 4, 6] and evaluated == sorted(set(evaluated)) and set(kept) <= set(
         evaluated)
     assert main(['eval', '--logdir', logdir, '--batch-size', '20', '--devices', 'cpu']) == 0
-    final = {name: results[-1][name] for name in ('loss', 'accuracy')}
+    final = {name: results[-1][name] for name in ('loss', 'accuracy', 'top5')}
     assert 'test: %s (1000 images)' % format_metrics(final) in capsys.readouterr().out

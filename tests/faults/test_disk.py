@@ -161,7 +161,8 @@ def test_a_read_only_logdir_is_refused_for_training_and_read_for_eval(tmp_path, 
     status, out, err = towers(capsys, 'eval', '--devices', 'cpu', '--logdir', logdir)
     assert (status, err) == (0, [])
     assert out[0] == 'checkpoint: %s' % os.path.join(logdir, 'model.ckpt-20')
-    assert re.fullmatch(r'test: loss \d\.\d{4} accuracy 0\.\d{4} \(1000 images\)', out[1]), out
+    assert re.fullmatch(r'test: loss \d\.\d{4} accuracy 0\.\d{4} top5 \d\.\d{4} \(1000 images\)',
+                        out[1]), out
     assert snapshot(logdir) == before
 
 

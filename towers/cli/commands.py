@@ -231,7 +231,8 @@ def run_check(args, log):
     from towers.tools import check as checking
     tolerance = (args.tolerance if args.tolerance is not None
                  else checking.default_tolerance(args.precision)[0])
-    checking.check_settings(args.towers, args.batch_size, args.steps, tolerance)
+    checking.check_settings(args.towers, args.batch_size, args.steps, tolerance,
+                            args.accumulate)
     info = dataset_info(args)
     # Dropout masks are drawn per tower: off here, so that only the towers can differ.
     has_dropout = args.model in models.MODELS and 'dropout_rate' in inspect.signature(
@@ -246,7 +247,8 @@ def run_check(args, log):
                            sync_bn=args.sync_bn, dropout_off=has_dropout, log=log,
                            precision=args.precision, loss_scale=loss_scale(args.loss_scale),
                            devices=args.devices,
-                           label_smoothing=check_setting('label_smoothing', args.label_smoothing))
+                           label_smoothing=check_setting('label_smoothing', args.label_smoothing),
+                           accumulate=args.accumulate)
 
 
 COMMANDS = {'train': run_train, 'devices': run_devices, 'bench': run_bench,

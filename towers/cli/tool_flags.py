@@ -219,5 +219,9 @@ def check_parser(commands):
                             'differ from one device without it)')
     check.add_argument('--label-smoothing', type=float, default=0.0, metavar='EPS',
                        help="the loss's, as train's (default: 0)")
+    check.add_argument('--accumulate', type=int, default=1, metavar='K',
+                       help="each tower's slice in K micro-batches one after another, as "
+                            "train's (default: 1); with --sync-bn against one device "
+                            "accumulating the same micro-batches")
     precision_flags(check)
     return check

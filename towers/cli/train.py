@@ -73,7 +73,7 @@ def _run_train(args, log):
                        stop_requested=stop.requested, callbacks=callbacks, run=run)
     if args.recipe and not result['stopped']:
         log(published_line(args.recipe, args.model, args.dataset, num_classes,
-                           result['test_accuracy']))
+                           result['test_accuracy'], result['test_top5']))
     if result['stopped'] == 'SIGINT':
         raise KeyboardInterrupt  # saved and stopped; exit as an interrupted command does
 

@@ -75,6 +75,12 @@ def _train_strategy_flags(train):
                        help='train on when TensorFlow ran a tower op off its device (no '
                             'kernel for it there); default: the first step checks, and such a '
                             'move stops the run in one line')
+    train.add_argument('--accumulate', type=int, default=DEFAULT['accumulate'], metavar='K',
+                       help='each tower runs its slice of the batch as K micro-batches one '
+                            'after another and the step applies their summed gradients once: '
+                            'the update of the whole --batch-size in 1/K of the memory (batch '
+                            "norm's statistics are each micro-batch's own); default: "
+                            '%(default)s'),
     train.add_argument('--sync-bn', action='store_true', default=DEFAULT['sync_bn'],
                        help='batch norm over the whole global batch (moments all-reduced over '
                             'the towers) instead of each tower its own slice')
@@ -112,7 +118,8 @@ def _train_optimizer_flags(train):
                        help="a published recipe's optimizer, schedule, batch, decay, smoothing "
                             'and augmentation, each said with its source at the start; a flag '
                             'given by hand wins (he2016-cifar: the CIFAR ResNets of He et al.; '
-                            "tf-cnn-benchmarks-resnet50; nvidia-resnet50-v1.5)")
+                            "tf-cnn-benchmarks-resnet50; nvidia-resnet50-v1.5; "
+                            "mlperf-resnet50-lars: MLPerf's ResNet-50 with LARS at batch 4096)")
     train.add_argument('--batch-size', type=int, default=DEFAULT['batch_size'],
                        help='global batch, split over the towers (default: %(default)s)')
     train.add_argument('--epochs', type=float, default=DEFAULT['epochs'],
@@ -120,7 +127,9 @@ def _train_optimizer_flags(train):
     train.add_argument('--steps', type=int, default=DEFAULT['steps'],
                        help='train this many steps instead')
     train.add_argument('--optimizer', default=DEFAULT['optimizer'], choices=OPTIMIZERS,
-                       help='(default: %(default)s)')
+                       help='lars: momentum on layer-wise trust-scaled gradients, for very '
+                            'large batches (You et al. 2017), its weight decay its own '
+                            '(default: %(default)s)')
     train.add_argument('--lr', type=float, default=DEFAULT['learning_rate'],
                        help='learning rate (default: %(default)g)')
     train.add_argument('--lr-schedule', default=DEFAULT['lr_schedule'],
@@ -128,15 +137,16 @@ def _train_optimizer_flags(train):
                             'exponential:FACTOR,EPOCHS (x FACTOR every EPOCHS epochs, e.g. '
                             'exponential:0.1,350 as the CIFAR-10 tutorial); cosine[:EPOCHS] '
                             '(half a cosine down to 0 over EPOCHS, default the whole run, after '
-                            'the warm-up) (default: %(default)s)')
+                            'the warm-up); poly[:POWER[,END]] ((1-t)^POWER down to END over the '
+                            'run after the warm-up, default 2 and 0) (default: %(default)s)')
     train.add_argument('--warmup-epochs', type=float, default=DEFAULT['warmup_epochs'],
                        help='ramp the learning rate up linearly over these epochs '
                             '(default: %(default)g)')
     train.add_argument('--momentum', type=float, default=DEFAULT['momentum'],
-                       help='momentum for --optimizer momentum (default: %(default)g)')
+                       help='momentum for --optimizer momentum or lars (default: %(default)g)')
     train.add_argument('--weight-decay', type=float, default=DEFAULT['weight_decay'],
-                       help='L2 weight decay, added once to the averaged gradients '
-                            '(default: %(default)g)')
+                       help='L2 weight decay, added once to the averaged gradients (with '
+                            'lars, inside its trust ratio) (default: %(default)g)')
     train.add_argument('--decay-on', default=DEFAULT['decay_on'], choices=DECAY_ON,
                        help="what --weight-decay applies to: weights (conv and dense kernels; "
                             "not biases or batch norm), not-norms (all but batch norm's beta "
@@ -148,6 +158,16 @@ def _train_optimizer_flags(train):
                        help='clip the averaged gradients to this global norm')
     train.add_argument('--freeze', default=DEFAULT['freeze'], metavar='REGEX',
                        help='do not train the variables whose names match, e.g. "^conv1/"')
+    train.add_argument('--init-from', default=DEFAULT['init_from'], metavar='PATH',
+                       help="fine-tuning: a new run whose model variables start from this "
+                            "logdir's (or checkpoint's) where names and shapes match; the rest "
+                            '(a new head) keep their initial values, and the first lines say '
+                            'which (not a resume: step 0, its own optimizer slots)')
+    train.add_argument('--init-map', action='append', default=DEFAULT['init_map'],
+                       metavar='OLD=NEW',
+                       help="rename the --init-from checkpoint's names first (a regex and its "
+                            'replacement, e.g. "^resnet_v1_50/="; may repeat, the first that '
+                            'matches renames)')
     train.add_argument('--ema', type=float, default=DEFAULT['ema'], metavar='DECAY',
                        help='keep a moving average of the weights (e.g. 0.999) and evaluate and '
                             'export it, as the CIFAR-10 tutorial does')

@@ -21,9 +21,8 @@ from towers.allreduce import BUFFER_BYTES, sum_packed
 from towers.cluster.emulate import parse_size
 from towers.deviceplan import device_kind
 from towers.errors import SettingError
-from towers.gradients import average_gradients, process_gradients
+from towers.gradients import average_gradients, process_gradients, tower_update_ops
 from towers.names import AUTO_BUCKETS
-from towers.tower import tower_update_ops
 from towers.variables import VariableStrategy
 
 tf1 = tf.compat.v1

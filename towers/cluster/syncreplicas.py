@@ -30,10 +30,9 @@ just have changed): there N workers are not one device on N shares.
 import tensorflow as tf
 
 from towers.cluster.spec import ClusterError, check_same, fingerprint
-from towers.gradients import average_gradients, process_gradients
+from towers.gradients import average_gradients, process_gradients, tower_update_ops
 from towers.graph import weighted_loss, weighted_metrics
 from towers.spread import LeastLoaded
-from towers.tower import tower_update_ops
 from towers.variables import VariableStrategy
 
 tf1 = tf.compat.v1

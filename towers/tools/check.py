@@ -22,12 +22,12 @@ import tensorflow as tf
 from towers.deviceplan import local_plan
 from towers.devices import process_split, resolve_devices
 from towers.errors import SettingError, TowersError
-from towers.gradients import average_gradients
+from towers.gradients import average_gradients, tower_update_ops
 from towers.inputs import FeedInput
 from towers.precision import Precision, check_kernels
 from towers.session import load_variables, open_session, run_steps
 from towers.tools import stepgraph
-from towers.tower import build_towers_from_slices, share_of, tower_loss, tower_update_ops
+from towers.tower import build_towers_from_slices, share_of, tower_loss
 
 tf1 = tf.compat.v1
 
@@ -50,7 +50,7 @@ class _Run:
     """One graph: towers over the devices, the average, one SGD apply."""
 
     def __init__(self, model_fn, input_shape, devices, learning_rate, average, sync_bn, batches,
-                 precision=None, per_gpu=1, label_smoothing=0.0):
+                 precision=None, per_gpu=1, label_smoothing=0.0, accumulate=1):
         self.graph, self.plan = tf.Graph(), local_plan(devices, per_gpu=per_gpu)
         self.source = FeedInput(batches=lambda step: batches[step])
         precision = Precision.of(precision)
@@ -63,7 +63,7 @@ class _Run:
             towers = build_towers_from_slices(
                 functools.partial(tower_loss, model_fn, label_smoothing=label_smoothing),
                 self.source.build(input_shape, devices), self.plan, optimizer=opt,
-                sync_bn=sync_bn, precision=precision)
+                sync_bn=sync_bn, precision=precision, accumulate=accumulate)
             grads = average([t.grads_and_vars for t in towers], [t.weight for t in towers])
             self.grads = {v.op.name: g for g, v in grads if g is not None}
             self.train_op = tf.group(opt.apply_gradients(grads), *tower_update_ops(towers[0]))
@@ -81,7 +81,7 @@ class _Run:
 
 def check_towers(model_fn, input_shape, num_towers, batches, learning_rate=0.01,
                  average=average_gradients, sync_bn=False, precision=None, devices=None,
-                 label_smoothing=0.0):
+                 label_smoothing=0.0, accumulate=1):
     """Train one device and num_towers virtual devices (or GPUs) on the same batches.
 
     Args:
@@ -98,15 +98,23 @@ def check_towers(model_fn, input_shape, num_towers, batches, learning_rate=0.01,
         its name); the one device computes in float32.
       devices: the towers' kind, 'cpu' or 'gpu'; None: GPUs where there are any.
       label_smoothing: both runs' loss smooths its targets so (towers/tower.py tower_loss).
+      accumulate: K, each tower's slice in K micro-batches one after another (--accumulate),
+        against one device on the whole batch at once; with sync_bn, against one device
+        accumulating the same K micro-batches (the N towers' k-th together, in_micro_order),
+        whose batch-norm statistics are the same.
     Returns:
       (CheckResult, has_batch_norm).
     """
     per_gpu = process_split([num_towers], devices)  # both runs in one process's split
+    pooled = sync_bn and accumulate > 1
     one = _Run(model_fn, input_shape, resolve_devices(1, devices, per_gpu=per_gpu),
-               learning_rate, average_gradients, False, batches, per_gpu=per_gpu,
-               label_smoothing=label_smoothing)
+               learning_rate, average_gradients, False,
+               [in_micro_order(b, num_towers, accumulate) for b in batches] if pooled
+               else batches, per_gpu=per_gpu, label_smoothing=label_smoothing,
+               accumulate=accumulate if pooled else 1)
     many = _Run(model_fn, input_shape, resolve_devices(num_towers, devices, per_gpu=per_gpu),
-                learning_rate, average, sync_bn, batches, precision, per_gpu, label_smoothing)
+                learning_rate, average, sync_bn, batches, precision, per_gpu, label_smoothing,
+                accumulate)
     with one.open() as one_sess:
         # The same starting point: the one-device graph's initial weights, copied.
         with many.open(initial=one_sess.run(one.variables)) as many_sess:
@@ -126,6 +134,33 @@ def check_towers(model_fn, input_shape, num_towers, batches, learning_rate=0.01,
     return (CheckResult(gradient_diff, gradient_var, variable_diff, variable_var, scale,
                         gradient_scale, graphs),
             one.has_batch_norm)
+
+
+def in_micro_order(batch, num_towers, accumulate):
+    """(images, labels) reordered so that one device's K micro-batches are the N towers'
+    k-th micro-batches together, tower by tower (--accumulate with --sync-bn).
+
+    SettingError where they cannot be: one device cuts its batch into K as equal parts,
+    which the towers' k-th micro-batches make up only where their sizes add up so.
+    """
+    images, labels = batch
+    order, sizes = [[] for _ in range(accumulate)], []
+    for i in range(num_towers):
+        start, count = share_of(len(labels), num_towers, i)
+        for k in range(accumulate):
+            begin, size = share_of(count, accumulate, k)
+            order[k].extend(range(start + begin, start + begin + size))
+    sizes = [len(part) for part in order]
+    if sizes != [share_of(len(labels), accumulate, k)[1] for k in range(accumulate)]:
+        raise SettingError(
+            'check {accumulate} %d with {sync_bn} compares with one device accumulating the same '
+            'micro-batches, but the %d towers\' k-th micro-batches of a batch of %d hold %s '
+            'examples where one device cuts %s: take a {batch_size} that %d divides', accumulate,
+            num_towers, len(labels), '/'.join(map(str, sizes)),
+            '/'.join(str(share_of(len(labels), accumulate, k)[1]) for k in range(accumulate)),
+            num_towers * accumulate)
+    order = [index for part in order for index in part]
+    return images[order], labels[order]
 
 
 def _largest(expected, actual):
@@ -150,16 +185,18 @@ def default_tolerance(precision):
         'float32' % (dtype, dtype)
 
 
-def check_settings(num_towers, batch_size, steps, tolerance):
-    """SettingError unless check can run: at least one tower, batch and step; a tolerance."""
-    if num_towers < 1 or batch_size < 1 or steps < 1 or not tolerance > 0:
-        raise SettingError('check needs {towers}, {batch_size} and {steps} of at least 1 and a '
-                           'positive {tolerance}')
+def check_settings(num_towers, batch_size, steps, tolerance, accumulate=1):
+    """SettingError unless check can run: at least one tower, batch, step and micro-batch; a
+    tolerance."""
+    if num_towers < 1 or batch_size < 1 or steps < 1 or accumulate < 1 or not tolerance > 0:
+        raise SettingError('check needs {towers}, {batch_size}, {steps} and {accumulate} of at '
+                           'least 1 and a positive {tolerance}')
 
 
 def run_check(model_name, model_fn, dataset_name, train_set, num_towers, batch_size, steps,
               learning_rate, tolerance=None, sync_bn=False, dropout_off=False, log=print,
-              precision='fp32', loss_scale=None, devices=None, label_smoothing=0.0):
+              precision='fp32', loss_scale=None, devices=None, label_smoothing=0.0,
+              accumulate=1):
     """`towers check`: log the differences; TowersError beyond the tolerance.
 
     Args:
@@ -171,6 +208,7 @@ def run_check(model_name, model_fn, dataset_name, train_set, num_towers, batch_s
         'fp16'); fp16's loss scale is fixed, CHECK_LOSS_SCALE unless given.
       devices: the towers' kind, 'cpu' or 'gpu'; None: GPUs where there are any.
       label_smoothing: the loss's (train's --label-smoothing), in both runs.
+      accumulate: K micro-batches per tower, one after another (train's --accumulate).
     """
     why = 'given'
     if tolerance is None:
@@ -178,7 +216,7 @@ def run_check(model_name, model_fn, dataset_name, train_set, num_towers, batch_s
     if precision == 'fp16' and loss_scale in (None, 'dynamic'):
         loss_scale = CHECK_LOSS_SCALE
     precision = Precision(precision, loss_scale)
-    check_settings(num_towers, batch_size, steps, tolerance)
+    check_settings(num_towers, batch_size, steps, tolerance, accumulate)
     if batch_size * steps > train_set.num_examples:
         raise SettingError('check takes {steps} batches of {batch_size} distinct examples: '
                            '%d x %d is more than the %d of %s', steps, batch_size,
@@ -190,10 +228,14 @@ def run_check(model_name, model_fn, dataset_name, train_set, num_towers, batch_s
     # Python ints, cut as split_sizes cuts: an eager op here would make TensorFlow's devices
     # (a GPU unsplit, all its memory) before the Sessions' split (towers/devices.py).
     shares = [share_of(batch_size, num_towers, i)[1] for i in range(num_towers)]
-    log('check: %s on %d tower(s) %s%s against 1 device%s, global batch %d (%s), %d SGD steps%s%s'
+    log('check: %s on %d tower(s) %s%s%s against 1 device%s%s, global batch %d (%s), '
+        '%d SGD steps%s%s'
         % (model_name, num_towers, ','.join(tower_devices),
            ' in %s' % precision.name if precision.mixed else '',
-           ' in fp32' if precision.mixed else '', batch_size, '/'.join(map(str, shares)),
+           ' x %d micro-batches each' % accumulate if accumulate > 1 else '',
+           ' in fp32' if precision.mixed else '',
+           ' accumulating the same %d micro-batches' % accumulate
+           if accumulate > 1 and sync_bn else '', batch_size, '/'.join(map(str, shares)),
            steps, ', dropout off' if dropout_off else '',
            ', label smoothing %g' % label_smoothing if label_smoothing else ''))
     if precision.scaling:
@@ -201,7 +243,8 @@ def run_check(model_name, model_fn, dataset_name, train_set, num_towers, batch_s
     result, has_batch_norm = check_towers(model_fn, train_set.images.shape[1:], num_towers,
                                           batches, learning_rate, sync_bn=sync_bn,
                                           precision=precision, devices=devices,
-                                          label_smoothing=label_smoothing)
+                                          label_smoothing=label_smoothing,
+                                          accumulate=accumulate)
     for run, graph in zip(('1 device', '%d towers' % num_towers), result.graphs):
         log('fused by TensorFlow in the %s run: %s' % (run, graph.fusion_text() or 'nothing'))
     if any(graph.fusions for graph in result.graphs):
