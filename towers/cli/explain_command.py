@@ -47,7 +47,8 @@ def run_explain(args, log):
     plan = plan.with_data_format(args.data_format)
     report = explain.explain(model_fn, info.input_shape, info.num_classes, plan,
                              args.batch_size, args.input or 'feed', args.optimizer,
-                             args.sync_bn, target, precision=precision)
+                             args.sync_bn, target, precision=precision,
+                             accumulate=args.accumulate)
     if args.json:
         log(json.dumps(report, indent=1))
         return
@@ -99,7 +100,7 @@ def _plan_only(args, log, model_fn, info, precision):
         runs, where = [(plan, None)], 'variables: %s' % plan.describe()
     report = planonly.planned_step(model_fn, info.input_shape, info.num_classes, runs,
                                    args.batch_size, args.input or 'feed', args.optimizer,
-                                   args.sync_bn, precision)
+                                   args.sync_bn, precision, accumulate=args.accumulate)
     # The GPU each tower would be on: logical GPUs of one GPU share it.
     report['gpus'] = [list(run.gpus) if run.gpus else None for run, _ in runs]
     if args.json:
@@ -118,6 +119,8 @@ def _plan_only(args, log, model_fn, info, precision):
 def _title(args, towers, where, precision):
     # A between-graph cluster mode decides how the gradients meet: it is `where`.
     update = '' if args.plan_only and _on_cluster(args) else args.variable_update + ', '
-    return ('explain: %s on %s, global batch %d, %s input, %s%s%s'
-            % (args.model, towers, args.batch_size, args.input or 'feed', update, where,
+    return ('explain: %s on %s, global batch %d%s, %s input, %s%s%s'
+            % (args.model, towers, args.batch_size,
+               ' in %d micro-batches a tower' % args.accumulate if args.accumulate > 1 else '',
+               args.input or 'feed', update, where,
                '; ' + precision.describe() if precision.mixed else ''))

@@ -171,6 +171,9 @@ def explain_parser(commands):
     explain.add_argument('--optimizer', default='sgd', choices=OPTIMIZERS,
                          help='its slots are variables too (default: sgd)')
     explain.add_argument('--sync-bn', action='store_true', help='as for train')
+    explain.add_argument('--accumulate', type=int, default=1, metavar='K',
+                         help="as for train: each tower's K micro-batches in the step explained "
+                              '(default: 1)')
     explain.add_argument('--data-format', default=None, choices=DATA_FORMATS,
                          help='as for train (default: NCHW on GPU towers, else NHWC)')
     precision_flags(explain)

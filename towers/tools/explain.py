@@ -66,7 +66,7 @@ _SERVERS = []
 
 
 def explain(model_fn, input_shape, num_classes, plan, batch_size=100, input_mode='feed',
-            optimizer='sgd', sync_bn=False, target='', precision=None):
+            optimizer='sgd', sync_bn=False, target='', precision=None, accumulate=1):
     """Build the training graph, run one step, and say where everything ran.
 
     Args:
@@ -75,6 +75,8 @@ def explain(model_fn, input_shape, num_classes, plan, batch_size=100, input_mode
       target: the Session target ('' in this process).
       precision: what the towers compute in (a towers.precision.Precision or
         its name; None: fp32).
+      accumulate: each tower's micro-batches, one after another (train's --accumulate):
+        the ops and FLOPs are the step's, all K micro-batches'.
     Returns:
       dict: devices {device: {tower, examples, ops, flops, variables,
       variable_bytes, low_precision_ops}}, averaging [devices], apply
@@ -90,7 +92,7 @@ def explain(model_fn, input_shape, num_classes, plan, batch_size=100, input_mode
     source = zeros_input(input_mode, input_shape, num_classes, batch_size)
     model = ClassifierModel(model_fn, input_shape, num_classes, optimizer=optimizer)
     graph = build_training_graph(model, plan, seed=0, source=source, learning_rate=0.01,
-                                 sync_bn=sync_bn, precision=precision)
+                                 sync_bn=sync_bn, precision=precision, accumulate=accumulate)
     options = trace_options()  # with the partition graphs TensorFlow placed
     config = tf1.ConfigProto()
     config.CopyFrom(plan.config)

@@ -46,8 +46,10 @@ def cluster_runs(mode, workers, ps=0, towers_per_task=None, gpus_per_worker=0):
 
 
 def planned_step(model_fn, input_shape, num_classes, runs, batch_size=100, input_mode='feed',
-                 optimizer='sgd', sync_bn=False, precision=None):
+                 optimizer='sgd', sync_bn=False, precision=None, accumulate=1):
     """Build each (plan, strategy) training graph and say where its ops would run.
+
+    accumulate: each tower's micro-batches (train's --accumulate), in the graph built.
 
     Args:
       runs: [(DevicePlan, VariableStrategy or None)], one per training process.
@@ -64,7 +66,8 @@ def planned_step(model_fn, input_shape, num_classes, runs, batch_size=100, input
     for plan, strategy in runs:
         source = zeros_input(input_mode, input_shape, num_classes, batch_size)
         built = build_training_graph(model, plan, seed=0, source=source, learning_rate=0.01,
-                                     strategy=strategy, sync_bn=sync_bn, precision=precision)
+                                     strategy=strategy, sync_bn=sync_bn, precision=precision,
+                                     accumulate=accumulate)
         report['towers'].append(list(plan.towers))
         _read(built.graph, plan, report)
     return report
