@@ -155,3 +155,17 @@ def test_train_says_it_accumulates_and_a_resume_is_exact(tmp_path, capsys):
 def test_a_config_refuses_no_micro_batch():
     with pytest.raises(SettingError, match=r'^accumulate must be at least 1, got 0$'):
         TrainConfig(accumulate=0)
+
+
+def _dense(images, training):
+    return layers.dense(images, 4, name='logits')
+
+
+def test_a_tower_away_from_its_variables_reads_them_once_a_step_not_once_a_micro_batch():
+    from towers.tools.explain import explain
+    report = explain(_dense, (2, 2, 2), 4, local_plan(['/cpu:0', '/cpu:1']), batch_size=12,
+                     accumulate=3)
+    to_tower_1 = next(t for t in report['transfers'] if t['to'] == '/cpu:1')
+    # logits/weights 8*4 float32 = 128 B and biases 16 B, once (tests/tools/test_explain.py
+    # counts the same at K = 1).
+    assert to_tower_1['kinds']['variables'] == 144

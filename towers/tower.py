@@ -322,6 +322,38 @@ def micro_slices(piece, parts):
         return micros
 
 
+def _micro_step(step, micro, k, whole, after, results, shares, counts):
+    """Build micro-batch k of a tower (after: what its forward pass waits for); append its
+    (loss, metrics, grads_and_vars, name scope), share of the slice and count."""
+    share = tf.math.divide(tf.cast(micro.count, tf.float32), tf.cast(whole, tf.float32),
+                           name='share_%d' % k)
+    context = step.context.micro(k, micro.count, share)
+    # The first builds the tower's variables (or reuses them as the tower does).
+    again = tf1.variable_scope(tf1.get_variable_scope(), reuse=True,
+                               auxiliary_name_scope=False) if k else contextlib.nullcontext()
+    with again, tf1.name_scope('micro_%d' % k) as scope:
+        results.append(step(micro, context, after) + (scope,))
+    shares.append(share)
+    counts.append(micro.count)
+
+
+def _read_once():
+    """A custom getter under which a tower's micro-batches share one read of each trained
+    variable, made on the tower's device by the first: a tower away from its variables
+    copies them once a step, not once a micro-batch. (Batch norm's moving averages, which
+    the step assigns, are handed out as they are.)"""
+    reads = {}
+
+    def read_once(getter, name, *args, **kwargs):
+        value = getter(name, *args, **kwargs)
+        if kwargs.get('trainable') is False:
+            return value
+        if name not in reads:
+            reads[name] = tf.identity(value, name='read_once')
+        return reads[name]
+    return read_once
+
+
 def accumulation_line(parts, sync_bn, batch_norm):
     """What --accumulate K does to a run, in the words of its first lines; batch_norm:
     whether the model has batch norm, whose statistics are each micro-batch's own."""
@@ -343,21 +375,14 @@ def _accumulated(step, piece, parts):
     """
     whole = tf.maximum(piece.count, 1)
     results, counts, shares, after, first = [], [], [], [], None
-    for k, micro in enumerate(micro_slices(piece, parts)):
-        share = tf.math.divide(tf.cast(micro.count, tf.float32), tf.cast(whole, tf.float32),
-                               name='share_%d' % k)
-        context = step.context.micro(k, micro.count, share)
-        # The first builds the tower's variables (or reuses them as the tower does).
-        again = tf1.variable_scope(tf1.get_variable_scope(), reuse=True,
-                                   auxiliary_name_scope=False) if k else contextlib.nullcontext()
-        with again, tf1.name_scope('micro_%d' % k) as scope:
-            results.append(step(micro, context, after))
-        first = first or scope
-        shares.append(share)
-        counts.append(micro.count)
-        grads = results[-1][2]
-        after = [tf.group(*[g.op for g, _ in grads if g is not None])] if grads else []
-    losses, metrics, grads = zip(*results)
+    with tf1.variable_scope(tf1.get_variable_scope(), custom_getter=_read_once(),
+                            auxiliary_name_scope=False):
+        for k, micro in enumerate(micro_slices(piece, parts)):
+            _micro_step(step, micro, k, whole, after, results, shares, counts)
+            first = first or results[-1][3]
+            grads = results[-1][2]
+            after = [tf.group(*[g.op for g, _ in grads if g is not None])] if grads else []
+    losses, metrics, grads, _ = zip(*results)
     loss = tf.add_n([share * part for share, part in zip(shares, losses)], name='loss')
     # In the metric's own type (accuracy's float64): sum n_k m_k / n.
     metrics = {name: tf.math.divide(
