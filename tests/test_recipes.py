@@ -118,3 +118,24 @@ def test_synthetic_input_takes_the_recipe_without_its_augmentation():
     assert args.augment is None
     assert '  --augment left out: --input synthetic has no images to vary (the recipe: README: ' \
            'random resized crop, horizontal flip)' in lines
+
+
+def test_a_model_trains_with_its_own_settings_where_the_run_names_none():
+    args, lines = _applied('--model', 'resnet20', '--epochs', '12', '--batch-size', '64')
+    assert (args.optimizer, args.momentum, args.lr, args.lr_schedule) == \
+        ('momentum', 0.9, 0.05, 'cosine')  # 0.1 at 128, linearly
+    assert (args.weight_decay, args.decay_on, args.epochs, args.batch_size) == \
+        (1e-4, 'weights', 12, 64)  # the run's length and batch stay the run's
+    assert lines[0].startswith('model resnet20 trains with its own settings unless given '
+                               '(--recipe for others): He et al. 2016')
+    # A flag by hand wins; a schedule in epochs is left out of a run counted in steps.
+    args, lines = _applied('--model', 'resnet50', '--optimizer', 'adam', '--steps', '3')
+    assert (args.optimizer, args.lr_schedule) == ('adam', 'constant')
+    assert '  --optimizer adam (given by hand; the model\'s: README: --optimizer=momentum)' \
+        in lines
+    assert any(line.startswith('  --lr-schedule left out: it counts epochs') for line in lines)
+    # A model without settings of its own keeps train's defaults; --recipe wins over them.
+    args, lines = _applied('--model', 'mnist_convnet')
+    assert (lines, args.optimizer, args.lr) == ([], 'adam', 0.001)
+    args, lines = _applied('--model', 'resnet20', '--recipe', 'he2016-cifar')
+    assert lines[0].startswith('recipe he2016-cifar: ') and args.epochs == 182

@@ -143,6 +143,27 @@ RECIPES = {recipe.name: recipe for recipe in (
                             MLPERF_RN50 + ' README: the quality target it trains to'),)),
 )}
 
+# What each model trains well with where the run names no recipe: its reference's optimizer,
+# rate and schedule (not its batch or length, which stay the run's), each flag given by hand
+# winning; the first lines say them with their sources, as a recipe's.
+_CIFAR_RESNETS = Recipe('resnet-cifar', HE_2016 + ", CIFAR-10 ResNets (section 4.2), with a "
+                        "cosine over the run's epochs", {
+    'optimizer': Setting('momentum', 'section 4.2: SGD with momentum'),
+    'momentum': Setting(0.9, 'section 4.2'),
+    'lr': Setting(_scaled(0.1, 128), 'section 4.2: 0.1 at batch 128, scaled linearly'),
+    'lr_schedule': Setting('cosine', "a cosine over the run's epochs, where the paper divides "
+                                     'by 10 at 50% and 75% of its 182'),
+    'weight_decay': Setting(1e-4, 'section 4.2: 0.0001'),
+    'decay_on': Setting('weights', 'the paper does not say; towers decays the kernels'),
+})
+_IMAGENET_RESNETS = Recipe('resnet-imagenet', TF_CNN_BENCHMARKS + ' ResNets on ImageNet', {
+    key: RECIPES['tf-cnn-benchmarks-resnet50'].settings[key]
+    for key in ('optimizer', 'momentum', 'lr', 'lr_schedule', 'warmup_epochs', 'weight_decay',
+                'decay_on')})
+MODEL_SETTINGS = dict(
+    [('resnet%d' % depth, _CIFAR_RESNETS) for depth in (20, 32, 44, 56, 110)]
+    + [('resnet%d' % depth, _IMAGENET_RESNETS) for depth in (50, 101, 152)])
+
 
 def explicit_flags(parser, argv):
     """The dests of parser's options that argv gives by hand, however argparse reads them
@@ -161,28 +182,40 @@ def explicit_flags(parser, argv):
 
 
 def apply_recipe(args, given):
-    """Fill in args from args.recipe where `given` (explicit_flags) has no flag of its own.
+    """Fill in args from args.recipe where `given` (explicit_flags) has no flag of its own;
+    without a recipe, from the model's own settings (MODEL_SETTINGS), where it has some.
 
     Returns:
       The lines that say where each value comes from, for the run's first lines.
     Raises:
       SettingError: an unknown recipe, or --steps where its schedule counts epochs.
     """
-    recipe = RECIPES.get(args.recipe)
+    own = not getattr(args, 'recipe', None)
+    recipe = MODEL_SETTINGS.get(args.model) if own else RECIPES.get(args.recipe)
+    if recipe is None and own:
+        return []
     if recipe is None:
         raise SettingError('unknown {recipe} %r; choose one of: %s', args.recipe,
                            ', '.join(RECIPES))
     schedule = recipe.settings.get('lr_schedule')
-    if getattr(args, 'steps', None) is not None and 'lr_schedule' not in given \
-            and callable(getattr(schedule, 'value', None)):
+    by_steps = getattr(args, 'steps', None) is not None and 'lr_schedule' not in given \
+        and callable(getattr(schedule, 'value', None))
+    if by_steps and not own:
         raise SettingError('{recipe} %s counts its schedule in epochs: give {epochs}, not '
                            '{steps} (or a {lr_schedule} of your own)', recipe.name)
-    lines = ['recipe %s: %s' % (recipe.name, recipe.title)]
+    lines = ['recipe %s: %s' % (recipe.name, recipe.title) if not own else
+             'model %s trains with its own settings unless given (--recipe for others): %s'
+             % (args.model, recipe.title)]
     for dest, setting in recipe.settings.items():
         flag = '--' + dest.replace('_', '-')
+        if dest == 'lr_schedule' and by_steps:
+            lines.append('  %s left out: it counts epochs, and the run --steps (%s)'
+                         % (flag, setting.source))
+            continue
         if dest in given:
-            lines.append('  %s %s (given by hand; the recipe: %s)'
-                         % (flag, _shown(getattr(args, dest)), setting.source))
+            lines.append('  %s %s (given by hand; the %s: %s)'
+                         % (flag, _shown(getattr(args, dest)), "model's" if own else 'recipe',
+                            setting.source))
             continue
         if dest == 'augment' and not INPUT_MODES[getattr(args, 'input', None) or 'feed'
                                                  ].has_images:

@@ -14,7 +14,7 @@ import traceback
 from towers.cli.parsers import build_parser
 from towers.names import XLA_CPU_FLAG
 from towers.quiet import native_stderr_silenced
-from towers.recipes import apply_recipe, explicit_flags
+from towers.recipes import MODEL_SETTINGS, apply_recipe, explicit_flags
 
 # What TensorFlow imports as it starts and towers' graphs never use: Keras (its optimizers,
 # loaded eagerly for Keras' SavedModel registrations) and, through Keras, matplotlib. Kept out
@@ -118,7 +118,8 @@ def main(argv=None):
         from towers.cli.datasets import default_dataset
         args.dataset = default_dataset(args.model)
     command = COMMANDS[args.command]
-    if getattr(args, 'recipe', None):
+    if getattr(args, 'recipe', None) or (args.command == 'train'
+                                         and args.model in MODEL_SETTINGS):
         command = _with_recipe(command, explicit_flags(_subparser(parser, args.command), argv))
     return _run(args, command)
 
