@@ -120,7 +120,8 @@ def test_malformed_spec_is_a_one_line_error_naming_the_option(spec):
         LearningRate.parse(0.1, spec)
     message = str(error.value)
     assert message.startswith('lr_schedule wants constant, piecewise:EPOCH=LR,..., '
-                              'exponential:FACTOR,EPOCHS or cosine[:EPOCHS], got %r' % spec)
+                              'exponential:FACTOR,EPOCHS, cosine[:EPOCHS] or poly[:POWER[,END]], '
+                              'got %r' % spec)
     assert '\n' not in message
 
 
