@@ -62,9 +62,10 @@ class InitFrom:
     def __init__(self, path, rules, variables):
         self.checkpoint = checkpoint_of(path)
         held = dict(tf1.train.list_variables(self.checkpoint))
+        rules = parse_map(rules)
         mapped, names = {}, {}  # model name -> (checkpoint name, renamed); checkpoint -> model
         for name in held:
-            new, renamed = _renamed(name, parse_map(rules))
+            new, renamed = _renamed(name, rules)
             mapped.setdefault(new, (name, renamed))
             names[name] = new
         model = {v.op.name for v in tf1.trainable_variables()
