@@ -202,7 +202,7 @@ def epoch_pipeline(epoch_source, records_per_epoch, input_shape, num_classes, ba
         decodes every row.
       start: the first batch (an int64 scalar tensor, e.g. a resume's step).
       parts: None, or (first, end, of): only the rows of parts first..end-1 of each batch
-        cut in `of` parts (towers.tower.split_batch's cut) are used: the others need not be
+        cut in `of` parts (towers.slicing.split_batch's cut) are used: the others need not be
         decoded. The last row of a batch is always kept (split_batch's stand-in for an
         empty part).
       input_shape, num_classes, batch_size, pixel_scale, mean, std, epochs, prefetch,
@@ -237,7 +237,7 @@ def epoch_pipeline(epoch_source, records_per_epoch, input_shape, num_classes, ba
 
 def _rows_in(parts, batch_size, records_per_epoch):
     """keep(positions) of epoch_pipeline: whether each position's row of its batch is in
-    parts first..end-1 of `of`, cut as towers.tower.share_of cuts (the first parts larger),
+    parts first..end-1 of `of`, cut as towers.slicing.share_of cuts (the first parts larger),
     or the batch's last row."""
     first, end, of = parts
 

@@ -25,7 +25,8 @@ import tensorflow as tf
 from towers import data, models
 from towers.devices import resolve_devices, session_config
 from towers.gradients import average_gradients
-from towers.tower import split_batch, tower_loss, variables_on
+from towers.slicing import split_batch
+from towers.tower import tower_loss, variables_on
 
 tf1 = tf.compat.v1
 

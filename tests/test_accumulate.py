@@ -13,8 +13,8 @@ from towers.errors import SettingError
 from towers.graph import build_training_graph
 from towers.model import ClassifierModel
 from towers.models import layers
+from towers.slicing import TowerSlice, micro_slices
 from towers.tools.check import check_towers, in_micro_order
-from towers.tower import TowerSlice, micro_slices
 
 tf1 = tf.compat.v1
 

@@ -4,7 +4,8 @@ import tensorflow as tf
 
 from towers.context import EVAL, TRAIN, TowerContext, is_training_flag
 from towers.deviceplan import DevicePlan
-from towers.tower import build_towers, build_towers_from_slices, split_batch
+from towers.slicing import split_batch
+from towers.tower import build_towers, build_towers_from_slices
 
 tf1 = tf.compat.v1
 

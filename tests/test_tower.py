@@ -7,7 +7,8 @@ from towers import models
 from towers.devices import session_config
 from towers.gradients import build_train_op
 from towers.model import make_optimizer
-from towers.tower import build_towers, share_of, split_sizes, tower_loss
+from towers.slicing import share_of, split_sizes
+from towers.tower import build_towers, tower_loss
 
 tf1 = tf.compat.v1
 

@@ -33,25 +33,22 @@ class TowerContext:
     # Micro-batch k's batch norms (--accumulate) meet under keys from k * KEYS_PER_MICRO on.
     KEYS_PER_MICRO = 1000000
 
-    def __init__(self, mode, index, num_towers, count, weight, sync_bn=False):
+    def __init__(self, mode, index, num_towers, count, weight, sync_bn=False,
+                 micro_batch=None):
         if mode not in (TRAIN, EVAL):
             raise ValueError('a tower is built to train or eval, not %r' % (mode,))
         self.mode, self.index, self.num_towers = mode, index, num_towers
         self.count, self.weight = count, weight
         self.sync_bn = sync_bn and mode == TRAIN
-        self._collectives = 0
-        self.micro_batch = None
+        self.micro_batch = micro_batch
+        self._collectives = (micro_batch or 0) * self.KEYS_PER_MICRO
 
-    def micro(self, k, count, share):
-        """The context of this tower's micro-batch k (--accumulate): its count, and its
-        share of the slice times the tower's weight (what its gradient is weighted by);
-        its batch norms pool with the other towers' micro-batch k."""
-        weight = share if isinstance(self.weight, (int, float)) and self.weight == 1 \
-            else self.weight * share
-        context = TowerContext(self.mode, self.index, self.num_towers, count, weight,
-                               self.sync_bn)
-        context.micro_batch, context._collectives = k, k * self.KEYS_PER_MICRO
-        return context
+    def micro(self, k, count, weight):
+        """The context of this tower's micro-batch k (--accumulate): its count, and the
+        weight its gradient goes on with (its share of the slice times the tower's
+        weight); its batch norms pool with the other towers' micro-batch k."""
+        return TowerContext(self.mode, self.index, self.num_towers, count, weight,
+                            self.sync_bn, micro_batch=k)
 
     @property
     def training(self):

@@ -13,12 +13,13 @@ import tensorflow as tf
 
 from towers.checkpoints import restore_map
 from towers.config import check
-from towers.gradients import weighted
+from towers.gradients import count_weighted, weighted
 from towers.model import normalize
 from towers.placeholders import FedBatch
 from towers.precision import Precision, all_finite, check_kernels
 from towers.schedules import LearningRate
-from towers.tower import build_towers_from_slices, split_batch
+from towers.slicing import split_batch
+from towers.tower import build_towers_from_slices
 from towers.variables import make_strategy, variable_name
 
 tf1 = tf.compat.v1
@@ -69,16 +70,8 @@ def weighted_loss(towers, name='loss'):
 
 
 def weighted_metrics(towers):
-    """Each metric's global mean (float64), weighted by the towers' shares as the loss is.
-
-    In float64 so that an exact ratio such as accuracy stays exact to print:
-    912 right of 1,000 reads 0.912, not 0.9119999825954437.
-    """
-    counts = [tf.cast(t.count, tf.float64) for t in towers]
-    total = tf.maximum(tf.add_n(counts), 1.0)
-    return {name: tf.math.divide(
-        tf.add_n([n * tf.cast(t.metrics[name], tf.float64) for n, t in zip(counts, towers)]),
-        total, name=name) for name in sorted(towers[0].metrics)}
+    """Each metric's global mean (float64), weighted by the towers' shares as the loss is."""
+    return count_weighted([t.count for t in towers], [t.metrics for t in towers])
 
 
 def build_training_graph(model, plan, seed=None, source=None, learning_rate=1e-3,

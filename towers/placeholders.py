@@ -8,7 +8,7 @@ step. They live here, below the inputs, so that the core needs none of towers.in
 """
 import tensorflow as tf
 
-from towers.tower import split_batch
+from towers.slicing import split_batch
 
 tf1 = tf.compat.v1
 

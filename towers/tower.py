@@ -8,33 +8,24 @@ number of towers. The variables sit on a parameter device (the tutorial's
 `/cpu:0` by default); each tower's compute, and its gradients, on its own device.
 """
 import collections
-import contextlib
 import functools
 
 import tensorflow as tf
 
+from towers.accumulation import accumulated
 from towers.context import EVAL, TRAIN, TowerContext
 from towers.deviceplan import DevicePlan
 from towers.errors import SettingError
-from towers.gradients import combine
 from towers.models import layout
 from towers.models.channels_first import cpu_runs_nchw
 from towers.precision import Precision
+from towers.slicing import split_batch
 
 tf1 = tf.compat.v1
 
 # Op types that hold a variable's storage (resource variables, and the older
 # ref variables); they go to the parameter device.
 VARIABLE_OPS = frozenset(['VarHandleOp', 'VariableV2'])
-
-TowerSlice = collections.namedtuple('TowerSlice', ['images', 'labels', 'count', 'batch'])
-TowerSlice.__doc__ = """One tower's share of a global batch.
-
-  images: [m, H, W, C] float32; labels: [m] int64.
-  count: scalar int32, how many of the m examples are real (m = max(count, 1):
-    an empty share carries one stand-in example, see split_batch).
-  batch: scalar int32, the global batch size the share was cut from.
-"""
 
 Tower = collections.namedtuple(
     'Tower', ['device', 'scope', 'images', 'labels', 'loss', 'metrics', 'count', 'weight',
@@ -71,57 +62,6 @@ def variables_on(param_device, compute_device):
             return op.device
         return param_device(op) if callable(param_device) else param_device
     return device_fn
-
-
-def share_of(batch, num_parts, index):
-    """(start, size) of part `index` of a batch of Python int size, cut as split_sizes cuts
-    it: as equal as possible, the first parts larger (100 over 3: (0, 34), (34, 33), (67, 33))."""
-    base, extra = divmod(batch, num_parts)
-    return index * base + min(index, extra), base + (index < extra)
-
-
-def split_sizes(batch, num_towers):
-    """Per-tower slice sizes of a batch: as equal as possible, the first towers larger.
-
-    100 over 3 towers -> [34, 33, 33]; 2 over 3 towers -> [1, 1, 0].
-
-    Args:
-      batch: scalar int32 tensor (or int), the global batch size.
-      num_towers: Python int.
-    Returns:
-      [num_towers] int32 tensor.
-    """
-    base, extra = batch // num_towers, batch % num_towers
-    return tf.stack([base + tf.cast(i < extra, tf.int32) for i in range(num_towers)])
-
-
-def split_batch(images, labels, num_towers):
-    """Slice a global batch into num_towers contiguous pieces.
-
-    A tower whose share is empty (a batch smaller than num_towers) is handed
-    the batch's last example as a stand-in, with count 0: tower_loss masks it
-    out and the tower's weight is 0. Feeding it nothing would be cleaner, but
-    some CPU kernels (oneDNN's max-pool gradient) abort on an empty batch.
-
-    Args:
-      images: [batch, H, W, C] float32; batch may be unknown, must be >= 1.
-      labels: [batch] int64.
-      num_towers: Python int.
-    Returns:
-      num_towers TowerSlices.
-    """
-    with tf.name_scope('split_batch'):
-        batch = tf.shape(labels)[0]
-        if num_towers == 1:
-            return [TowerSlice(images, labels, batch, batch)]
-        sizes = split_sizes(batch, num_towers)
-        starts = tf.cumsum(sizes, exclusive=True)
-        slices = []
-        for i in range(num_towers):
-            begin = tf.minimum(starts[i], batch - 1)
-            end = begin + tf.maximum(sizes[i], 1)
-            slices.append(TowerSlice(images[begin:end], labels[begin:end], sizes[i], batch))
-        return slices
 
 
 # Top-k accuracy's k (tf_cnn_benchmarks' and the ImageNet papers' top-5): a metric of every
@@ -232,9 +172,9 @@ def build_towers_from_slices(loss_fn, slices, plan, optimizer=None, training=Tru
         its images to the compute type and reads the float32 variables cast to
         it; its loss comes back float32. None: float32.
       accumulate: K, towers in time (--accumulate): a training tower cuts its
-        slice into K micro-batches (micro_slices) and runs them one after
+        slice into K micro-batches and runs them one after
         another in the step, summing their gradients weighted by their shares
-        of the slice; 1: the slice at once.
+        of the slice (towers/accumulation.py); 1: the slice at once.
       The other arguments are those of build_towers.
     Returns:
       A list of Tower, one per device.
@@ -260,11 +200,11 @@ def build_towers_from_slices(loss_fn, slices, plan, optimizer=None, training=Tru
             weight = 1.0 if piece.count is piece.batch else tf.math.divide(
                 tf.cast(piece.count, tf.float32), tf.cast(tf.maximum(piece.batch, 1),
                                                           tf.float32), name='weight')
-            step = _TowerStep(loss_fn, optimizer, precision, plan.copies, TowerContext(
+            step = TowerStep(loss_fn, optimizer, precision, plan.copies, TowerContext(
                 TRAIN if training else EVAL, i, plan.num_towers, piece.count, weight,
                 sync_bn=sync_bn))
             if training and accumulate > 1:
-                (loss, metrics, grads_and_vars), scope = _accumulated(step, piece, accumulate)
+                (loss, metrics, grads_and_vars), scope = accumulated(step, piece, accumulate)
             else:
                 loss, metrics, grads_and_vars = step(piece)
         towers.append(Tower(device, scope, piece.images, piece.labels, loss, metrics,
@@ -272,12 +212,12 @@ def build_towers_from_slices(loss_fn, slices, plan, optimizer=None, training=Tru
     return towers
 
 
-class _TowerStep:
+class TowerStep:
     """One tower's forward pass on a piece of its slice, and its backward pass where
     there is an optimizer: (loss, metrics, grads_and_vars or None).
 
     Built inside the tower's scopes. context is the tower's TowerContext, for the
-    slice whole; a micro-batch gets its own (TowerContext.micro).
+    slice whole; a micro-batch gets its own (TowerContext.micro, towers/accumulation.py).
     """
 
     def __init__(self, loss_fn, optimizer, precision, copies, context):
@@ -302,97 +242,6 @@ class _TowerStep:
         return loss, metrics, self.optimizer.compute_gradients(
             loss, var_list=own, colocate_gradients_with_ops=True,
             gate_gradients=tf1.train.Optimizer.GATE_NONE)
-
-
-def micro_slices(piece, parts):
-    """A tower's slice cut into `parts` micro-batches (--accumulate), as split_batch cuts a
-    global batch: contiguous, as equal as possible, the first larger, and a micro-batch
-    with no real example carries a stand-in (count 0). Each one's `batch` is the slice's
-    count, which its share is a part of."""
-    with tf.name_scope('micro_batches'):
-        size = tf.shape(piece.labels)[0]  # >= 1: the count, or an empty share's stand-in
-        sizes = split_sizes(piece.count, parts)
-        starts = tf.cumsum(sizes, exclusive=True)
-        micros = []
-        for k in range(parts):
-            begin = tf.minimum(starts[k], size - 1)
-            end = begin + tf.maximum(sizes[k], 1)
-            micros.append(TowerSlice(piece.images[begin:end], piece.labels[begin:end],
-                                     sizes[k], piece.count))
-        return micros
-
-
-def _micro_step(step, micro, k, whole, after, results, shares, counts):
-    """Build micro-batch k of a tower (after: what its forward pass waits for); append its
-    (loss, metrics, grads_and_vars, name scope), share of the slice and count."""
-    share = tf.math.divide(tf.cast(micro.count, tf.float32), tf.cast(whole, tf.float32),
-                           name='share_%d' % k)
-    context = step.context.micro(k, micro.count, share)
-    # The first builds the tower's variables (or reuses them as the tower does).
-    again = tf1.variable_scope(tf1.get_variable_scope(), reuse=True,
-                               auxiliary_name_scope=False) if k else contextlib.nullcontext()
-    with again, tf1.name_scope('micro_%d' % k) as scope:
-        results.append(step(micro, context, after) + (scope,))
-    shares.append(share)
-    counts.append(micro.count)
-
-
-def _read_once():
-    """A custom getter under which a tower's micro-batches share one read of each trained
-    variable, made on the tower's device by the first: a tower away from its variables
-    copies them once a step, not once a micro-batch. (Batch norm's moving averages, which
-    the step assigns, are handed out as they are.)"""
-    reads = {}
-
-    def read_once(getter, name, *args, **kwargs):
-        value = getter(name, *args, **kwargs)
-        if kwargs.get('trainable') is False:
-            return value
-        if name not in reads:
-            reads[name] = tf.identity(value, name='read_once')
-        return reads[name]
-    return read_once
-
-
-def accumulation_line(parts, sync_bn, batch_norm):
-    """What --accumulate K does to a run, in the words of its first lines; batch_norm:
-    whether the model has batch norm, whose statistics are each micro-batch's own."""
-    norms = ('; batch norm\'s statistics are each micro-batch\'s own%s'
-             % (' pooled over the towers (--sync-bn)' if sync_bn else '')) if batch_norm else ''
-    return ('accumulating: each tower runs its slice as %d micro-batches one after another, and '
-            'the step applies their summed gradients once%s' % (parts, norms))
-
-
-def _accumulated(step, piece, parts):
-    """A training tower's step in `parts` micro-batches: ((loss, metrics, grads_and_vars),
-    the first micro-batch's name scope, whose batch-norm updates the step runs).
-
-    Micro-batch k starts once k-1's gradients are computed, so one micro-batch's
-    activations are alive at a time; each gradient, loss and metric is weighted by its
-    share of the slice (n_k / n, exact for any cut, as the towers' weights are), and the
-    tower's sums go on as one tower's. Batch norm's statistics are each micro-batch's own
-    (--sync-bn pools micro-batch k over the towers, its context's collective keys k's).
-    """
-    whole = tf.maximum(piece.count, 1)
-    results, counts, shares, after, first = [], [], [], [], None
-    with tf1.variable_scope(tf1.get_variable_scope(), custom_getter=_read_once(),
-                            auxiliary_name_scope=False):
-        for k, micro in enumerate(micro_slices(piece, parts)):
-            _micro_step(step, micro, k, whole, after, results, shares, counts)
-            first = first or results[-1][3]
-            grads = results[-1][2]
-            after = [tf.group(*[g.op for g, _ in grads if g is not None])] if grads else []
-    losses, metrics, grads, _ = zip(*results)
-    loss = tf.add_n([share * part for share, part in zip(shares, losses)], name='loss')
-    # In the metric's own type (accuracy's float64): sum n_k m_k / n.
-    metrics = {name: tf.math.divide(
-        tf.add_n([tf.cast(n, m[name].dtype) * m[name] for n, m in zip(counts, metrics)]),
-        tf.cast(whole, metrics[0][name].dtype), name=name) for name in metrics[0]}
-    if grads[0] is None:
-        return (loss, metrics, None), first
-    summed = [(combine([g[j][0] for g in grads], shares), var)
-              for j, (_, var) in enumerate(grads[0])]
-    return (loss, metrics, summed), first
 
 
 def _check_channels_first(plan, precision):

@@ -12,6 +12,7 @@ a ClassifierModel over a registry model_fn, the default callbacks, this loop.
 import tensorflow as tf
 
 from towers import checkpoints, evaluation, exactness
+from towers.accumulation import accumulation_line
 from towers.callbacks import Checkpoint, Throughput, default_callbacks
 from towers.config import TrainConfig
 from towers.dataorder import DataOrder
@@ -29,7 +30,6 @@ from towers.precision import Precision
 from towers.resuming import record_run, resume
 from towers.schedules import total_steps
 from towers.session import run_steps, step_options
-from towers.tower import accumulation_line
 
 tf1 = tf.compat.v1
 

@@ -13,7 +13,7 @@ import tensorflow as tf
 
 from towers.data.augment import CENTER, as_augmentation, augment_batch
 from towers.errors import SettingError
-from towers.tower import share_of
+from towers.slicing import share_of
 
 tf1 = tf.compat.v1
 

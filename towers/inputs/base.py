@@ -15,7 +15,7 @@ and asks it `end_of_data()` when a step raises OutOfRangeError (step may raise
 it too, for a source that knows its data ended before the step runs).
 """
 from towers.errors import TowersError
-from towers.tower import share_of
+from towers.slicing import share_of
 
 
 def sampled_batch(dataset, sampler, step, share=None):

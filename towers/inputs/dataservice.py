@@ -38,7 +38,7 @@ from towers.data.augment import CENTER
 from towers.errors import SettingError, TowersError
 from towers.inputs.dataset import DatasetInput, _by_task
 from towers.inputs.staging import stage
-from towers.tower import share_of, split_batch
+from towers.slicing import share_of, split_batch
 
 tf1 = tf.compat.v1
 

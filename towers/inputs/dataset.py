@@ -32,7 +32,7 @@ from towers.inputs.base import InputSource
 from towers.inputs.staging import past_the_end, stage
 from towers.names import INPUT_MODES
 from towers.session import input_errors
-from towers.tower import split_batch
+from towers.slicing import split_batch
 
 tf1 = tf.compat.v1
 

@@ -18,7 +18,7 @@ from towers.errors import TowersError, op_error_summary
 from towers.inputs.augmenting import FedAugmentation
 from towers.inputs.base import InputSource, sampled_batch
 from towers.names import INPUT_MODES
-from towers.tower import TowerSlice, split_batch
+from towers.slicing import TowerSlice, split_batch
 
 tf1 = tf.compat.v1
 

@@ -6,7 +6,7 @@ import tensorflow as tf
 
 from towers.inputs.base import InputSource
 from towers.names import INPUT_MODES
-from towers.tower import TowerSlice, share_of
+from towers.slicing import TowerSlice, share_of
 
 tf1 = tf.compat.v1
 

@@ -26,8 +26,9 @@ from towers.gradients import average_gradients, tower_update_ops
 from towers.inputs import FeedInput
 from towers.precision import Precision, check_kernels
 from towers.session import load_variables, open_session, run_steps
+from towers.slicing import share_of
 from towers.tools import stepgraph
-from towers.tower import build_towers_from_slices, share_of, tower_loss
+from towers.tower import build_towers_from_slices, tower_loss
 
 tf1 = tf.compat.v1
 
