@@ -13,10 +13,9 @@
 # where TensorFlow sees no GPU it says why, in one line, and exits 1.
 set -uo pipefail
 
-gpus=$(python -c "import os; os.environ['TF_CPP_MIN_LOG_LEVEL'] = '3'
-import tensorflow as tf; print(len(tf.config.list_physical_devices('GPU')))" 2>/dev/null)
-if [ "${gpus:-0}" -lt 1 ]; then
-  echo "gpu_check: $(towers devices --devices /gpu:0 2>&1 | tail -n 1 | sed 's/^towers: error: //')"
+# One process asks TensorFlow: /gpu:0 exists, or the last line says why not.
+if ! first=$(towers devices --devices /gpu:0 2>&1); then
+  echo "gpu_check: $(printf '%s\n' "$first" | tail -n 1 | sed 's/^towers: error: //')"
   exit 1
 fi
 towers=2  # two logical GPUs of one GPU where there is one

@@ -79,11 +79,15 @@ def _pids(line):
     return {name: int(pid) for name, pid in re.findall(r'(\w+ \d+) is pid (\d+)', line)}
 
 
-def _launch_and(tmp_path, act, *args, at_step=3, mode='in-graph'):
-    """Launch, do act(pid of worker 1) once the chief has logged step at_step; (status, lines)."""
+def _launch_and(tmp_path, act, *args, at_step=3, mode='in-graph', grace=5):
+    """Launch, do act(pid of worker 1) once the chief has logged step at_step; (status, lines).
+
+    grace: the launcher's --grace, how long the tasks it stops have before SIGKILL.
+    """
     ps = '1' if mode == 'parameter-server' else '0'
     process = subprocess.Popen(
-        [sys.executable, '-m', 'towers', 'launch', '--workers', '2', '--ps', ps, '--grace', '5',
+        [sys.executable, '-m', 'towers', 'launch', '--workers', '2', '--ps', ps, '--grace',
+         str(grace),
          '--logs', str(tmp_path / 'logs'), '--', 'train', '--threads', '1',
          '--cluster-mode', mode] + list(args),
         env=ENV, cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -233,10 +237,13 @@ def test_a_killed_worker_is_named_and_a_relaunch_resumes_exactly(tmp_path, one_p
 
 
 # (In parameter-server mode a frozen worker is a killed one: the step's timeout names it.)
+# The chief ends by itself; the frozen worker cannot act on SIGTERM, so the launcher's grace
+# is a wait for nothing before its SIGKILL: 1 s.
 @pytest.mark.parametrize('mode', ['in-graph', 'collective'])
 def test_a_frozen_worker_is_named_within_the_timeout(tmp_path, mode):
     status, lines = _launch_and(tmp_path, lambda pid: os.kill(pid, signal.SIGSTOP),
-                                '--steps', '400', '--cluster-timeout', '3', *FLAGS, mode=mode)
+                                '--steps', '400', '--cluster-timeout', '3', *FLAGS, mode=mode,
+                                grace=1)
     assert status == 1, '\n'.join(lines)
     lost = [line for line in lines if 'towers: error: lost worker 1 (127.0.0.1:' in line]
     assert len(lost) == 1 and '(the step did not finish within 3 s)' in lost[0], lines
