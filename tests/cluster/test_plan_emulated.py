@@ -7,8 +7,9 @@ receives a step is the model's and the mode's, whatever the machine's load, and 
 against `towers plan`'s bytes: collective with its all-reduce in buckets (`auto`) and
 parameter-server at two workers, and the ring after the backward pass (`--all-reduce-bucket 0`)
 at three, where its 2(N-1)/N is not 1. (At two workers, bucket 0 is what `towers plan --verify`
-runs and holds to the same bounds: tests/tools/test_plan_verify.py.) The step's time is not asserted here: it moves
-with whatever else this machine runs; `towers plan --verify` measures it against the plan.
+runs and holds to the same bounds: tests/tools/test_plan_verify.py.) The step's time is not
+asserted here: it moves with whatever else this machine runs; `towers plan --verify` measures
+it against the plan.
 Each namespace and bridge a test makes is removed by the launcher's teardown.
 """
 import os
