@@ -229,6 +229,8 @@ def _convert_folder(args, log):
 def run_check(args, log):
     """towers check: N towers against one device on the same batches."""
     from towers.tools import check as checking
+    from towers.tools import yours
+    average = yours.as_average(yours.load(args.average)) if args.average else None
     tolerance = (args.tolerance if args.tolerance is not None
                  else checking.default_tolerance(args.precision)[0])
     checking.check_settings(args.towers, args.batch_size, args.steps, tolerance,
@@ -248,7 +250,8 @@ def run_check(args, log):
                            precision=args.precision, loss_scale=loss_scale(args.loss_scale),
                            devices=args.devices,
                            label_smoothing=check_setting('label_smoothing', args.label_smoothing),
-                           accumulate=args.accumulate)
+                           accumulate=args.accumulate, average=average,
+                           average_name=args.average)
 
 
 COMMANDS = {'train': run_train, 'devices': run_devices, 'bench': run_bench,

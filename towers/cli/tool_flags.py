@@ -226,5 +226,10 @@ def check_parser(commands):
                        help="each tower's slice in K micro-batches one after another, as "
                             "train's (default: 1); with --sync-bn against one device "
                             "accumulating the same micro-batches")
+    check.add_argument('--average', default=None, metavar='MODULE:FUNCTION',
+                       help='combine the towers\' gradients with your own function, '
+                            'f(tower_grads, weights) or the tutorial\'s f(tower_grads), from a '
+                            'module or a .py file; a difference names the first gradient off '
+                            'and the likely mistake (examples/lab/)')
     precision_flags(check)
     return check

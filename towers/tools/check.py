@@ -27,14 +27,14 @@ from towers.inputs import FeedInput
 from towers.precision import Precision, check_kernels
 from towers.session import load_variables, open_session, run_steps
 from towers.slicing import share_of
-from towers.tools import stepgraph
+from towers.tools import stepgraph, yours
 from towers.tower import build_towers_from_slices, tower_loss
 
 tf1 = tf.compat.v1
 
 CheckResult = collections.namedtuple(
     'CheckResult', ['gradient_diff', 'gradient_var', 'variable_diff', 'variable_var', 'scale',
-                    'gradient_scale', 'graphs'], defaults=(None,))
+                    'gradient_scale', 'graphs', 'counts', 'diagnosis'], defaults=(None,) * 3)
 CheckResult.__doc__ = """Largest absolute differences between N towers and one device.
 
   gradient_diff, gradient_var: over the first batch's averaged gradients, and
@@ -44,6 +44,9 @@ CheckResult.__doc__ = """Largest absolute differences between N towers and one d
   gradient_scale: the largest absolute gradient value, to read gradient_diff against.
   graphs: (one device's, N towers') StepGraph of the first batch's gradients:
     what TensorFlow fused (a fused kernel rounds as it rounds, in both runs).
+  counts: the examples each tower had of the first batch.
+  diagnosis: with an average of the caller's own, (variable, what the average did) for the
+    first variable whose gradient is off (towers/tools/yours.py), or None.
 """
 
 
@@ -67,6 +70,12 @@ class _Run:
                 sync_bn=sync_bn, precision=precision, accumulate=accumulate)
             grads = average([t.grads_and_vars for t in towers], [t.weight for t in towers])
             self.grads = {v.op.name: g for g, v in grads if g is not None}
+            # Each tower's own, to tell what an average of the caller's did with them.
+            self.tower_grads = {v.op.name: [tf.convert_to_tensor(t.grads_and_vars[k][0])
+                                            for t in towers]
+                                for k, (_, v) in enumerate(towers[0].grads_and_vars)
+                                if all(t.grads_and_vars[k][0] is not None for t in towers)}
+            self.counts = [t.count for t in towers]
             self.train_op = tf.group(opt.apply_gradients(grads), *tower_update_ops(towers[0]))
             check_kernels(self.graph, precision)
             self.variables = {v.op.name: v for v in tf1.global_variables()
@@ -82,7 +91,7 @@ class _Run:
 
 def check_towers(model_fn, input_shape, num_towers, batches, learning_rate=0.01,
                  average=average_gradients, sync_bn=False, precision=None, devices=None,
-                 label_smoothing=0.0, accumulate=1):
+                 label_smoothing=0.0, accumulate=1, tolerance=None):
     """Train one device and num_towers virtual devices (or GPUs) on the same batches.
 
     Args:
@@ -103,6 +112,8 @@ def check_towers(model_fn, input_shape, num_towers, batches, learning_rate=0.01,
         against one device on the whole batch at once; with sync_bn, against one device
         accumulating the same K micro-batches (the N towers' k-th together, in_micro_order),
         whose batch-norm statistics are the same.
+      tolerance: with an average other than average_gradients, the relative gradient
+        difference past which its diagnosis looks (None: float32's, TOLERANCES).
     Returns:
       (CheckResult, has_batch_norm).
     """
@@ -121,6 +132,8 @@ def check_towers(model_fn, input_shape, num_towers, batches, learning_rate=0.01,
         with many.open(initial=one_sess.run(one.variables)) as many_sess:
             grads, graphs = zip(*(stepgraph.of_run(sess, run.grads, run.source.step(0)[1])
                                   for run, sess in ((one, one_sess), (many, many_sess))))
+            towers, counts = many_sess.run((many.tower_grads, many.counts),
+                                           many.source.step(0)[1])
             after = []
             for run, sess in ((one, one_sess), (many, many_sess)):
                 with run_steps(sess, run.source, {'train': run.train_op}, 0,
@@ -132,8 +145,11 @@ def check_towers(model_fn, input_shape, num_towers, batches, learning_rate=0.01,
     variable_var, variable_diff = _largest(*after)
     scale = max(float(np.max(np.abs(v))) for v in after[0].values())
     gradient_scale = max(float(np.max(np.abs(g))) for g in grads[0].values())
+    counts = [int(c) for c in counts]
+    diagnosis = None if average is average_gradients else yours.diagnose(
+        towers, counts, grads[1], grads[0], tolerance or TOLERANCES['fp32'])
     return (CheckResult(gradient_diff, gradient_var, variable_diff, variable_var, scale,
-                        gradient_scale, graphs),
+                        gradient_scale, graphs, counts, diagnosis),
             one.has_batch_norm)
 
 
@@ -197,7 +213,7 @@ def check_settings(num_towers, batch_size, steps, tolerance, accumulate=1):
 def run_check(model_name, model_fn, dataset_name, train_set, num_towers, batch_size, steps,
               learning_rate, tolerance=None, sync_bn=False, dropout_off=False, log=print,
               precision='fp32', loss_scale=None, devices=None, label_smoothing=0.0,
-              accumulate=1):
+              accumulate=1, average=None, average_name=None):
     """`towers check`: log the differences; TowersError beyond the tolerance.
 
     Args:
@@ -210,6 +226,10 @@ def run_check(model_name, model_fn, dataset_name, train_set, num_towers, batch_s
       devices: the towers' kind, 'cpu' or 'gpu'; None: GPUs where there are any.
       label_smoothing: the loss's (train's --label-smoothing), in both runs.
       accumulate: K micro-batches per tower, one after another (train's --accumulate).
+      average: an average of the caller's own in place of average_gradients, (tower_grads,
+        weights) -> [(grad, var)] (towers/tools/yours.py as_average); where it differs, the
+        error names the first variable off and what the average did.
+      average_name: how the lines call it (its MODULE:FUNCTION).
     """
     why = 'given'
     if tolerance is None:
@@ -241,11 +261,19 @@ def run_check(model_name, model_fn, dataset_name, train_set, num_towers, batch_s
            ', label smoothing %g' % label_smoothing if label_smoothing else ''))
     if precision.scaling:
         log('fp16 loss scale: fixed %g' % precision.scaling[1])
+    if average is not None:
+        log('averaging with %s in place of towers\' average_gradients%s' % (
+            average_name, '' if len(set(shares)) > 1 or num_towers == 1 else
+            ' (the towers\' shares are equal here, %s: an unweighted mean is right on them; '
+            '%d towers cut it unevenly)' % ('/'.join(map(str, shares)),
+                                           _uneven_towers(batch_size, num_towers))))
     result, has_batch_norm = check_towers(model_fn, train_set.images.shape[1:], num_towers,
                                           batches, learning_rate, sync_bn=sync_bn,
                                           precision=precision, devices=devices,
                                           label_smoothing=label_smoothing,
-                                          accumulate=accumulate)
+                                          accumulate=accumulate,
+                                          average=average or average_gradients,
+                                          tolerance=tolerance)
     for run, graph in zip(('1 device', '%d towers' % num_towers), result.graphs):
         log('fused by TensorFlow in the %s run: %s' % (run, graph.fusion_text() or 'nothing'))
     if any(graph.fusions for graph in result.graphs):
@@ -259,9 +287,22 @@ def run_check(model_name, model_fn, dataset_name, train_set, num_towers, batch_s
     if relative > tolerance:
         hint = ('; the model has batch norm: add {sync_bn}' if has_batch_norm and not sync_bn
                 else '')
+        if result.diagnosis is not None:
+            hint = '; the first gradient off is %s\'s: %s is %s' % (
+                result.diagnosis[0], average_name, result.diagnosis[1])
         raise TowersError('%d towers differ from one device by %.3g (relative), more than the '
                           'tolerance %.3g (%s)%s' % (num_towers, relative, tolerance, why, hint))
     log('within tolerance %.3g (%s; largest relative difference %.3g): %d towers train the '
-        'same model as one device%s' % (tolerance, why, relative, num_towers,
-                                        ' does in fp32' if precision.mixed else ''))
+        'same model as one device%s%s' % (tolerance, why, relative, num_towers,
+                                          ' does in fp32' if precision.mixed else '',
+                                          ', averaged by %s' % average_name
+                                          if average is not None else ''))
     return result
+
+
+def _uneven_towers(batch_size, num_towers):
+    """The next tower count past num_towers that does not divide the batch."""
+    count = num_towers + 1
+    while batch_size % count == 0 and count < batch_size:
+        count += 1
+    return count
