@@ -1,9 +1,6 @@
 """examples/classic_recipe.py: the tutorial's recipe in one file runs, learns, and is exact."""
 import importlib.util
 import os
-import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -19,19 +16,8 @@ def _recipe():
     return module
 
 
-def test_the_recipe_runs_as_a_script_and_learns(tmp_path):
-    process = subprocess.run(
-        [sys.executable, RECIPE, '--model', 'small_convnet', '--towers', '3', '--steps', '60',
-         '--batch-size', '50', '--lr', '0.2', '--devices', 'cpu'],
-        capture_output=True, text=True, timeout=120, cwd=str(tmp_path),
-        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2'))
-    assert process.returncode == 0, process.stderr
-    lines = process.stdout.splitlines()
-    assert [line.split(':')[0] for line in lines[:2]] == ['step 50', 'step 60']
-    match = re.fullmatch(r'test accuracy (\d\.\d+) on 1000 images, 3 tower\(s\) '
-                         r'/cpu:0,/cpu:1,/cpu:2', lines[2])
-    assert match, lines
-    assert float(match.group(1)) > 0.5  # 10 classes: chance is 0.1
+# As a script (`python examples/classic_recipe.py ... --towers 3 --steps 60`), learning far
+# above chance: the lab's step 2 shows its whole output, held by tests/examples/test_lab.py.
 
 
 @pytest.mark.exact

@@ -1,5 +1,7 @@
-"""The lab's code (examples/lab/): its skeleton, its answer and the three classic mistakes, each
-graded by `towers check --average`, which names what a wrong average did."""
+"""The lab (examples/lab/): every output its sheet shows is what its command prints now, and its
+code (the skeleton, the answer, the three classic mistakes) graded by `towers check --average`,
+which names what a wrong average did."""
+import importlib.util
 import pathlib
 
 import pytest
@@ -12,6 +14,46 @@ CHECK = ['check', '--model', 'small_convnet', '--towers', '3', '--batch-size', '
          '--steps', '1', '--devices', 'cpu']
 
 
+def _transcript():
+    spec = importlib.util.spec_from_file_location('lab_transcript', LAB / 'transcript.py')
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+TRANSCRIPT = _transcript()
+BLOCKS = TRANSCRIPT.blocks((LAB / 'README.md').read_text(encoding='utf-8'))
+
+
+@pytest.mark.parametrize('command,expected', [block[:2] for block in BLOCKS],
+                         ids=['step-%d' % i for i in range(len(BLOCKS))])
+def test_the_sheet_shows_what_its_command_prints(command, expected):
+    """The skeleton's line, the answer passing and the unweighted mean named among them: the
+    sheet shows each whole (python examples/lab/transcript.py --write regenerates them)."""
+    status, printed = TRANSCRIPT.run(command)
+    assert status == (1 if any('towers: error: ' in line for line in expected) else 0), printed
+    assert TRANSCRIPT.differs(expected, printed) is None, TRANSCRIPT.differs(expected, printed)
+
+
+def test_the_sheet_has_a_command_for_every_step_that_runs_one():
+    assert len(BLOCKS) == 10
+    assert [c.split()[0] for c, _, _ in BLOCKS] == ['python'] + ['towers'] * 9
+
+
+def test_what_the_comparison_masks_and_what_it_does_not():
+    row = 'synthetic  2       fp32       /cpu:0,/cpu:1      8079.5 ± 286.7       1.000  1.110'
+    assert TRANSCRIPT.differs([row], [row.replace('8079.5 ± 286.7', '612.0 ± 9.1')
+                                      .replace('1.110', '0.982')]) is None
+    line = 'largest gradient difference: 2.98e-08 (conv1/biases); gradients reach 0.112'
+    assert TRANSCRIPT.differs([line], [line.replace('2.98e-08', '0')
+                                       .replace('0.112', '0.1135')]) is not None  # 0 not masked
+    assert TRANSCRIPT.differs([line], [line.replace('2.98e-08', '5.96e-08')]) is None
+    assert TRANSCRIPT.differs([line], [line.replace('0.112', '0.1135')]) is None  # within 2%
+    assert TRANSCRIPT.differs([line], [line.replace('0.112', '0.118')]) is not None
+    assert TRANSCRIPT.differs([line], [line.replace('conv1', 'conv2')]) is not None
+    assert TRANSCRIPT.differs([line], [line, line]) == 'printed 2 lines, the sheet shows 1'
+
+
 def _check(capsys, spec, *flags):
     status = main(CHECK + list(flags) + ['--average', spec])
     out, err = capsys.readouterr()
@@ -19,30 +61,11 @@ def _check(capsys, spec, *flags):
 
 
 @pytest.mark.exact
-def test_the_answer_gives_one_devices_update(capsys):
-    spec = '%s:average_gradients' % (LAB / 'answers' / 'average.py')
-    status, out, err = _check(capsys, spec)
-    assert status == 0, err
-    assert out[1] == "averaging with %s in place of towers' average_gradients" % spec
-    assert out[-1].endswith('3 towers train the same model as one device, averaged by ' + spec)
-
-
-def test_the_skeleton_says_it_is_not_written_yet(capsys):
-    status, _, err = _check(capsys, '%s:average_gradients' % (LAB / 'average.py'))
-    assert status == 1
-    assert err == ["towers: error: your average_gradients is not written yet "
-                   "(NotImplementedError: combine the towers' gradients in "
-                   "examples/lab/average.py)"]
-
-
-@pytest.mark.exact
-@pytest.mark.parametrize('mistake,words', [
-    ('unweighted_mean', 'an unweighted mean: each tower counts 1/3 however many examples it '
-                        'had; weight tower i by its share of the batch, count_i / batch'),
-    ('summed', "a sum, not a mean: the step is 3 times one device's; weight each tower by its "
-               "share of the batch")])
-def test_each_classic_mistake_is_named_with_the_first_gradient_off(capsys, mistake, words):
-    spec = '%s:%s' % (LAB / 'mistakes.py', mistake)
+def test_a_sum_is_named_with_the_first_gradient_off(capsys):
+    # (The unweighted mean: the sheet's step 4 shows its line.)
+    spec, words = '%s:summed' % (LAB / 'mistakes.py'), (
+        "a sum, not a mean: the step is 3 times one device's; weight each tower by its share "
+        "of the batch")
     status, _, err = _check(capsys, spec)
     assert status == 1 and len(err) == 1, err
     assert err[0].startswith('towers: error: 3 towers differ from one device by ')

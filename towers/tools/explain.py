@@ -20,6 +20,8 @@ over them: the partitions and the bytes are then per task and device, and the
 bytes between tasks are what would cross the network.
 """
 import collections
+import contextlib
+import io
 import re
 
 import numpy as np
@@ -179,7 +181,7 @@ def inference_counts(model_fn, input_shape):
     options['output'] = 'none'
     types = {op.name: op.type for op in graph.get_operations()}
     macs = flops = 0
-    stack = list(tf1.profiler.profile(graph, options=options).children)
+    stack = list(_profile(graph, options).children)
     while stack:
         node = stack.pop()
         stack.extend(node.children)
@@ -187,6 +189,14 @@ def inference_counts(model_fn, input_shape):
         if types.get(node.name) in ('Conv2D', 'MatMul'):
             macs += node.float_ops // 2
     return parameters, macs, flops
+
+
+def _profile(graph, options):
+    """TensorFlow's profiler on the graph, without the note it writes to stderr for ops whose
+    shapes are not static (the fed placeholders', counted as they are): TensorFlow's words to
+    its developers, not a user's business."""
+    with contextlib.redirect_stderr(io.StringIO()):
+        return tf1.profiler.profile(graph, options=options)
 
 
 def op_flops(model, plan, batch_size, num_classes, sync_bn=False, precision=None):
@@ -201,7 +211,7 @@ def op_flops(model, plan, batch_size, num_classes, sync_bn=False, precision=None
                                  learning_rate=0.01, sync_bn=sync_bn, precision=precision)
     options = tf1.profiler.ProfileOptionBuilder.float_operation()
     options['output'] = 'none'
-    root = tf1.profiler.profile(graph.graph, options=options)
+    root = _profile(graph.graph, options)
     flops, stack = {}, list(root.children)
     while stack:
         node = stack.pop()
