@@ -165,6 +165,7 @@ def write_shard(path, images, skip_bad_images):
     import tensorflow as tf
 
     from towers.data.imagenet import make_example
+    from towers.errors import op_error_summary
     from towers.quiet import native_stderr_silenced
     skipped, records = [], 0
     with written_beside(path) as partial, tf.io.TFRecordWriter(partial) as writer:
@@ -172,7 +173,8 @@ def write_shard(path, images, skip_bad_images):
             try:
                 jpeg, height, width = _as_jpeg(tf, image_path, native_stderr_silenced)
             except (tf.errors.OpError, OSError, ValueError) as e:
-                reason = getattr(e, 'message', str(e)).strip().splitlines()[0]
+                reason = (op_error_summary(e) if isinstance(e, tf.errors.OpError)
+                          else str(e).strip().splitlines()[0])
                 if not skip_bad_images:
                     raise DataError('%s is not a decodable image (%s); remove it, or pass '
                                     '--skip-bad-images to leave it out'

@@ -107,3 +107,16 @@ def test_a_full_disk_is_the_cause_not_the_hint():
     single = 'Read less bytes than requested\n\t [[{{node save/RestoreV2}}]]'
     assert op_error_summary(_error(single, tf.errors.DataLossError)) == \
         'Read less bytes than requested'
+
+
+def test_an_eager_ops_wrapped_function_and_a_nodes_name_are_left_out():
+    """An eager op's error starts with the function TensorFlow wrapped it in, a graph's ends
+    with its node: TensorFlow's frame, not the user's words (issue 43)."""
+    with pytest.raises(tf.errors.InvalidArgumentError) as raised:
+        tf.io.decode_image(b'\xff\xd8 not a jpeg', channels=3)
+    assert raised.value.message.startswith('{{function_node __wrapped__DecodeImage')
+    line = op_error_summary(raised.value)
+    assert '{{' not in line and line.startswith('Unknown image file format'), line
+    assert op_error_summary(_error('Input to reshape is a tensor with 3 values '
+                                   '[[{{node tower_0/Reshape}}]]')) == \
+        'Input to reshape is a tensor with 3 values'

@@ -54,6 +54,18 @@ _NOISE = ('Graph execution error', 'Detected at node', 'File "', 'Node:', '[[',
           'Hint: If you want to see a list of allocated tensors')
 
 
+# What TensorFlow adds around a cause for its own developers: the wrapped function an eager op
+# ran in ('{{function_node __wrapped__DecodeImage_device_/job:localhost/...}}') and the graph
+# node it failed at ('[[{{node decode}}]]').
+_INTERNAL = re.compile(r'\{\{function_node [^}]*\}\}\s*|\s*\[\[\{\{node [^}]*\}\}\]\]')
+
+
+def in_user_words(message):
+    """A TensorFlow error message without its internal frame: the function and node names
+    it wraps a cause in."""
+    return _INTERNAL.sub('', message).strip()
+
+
 def op_error_summary(error):
     """The line of a TensorFlow OpError's message that says what went wrong.
 
@@ -76,6 +88,7 @@ def op_error_summary(error):
         after = lines[lines.index(roots[0].group(0)) + 1:]
         # (The code is dropped: the error's type says it, and one cause alone has none.)
         lines = [roots[0].group(2)] if roots[0].group(2) else after[:1]
-    causes = [line for line in lines if not line.startswith(_NOISE)
+    causes = [in_user_words(line) for line in lines if not line.startswith(_NOISE)
               and not line.endswith('(most recent call last):')]
-    return causes[-1] if causes else error.message.strip()
+    causes = [line for line in causes if line]
+    return causes[-1] if causes else in_user_words(error.message)

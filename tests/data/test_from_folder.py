@@ -84,11 +84,14 @@ def test_a_bad_image_is_named_or_skipped_and_counted(tmp_path, capsys):
     assert len(err) == 1 and err[0].startswith('towers: error: %s is not a decodable image ('
                                                % os.path.join(train, 'cat', 'broken.jpg'))
     assert err[0].endswith('remove it, or pass --skip-bad-images to leave it out')
+    # In the user's words: no TensorFlow function or node names (issue 43).
+    assert '{{' not in err[0] and '[[' not in err[0], err[0]
     assert not os.path.exists(out)  # nothing left: not a shard, not the folder it made
     assert main(['data', 'convert', '--from-folder', train, '--out', out, '--workers', '1',
                  '--skip-bad-images']) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith('skipped %s: ' % os.path.join(train, 'cat', 'broken.jpg'))
+    assert '{{' not in lines[0], lines[0]
     assert 'train: 12 images in' in lines[1]
 
 
