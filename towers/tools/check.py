@@ -34,7 +34,7 @@ tf1 = tf.compat.v1
 
 CheckResult = collections.namedtuple(
     'CheckResult', ['gradient_diff', 'gradient_var', 'variable_diff', 'variable_var', 'scale',
-                    'gradient_scale', 'graphs', 'counts', 'diagnosis'], defaults=(None,) * 3)
+                    'gradient_scale', 'graphs', 'diagnosis'], defaults=(None, None))
 CheckResult.__doc__ = """Largest absolute differences between N towers and one device.
 
   gradient_diff, gradient_var: over the first batch's averaged gradients, and
@@ -44,7 +44,6 @@ CheckResult.__doc__ = """Largest absolute differences between N towers and one d
   gradient_scale: the largest absolute gradient value, to read gradient_diff against.
   graphs: (one device's, N towers') StepGraph of the first batch's gradients:
     what TensorFlow fused (a fused kernel rounds as it rounds, in both runs).
-  counts: the examples each tower had of the first batch.
   diagnosis: with an average of the caller's own, (variable, what the average did) for the
     first variable whose gradient is off (towers/tools/yours.py), or None.
 """
@@ -70,12 +69,12 @@ class _Run:
                 sync_bn=sync_bn, precision=precision, accumulate=accumulate)
             grads = average([t.grads_and_vars for t in towers], [t.weight for t in towers])
             self.grads = {v.op.name: g for g, v in grads if g is not None}
-            # Each tower's own, to tell what an average of the caller's did with them.
-            self.tower_grads = {v.op.name: [tf.convert_to_tensor(t.grads_and_vars[k][0])
-                                            for t in towers]
-                                for k, (_, v) in enumerate(towers[0].grads_and_vars)
-                                if all(t.grads_and_vars[k][0] is not None for t in towers)}
-            self.counts = [t.count for t in towers]
+            # Each tower's own and its count, to tell what an average of the caller's did.
+            self.towers = None if average is average_gradients else (
+                {v.op.name: [tf.convert_to_tensor(t.grads_and_vars[k][0]) for t in towers]
+                 for k, (_, v) in enumerate(towers[0].grads_and_vars)
+                 if all(t.grads_and_vars[k][0] is not None for t in towers)},
+                [t.count for t in towers])
             self.train_op = tf.group(opt.apply_gradients(grads), *tower_update_ops(towers[0]))
             check_kernels(self.graph, precision)
             self.variables = {v.op.name: v for v in tf1.global_variables()
@@ -132,8 +131,9 @@ def check_towers(model_fn, input_shape, num_towers, batches, learning_rate=0.01,
         with many.open(initial=one_sess.run(one.variables)) as many_sess:
             grads, graphs = zip(*(stepgraph.of_run(sess, run.grads, run.source.step(0)[1])
                                   for run, sess in ((one, one_sess), (many, many_sess))))
-            towers, counts = many_sess.run((many.tower_grads, many.counts),
-                                           many.source.step(0)[1])
+            # (Only for an average of the caller's: the first batch's towers once more.)
+            towers = (many_sess.run(many.towers, many.source.step(0)[1])
+                      if many.towers is not None else None)
             after = []
             for run, sess in ((one, one_sess), (many, many_sess)):
                 with run_steps(sess, run.source, {'train': run.train_op}, 0,
@@ -145,11 +145,11 @@ def check_towers(model_fn, input_shape, num_towers, batches, learning_rate=0.01,
     variable_var, variable_diff = _largest(*after)
     scale = max(float(np.max(np.abs(v))) for v in after[0].values())
     gradient_scale = max(float(np.max(np.abs(g))) for g in grads[0].values())
-    counts = [int(c) for c in counts]
-    diagnosis = None if average is average_gradients else yours.diagnose(
-        towers, counts, grads[1], grads[0], tolerance or TOLERANCES['fp32'])
+    diagnosis = None if towers is None else yours.diagnose(
+        towers[0], [int(c) for c in towers[1]], grads[1], grads[0],
+        tolerance or TOLERANCES['fp32'])
     return (CheckResult(gradient_diff, gradient_var, variable_diff, variable_var, scale,
-                        gradient_scale, graphs, counts, diagnosis),
+                        gradient_scale, graphs, diagnosis),
             one.has_batch_norm)
 
 

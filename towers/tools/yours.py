@@ -48,9 +48,9 @@ def load(spec, flag='--average'):
             flag, where, type(e).__name__, e, ' (line %d)' % line if line else '')) from None
     function = getattr(module, name, None)
     if not callable(function):
+        others = _functions(module)
         raise SettingError('%s: %s has no function %s%s' % (
-            flag, where, name, ' (it has %s)' % ', '.join(_functions(module))
-            if _functions(module) else ''))
+            flag, where, name, ' (it has %s)' % ', '.join(others) if others else ''))
     return function
 
 
@@ -153,7 +153,7 @@ def diagnose(tower_grads, counts, got, expected, tolerance):
       tolerance: the largest difference allowed, relative to the largest gradient (at least 1).
     """
     scale = max(1.0, max(float(np.max(np.abs(g))) for g in expected.values()))
-    n, batch = len(counts), max(1, sum(counts))
+    n = len(counts)
     for name, grads in tower_grads.items():
         off = float(np.max(np.abs(got[name] - expected[name])))
         if off <= tolerance * scale:
@@ -163,13 +163,8 @@ def diagnose(tower_grads, counts, got, expected, tolerance):
         local = max(1.0, float(np.max(np.abs(got[name]))))
         for mistake, gradient in candidates.items():
             if float(np.max(np.abs(got[name] - gradient))) <= 1e-5 * local:
-                return name, MISTAKES[mistake].format(n=n, batch=batch)
+                return name, MISTAKES[mistake].format(n=n)
         return name, ('none of the classic mistakes (an unweighted mean, a sum, the wrong '
                       'axis): off by %.3g where the gradient reaches %.3g'
                       % (off, float(np.max(np.abs(expected[name])))))
     return None
-
-
-def equal_shares(counts):
-    """Whether every tower had as many examples: then an unweighted mean is right too."""
-    return len(set(counts)) == 1
