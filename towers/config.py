@@ -248,6 +248,9 @@ class TrainConfig:
                                '{input} dataset')
         if self.std is not None and not all(_is_number(s) and s > 0 for s in self.std):
             raise SettingError('{std} values must be positive, got %s', list(self.std))
+        if self.augment is not None and not INPUT_MODES[self.input].has_images:
+            raise SettingError('{augment} varies the training images; {input} %s has none '
+                               '(one random batch, for benchmarks)', self.input)
         if self.data_service is not None and not INPUT_MODES[self.input].tf_data:
             raise SettingError('{data_service} runs the tf.data pipeline of {input} dataset on '
                                'its workers; not {input} %s', self.input)

@@ -111,6 +111,10 @@ class DevicePlan:
     def num_towers(self):
         return len(self.towers)
 
+    def on_cpus(self):
+        """Whether every tower is on a CPU (virtual CPUs, on a GPU host too)."""
+        return device_kind(self.towers) == 'CPU'
+
     def shared_gpus(self):
         """{GPU: [tower indices]} of every GPU that more than one tower shares."""
         towers = {}
@@ -227,6 +231,7 @@ def make_plan(tower_devices, param, variable_update='parameter_server', default_
     Raises:
       DeviceError: NCCL asked for between towers that share a GPU.
     """
+    on_gpus = device_kind(tower_devices) == 'GPU'
     spread = param == SPREAD or isinstance(param, (list, tuple))
     copies = variable_update in COPIES
     if copies:
@@ -246,7 +251,7 @@ def make_plan(tower_devices, param, variable_update='parameter_server', default_
         raise DeviceError('NCCL cannot all-reduce between logical GPUs of one GPU (%s): leave '
                           '{all_reduce} to choose, or give each tower a GPU of its own'
                           % share_text(shared))
-    nccl = device_kind(tower_devices) == 'GPU' and not shared
+    nccl = on_gpus and not shared
     return dataclasses.replace(plan, all_reduce=all_reduce or ('nccl' if nccl else 'host'))
 
 

@@ -11,21 +11,18 @@ a ClassifierModel over a registry model_fn, the default callbacks, this loop.
 """
 import tensorflow as tf
 
-from towers import checkpoints, evaluation, exactness
-from towers.accumulation import accumulation_line
+from towers import checkpoints, evaluation
 from towers.callbacks import Checkpoint, Throughput, default_callbacks
 from towers.config import TrainConfig
 from towers.dataorder import DataOrder
-from towers.deviceplan import xla_reaches
 from towers.distribution import Run
 from towers.errors import TowersError
+from towers.firstlines import first_lines
 from towers.graph import build_training_graph, finalize_graph
 from towers.initfrom import InitFrom
 from towers.inputs import source_for
 from towers.logdir import LogdirLock, prepare_logdir
-from towers.logicalgpus import logical_gpu_line, session_gpu_memory
 from towers.model import ClassifierModel
-from towers.names import XLA_CPU_FLAG
 from towers.precision import Precision
 from towers.resuming import record_run, resume
 from towers.schedules import total_steps
@@ -163,24 +160,8 @@ class Trainer:
                     record_run(self.logdir, self.model, self.config, self.num_steps,
                                self.run_info)
                 self.step = int(self.sess.run(self.graph.global_step))
-                self.log('training %d steps on %d tower(s) %s, global batch %d, %s input%s%s'
-                         % (self.num_steps, len(self.tower_devices),
-                            ','.join(self.tower_devices), self.batch_size, self.source.name,
-                            ', ' + self.graph.precision.name if self.graph.precision.mixed
-                            else '', ', XLA auto-clustering on' if self.config.xla else ''))
-                if self.config.accumulate > 1:
-                    self.log(accumulation_line(
-                        self.config.accumulate, self.config.sync_bn,
-                        bool(self.graph.graph.get_collection(tf1.GraphKeys.UPDATE_OPS))))
-                if self.config.xla and not xla_reaches(self.tower_devices):
-                    self.log('XLA: TensorFlow clusters nothing on CPU towers unless TF_XLA_FLAGS '
-                             'holds %s before its first Session (towers train --xla sets it)'
-                             % XLA_CPU_FLAG)
-                if self.plan.shared_gpus():
-                    self.log(logical_gpu_line(self.plan, session_gpu_memory(self.sess)))
-                self.log(exactness.resume_line(self.tower_devices))
-                self.log('variables: %s; maps %s' % (self.plan.describe(),
-                                                     self.plan.data_format))
+                for line in first_lines(self):
+                    self.log(line)
                 # (The log as it is when said: the progress bar writes around itself.)
                 self.source.announce(lambda line: self.log(line))
                 for callback in self.callbacks:

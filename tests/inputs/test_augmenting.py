@@ -132,11 +132,10 @@ def test_three_towers_train_as_one_device_with_augmentation_on(tmp_path):
 def test_augment_where_it_does_not_apply_is_one_line(tmp_path, capsys):
     datasets = data.Datasets(_train_set(), _train_set(0), _train_set(0))
     model = ClassifierModel(lambda x, training: x, SHAPE, 4)
-    config = TrainConfig(towers=('/cpu:0',), input='synthetic', augment='center')
     with pytest.raises(SettingError, match=r'^augment varies the training images; input '
                                            r'synthetic has none \(one random batch, for '
                                            r'benchmarks\)$'):
-        source_for(config, datasets, model)
+        TrainConfig(towers=('/cpu:0',), input='synthetic', augment='center')
     with pytest.raises(SettingError, match=r'^augment varies the images of a dataset towers '
                                            r'reads; an input source of your own '
                                            r'\(InputSource\) varies its own batches$'):

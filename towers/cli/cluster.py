@@ -11,7 +11,6 @@ serves, it serves.
 from towers.cluster import modes
 from towers.cluster.server import serve, server_config
 from towers.cluster.spec import ClusterError, resolve
-from towers.devices import task_gpus
 
 
 def cluster_of(args):
@@ -37,9 +36,10 @@ def run_server(args, log):
     serve(cluster, server_config(cluster, args.towers, args.threads), log=log)
 
 
-def cluster_run(config, cluster, log):
+def cluster_run(config, cluster, plan, log):
     """This task's run of a train command's TrainConfig (towers/cluster/modes.py), or None
-    once a task that only serves is done."""
+    once a task that only serves is done. plan: this process's devices, resolved once: on
+    CPUs (--devices cpu, or a host without GPUs), the tasks' towers go on virtual CPUs."""
     _not_the_evaluator(cluster)
-    # --devices cpu: virtual CPUs, on GPU hosts too
-    return modes.cluster_run(config, cluster, config.threads, task_gpus(config.devices), log)
+    return modes.cluster_run(config, cluster, config.threads, 0 if plan.on_cpus() else None,
+                             log)

@@ -23,7 +23,6 @@ from towers.cli.datasets import (
 from towers.deviceplan import local_plan
 from towers.distribution import Run
 from towers.errors import SettingError
-from towers.inputs import check_augment
 from towers.model import ClassifierModel
 from towers.names import FOLDERS, INPUT_MODES
 from towers.recipes import published_line
@@ -49,7 +48,7 @@ def _run_train(args, log):
     if cluster is None:
         run = Run.local(config, plan)
     else:
-        worker, run = not cluster.is_chief, cluster_run(config, cluster, log)
+        worker, run = not cluster.is_chief, cluster_run(config, cluster, plan, log)
         if run is None:
             return  # this task served the chief's towers until it was stopped
         if worker:
@@ -158,7 +157,6 @@ def settings(args, from_records, cluster=None):
     if config.best_metric not in ('auto',) + ClassifierModel.METRICS:
         raise SettingError('{best_metric} %r is not a metric of this model; choose one of: %s',
                            config.best_metric, ', '.join(ClassifierModel.METRICS))
-    check_augment(config)
     return config, trace_callbacks(args), plan
 
 

@@ -90,18 +90,13 @@ def make_input(mode, dataset, sampler, batch_size, num_classes, seed=0, epochs=N
                              epochs=epochs, mean=mean, std=std, share=share, augment=augment)
 
 
-def check_augment(config, source=None):
-    """SettingError where config.augment does not apply: synthetic input (no images), or an
-    input source of one's own (which varies its batches its own way)."""
-    if config.augment is None:
-        return
-    if source is not None:
+def check_augment(config, source):
+    """SettingError where config.augment does not apply to an input source of one's own (which
+    varies its batches its own way); TrainConfig refuses it for an input mode without images."""
+    if config.augment is not None:
         raise SettingError('{augment} varies the images of a dataset towers reads; an input '
                            'source of your own (%s) varies its own batches',
                            type(source).__name__)
-    if not INPUT_MODES[config.input].has_images:
-        raise SettingError('{augment} varies the training images; {input} synthetic has none '
-                           '(one random batch, for benchmarks)')
 
 
 def source_for(config, data, model, source=None, share=None):
@@ -123,7 +118,6 @@ def source_for(config, data, model, source=None, share=None):
             raise SettingError('give {steps_per_epoch} for an input source without one')
         check_augment(config, source)
         return source, None
-    check_augment(config)
     train_set = data.train
     if config.batch_size > train_set.num_examples:
         raise SettingError('{batch_size} %d exceeds the %d training examples; use a smaller '
