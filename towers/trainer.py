@@ -22,6 +22,7 @@ from towers.graph import build_training_graph, finalize_graph
 from towers.initfrom import InitFrom
 from towers.inputs import source_for
 from towers.logdir import LogdirLock, prepare_logdir
+from towers.memory import memory_said
 from towers.model import ClassifierModel
 from towers.precision import Precision
 from towers.resuming import record_run, resume
@@ -142,11 +143,12 @@ class Trainer:
 
     def train(self):
         """Run the loop to num_steps (or a stop); returns a dict (see `train`)."""
-        if not self.logdir:
-            return self._train()
-        prepare_logdir(self.logdir)
-        with LogdirLock(self.logdir):  # before anything is written there
-            return self._train()
+        with memory_said(self.plan, self.batch_size, self.config.accumulate):
+            if not self.logdir:
+                return self._train()
+            prepare_logdir(self.logdir)
+            with LogdirLock(self.logdir):  # before anything is written there
+                return self._train()
 
     def _train(self):
         self._build()

@@ -1,5 +1,6 @@
 """towers explain: its numbers against a tiny model counted by hand."""
 import json
+import re
 
 import pytest
 
@@ -57,7 +58,10 @@ def test_flops_per_device_cover_the_towers_matmuls(report):
 def test_report_lines_and_json(report, capsys):
     lines = report_lines(report, 'title')
     assert lines[1].startswith('/cpu:0   tower_0, 2 of 4 examples; ')
-    assert lines[1].endswith('; 3 variables, 152 B; gradient averaging, apply')
+    # The step's peak depends on the order the executor's threads ran the ops in: its
+    # figure is tested where it must move, with the batch (tests/test_memory.py).
+    assert re.search(r'; 3 variables, 152 B; step peak \d+ B; gradient averaging, apply$',
+                     lines[1])
     assert lines[3] == 'between devices per step: 380 B'
     assert main(['explain', '--model', 'small_convnet', '--towers', '2', '--devices', 'cpu',
                  '--batch-size', '8', '--json']) == 0

@@ -36,6 +36,7 @@ from towers.data.sampler import EpochSampler
 from towers.errors import SettingError
 from towers.graph import build_training_graph
 from towers.inputs import DatasetInput, SyntheticInput, make_input
+from towers.memory import step_peaks
 from towers.model import ClassifierModel
 from towers.names import INPUT_MODES
 from towers.precision import Precision
@@ -81,7 +82,8 @@ def explain(model_fn, input_shape, num_classes, plan, batch_size=100, input_mode
         the ops and FLOPs are the step's, all K micro-batches'.
     Returns:
       dict: devices {device: {tower, examples, ops, flops, variables,
-      variable_bytes, low_precision_ops}}, averaging [devices], apply
+      variable_bytes, low_precision_ops, peak_bytes: the most bytes the step's tensors held
+      there at once (towers/memory.py)}}, averaging [devices], apply
       [devices], transfers [{from, to, bytes, kinds {kind: bytes}}],
       bytes_per_step, bytes_between_tasks, batch_size, precision (its name)
       and compute_dtype (e.g. 'bfloat16'; low_precision_ops counts the ops
@@ -117,8 +119,10 @@ def explain(model_fn, input_shape, num_classes, plan, batch_size=100, input_mode
     devices = _devices(graph, placed, variables,
                        op_flops(model, plan, batch_size, num_classes, sync_bn, precision),
                        [int(n) for n in examples])
+    peaks = {short_device(d): size for d, size in step_peaks(metadata).items()}
     for device, entry in devices.items():
         entry['low_precision_ops'] = low.get(device, 0)
+        entry['peak_bytes'] = peaks.get(device, 0)
     return {'batch_size': batch_size, 'precision': precision.name,
             'compute_dtype': precision.dtype.name, 'devices': devices,
             'averaging': sorted({d for n, d in placed.items() if n.startswith(AVERAGE_SCOPES)}),
@@ -300,9 +304,12 @@ def report_lines(report, title):
                                       ('apply', report['apply'])) if device in devices]
         low = (' (%d in %s)' % (entry['low_precision_ops'], report['compute_dtype'])
                if entry.get('low_precision_ops') else '')
-        lines.append('%-8s %s; %d ops%s, %s; %d variables, %s%s' % (
+        peak = ('; step peak %s' % bytes_text(entry['peak_bytes'])
+                if entry.get('peak_bytes') else '')
+        lines.append('%-8s %s; %d ops%s, %s; %d variables, %s%s%s' % (
             device, what, entry['ops'], low, flops_text(entry['flops']), entry['variables'],
-            bytes_text(entry['variable_bytes']), '; ' + ', '.join(roles) if roles else ''))
+            bytes_text(entry['variable_bytes']), peak,
+            '; ' + ', '.join(roles) if roles else ''))
     lines.append('between devices per step: %s' % bytes_text(report['bytes_per_step']))
     if any(device.startswith('/job:') for device in report['devices']):
         lines.append('between tasks per step (the network): %s'
