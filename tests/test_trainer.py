@@ -270,12 +270,14 @@ def test_a_diverging_loss_stops_training_at_the_step_where_it_happens(tmp_path):
         train(_config(steps=20, learning_rate=1e30, log_every=1, checkpoint_every=1,
                       logdir=str(tmp_path)),
               _model(), sets, SHAPE, log=lines.append)
-    match = re.match(r'loss is (nan|inf) at step (\d+); lower learning_rate \((.*), saved before '
-                     r'it, is intact\)$', str(error.value))
+    match = re.match(r'loss is (nan|inf) at step (\d+) \((.*), saved before it, is intact\); '
+                     r'replayed, step \2 first went non-finite in the forward pass of tower 0, ',
+                     str(error.value))
     assert match, str(error.value)
     bad_step = int(match.group(2))
-    # The first step's loss comes from the initial weights, so it is finite.
-    assert bad_step >= 2 and sets.train.batches == bad_step
+    # The first step's loss comes from the initial weights, so it is finite. The replay took
+    # one batch more: the failed step's, from the checkpoint before it.
+    assert bad_step >= 2 and sets.train.batches == bad_step + 1
     # Every step before it was logged with a finite loss: the first bad one stopped the run.
     logged = [re.match(r'step (\d+)/20 epoch [\d.]+: loss (\S+) ', line)
               for line in lines if line.startswith('step ')]

@@ -13,6 +13,7 @@ import tensorflow as tf
 
 from towers import checkpoints, evaluation
 from towers.callbacks import Checkpoint, Throughput, default_callbacks
+from towers.callbacks.origin import origin_said
 from towers.config import TrainConfig
 from towers.dataorder import DataOrder
 from towers.distribution import Run
@@ -72,6 +73,7 @@ class Trainer:
         self.log, self.stop_requested, self.run_info = log, stop_requested, run_info
         self.callbacks = sorted(default_callbacks(config, data) if callbacks is None
                                 else callbacks, key=lambda c: c.order)
+        self.given_source = source  # a source of the caller's own: a replay cannot remake it
         self.source, self.sampler = source_for(config, data, model, source,
                                                share=self.run.share)
         self.steps_per_epoch = config.steps_per_epoch or (
@@ -143,7 +145,8 @@ class Trainer:
 
     def train(self):
         """Run the loop to num_steps (or a stop); returns a dict (see `train`)."""
-        with memory_said(self.plan, self.batch_size, self.config.accumulate):
+        with memory_said(self.plan, self.batch_size, self.config.accumulate), \
+                origin_said(self):
             if not self.logdir:
                 return self._train()
             prepare_logdir(self.logdir)

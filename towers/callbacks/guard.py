@@ -8,11 +8,25 @@ from towers.callbacks.checkpoint import Checkpoint
 from towers.errors import TowersError
 
 
+class NonFiniteStep(TowersError):
+    """A step whose loss or applied gradient is NaN or Inf (NaNGuard): what went non-finite
+    at which step, what to try, and the checkpoint that is intact (if any)."""
+
+    def __init__(self, what, advice, kept, step):
+        super().__init__('%s; %s%s' % (what, advice, kept))
+        self.what, self.kept, self.step = what, kept, step
+
+    def with_origin(self, origin):
+        """The same error, its advice replaced by where the NaN came from (origin.py)."""
+        return NonFiniteStep(self.what + self.kept, origin, '', self.step)
+
+
 class NaNGuard(Callback):
     """Stop at the first step whose loss or applied gradient is NaN or Inf.
 
     It runs before the checkpoint callbacks, so the bad step is never saved and
-    the newest checkpoint holds finite weights.
+    the newest checkpoint holds finite weights. The Trainer then replays the step
+    to say where the NaN came from (origin.py).
     """
 
     order = 0
@@ -25,15 +39,14 @@ class NaNGuard(Callback):
             return
         loss = values['loss']
         if not np.isfinite(loss):
-            message = 'loss is %s at step %d; lower {learning_rate}' % (loss, trainer.step)
+            what, advice = 'loss is %s at step %d' % (loss, trainer.step), 'lower {learning_rate}'
         else:
-            message = ('a gradient is NaN or Inf at step %d (loss %.4g); lower {learning_rate} '
-                       'or clip with {clip_norm}' % (trainer.step, loss))
+            what = 'a gradient is NaN or Inf at step %d (loss %.4g)' % (trainer.step, loss)
+            advice = 'lower {learning_rate} or clip with {clip_norm}'
         saved = [c.last_saved for c in trainer.callbacks
                  if isinstance(c, Checkpoint) and c.last_saved]
-        if saved:
-            message += ' (%s, saved before it, is intact)' % saved[0]
-        raise TowersError(message)
+        kept = ' (%s, saved before it, is intact)' % saved[0] if saved else ''
+        raise NonFiniteStep(what, advice, kept, trainer.step)
 
 
 class SkippedSteps(Callback):

@@ -9,6 +9,8 @@ import os
 import tensorflow as tf
 
 from towers import checkpoints, data, graph, models
+from towers.callbacks.origin import read_origin
+from towers.cli.config import flag
 from towers.cli.datasets import SYNTHETIC
 from towers.config import check
 from towers.deviceplan import local_plan
@@ -74,6 +76,10 @@ def run_eval(args, log):
     log('checkpoint: %s%s%s' % (checkpoint, ' (moving averages of the weights)' if ema else '',
                                 ', computed in %s' % precision if precision != 'fp32' else ''))
     log('test: %s (%d images)' % (format_metrics(values), split_size(test_set)))
+    stopped = read_origin(args.logdir)
+    if stopped is not None:  # the run stopped at a NaN: what its replay found
+        log('the run stopped at step %d, not finite: %s'
+            % (stopped['step'], TowersError(stopped['line']).named(flag)))
 
 
 def run_export(args, log):
