@@ -68,6 +68,38 @@ def _exactness(item):
         yield
 
 
+# TensorFlow's frame around a cause, for its own developers: no error towers raises may carry it
+# (towers/errors.py in_user_words). Every TowersError and DataError any test provokes in its own
+# process is read for it as it is made.
+_INTERNAL_TEXT = ('{{function_node', '[[{{node')
+_SAID_INTERNALLY, _READ = [], []
+
+
+def _in_the_users_words(cls):
+    made = cls.__init__
+
+    @functools.wraps(made)
+    def __init__(self, *args, **kwargs):
+        made(self, *args, **kwargs)
+        if any(text in str(self) for text in _INTERNAL_TEXT):
+            _SAID_INTERNALLY.append('%s: %s' % (cls.__name__, self))
+    cls.__init__ = __init__
+
+
+@pytest.fixture(autouse=True)
+def _errors_in_the_users_words():
+    """Fails a test in which towers raised an error carrying TensorFlow's internal text."""
+    if not _READ:
+        from towers.data.errors import DataError  # neither imports TensorFlow
+        from towers.errors import TowersError
+        for cls in (TowersError, DataError):
+            _in_the_users_words(cls)
+        _READ.append(True)
+    del _SAID_INTERNALLY[:]
+    yield
+    assert not _SAID_INTERNALLY, 'an error in TensorFlow\'s words: %s' % _SAID_INTERNALLY
+
+
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):
     def log_message(self, *args):
         pass

@@ -9,7 +9,7 @@ import os
 import pytest
 import tensorflow as tf
 
-from towers.errors import op_error_summary
+from towers.errors import TowersError, op_error_summary
 
 tf1 = tf.compat.v1
 
@@ -120,3 +120,12 @@ def test_an_eager_ops_wrapped_function_and_a_nodes_name_are_left_out():
     assert op_error_summary(_error('Input to reshape is a tensor with 3 values '
                                    '[[{{node tower_0/Reshape}}]]')) == \
         'Input to reshape is a tensor with 3 values'
+
+
+def test_the_suite_reads_every_error_towers_raises_for_tensorflows_internal_text():
+    from tests import conftest
+    TowersError('cat/3.jpg is not a decodable image')
+    assert conftest._SAID_INTERNALLY == []
+    TowersError('cat/3.jpg is not a decodable image ({{function_node __wrapped__DecodeImage}})')
+    assert len(conftest._SAID_INTERNALLY) == 1
+    del conftest._SAID_INTERNALLY[:]  # (said on purpose: the fixture's check passes)
