@@ -6,7 +6,8 @@
     python examples/lab/transcript.py --write   # the sheet's outputs from this machine's runs
 
 What may differ between two runs, or two machines, is masked before comparing: times and rates
-(s, ms, images/sec, x, a timed row's every figure), the machine's name, and rounding-sized
+(s, ms, images/sec, x, a timed row's every figure), the machine's name, explain's step peak
+(the order the ops ran in moves it), and rounding-sized
 figures (below 1e-4 in e-notation, what float32 rounding leaves in check's differences). Every
 other number must agree to 2% or 0.002 (a loss or an accuracy on another CPU's kernels), every word
 exactly. Commands run in this process, from the repository's root: `towers ...` through
@@ -38,6 +39,8 @@ ROUNDING = re.compile(r'\d(?:\.\d+)?e-(?:0[5-9]|[1-9]\d)')
 NUMBER = re.compile(r'-?\d+\.\d+')
 # Which machine ran it: bench's "on AMD EPYC, 2 cores".
 MACHINE = re.compile(r' on [^,;]+, \d+ cores')
+# explain's step peak: the order the executor's threads ran the ops in moves it.
+PEAK = re.compile(r'(?<=step peak )\d+(?:\.\d+)? [kMG]?B')
 
 
 def blocks(text):
@@ -81,7 +84,7 @@ def masked(line):
     """The line with its times, rates, rounding-sized figures and machine as '#' (a timed row,
     a rate ± its error, with every figure as '#', its ratios too), its spaces as one (a table's
     columns widen with its figures)."""
-    line = MACHINE.sub(' on #', line)
+    line = PEAK.sub('#', MACHINE.sub(' on #', line))
     line = NUMBER.sub('#', line) if '±' in line else ROUNDING.sub('#', TIMING.sub('#', line))
     return ' '.join(line.split())
 
