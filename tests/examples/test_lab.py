@@ -36,8 +36,10 @@ def test_the_sheet_shows_what_its_command_prints(command, expected):
 
 
 def test_the_sheet_has_a_command_for_every_step_that_runs_one():
-    assert len(BLOCKS) == 10
-    assert [c.split()[0] for c, _, _ in BLOCKS] == ['python'] + ['towers'] * 9
+    assert len(BLOCKS) == 11
+    assert [' '.join(c.split()[:2]) if c.startswith('python') else 'towers'
+            for c, _, _ in BLOCKS] == (['python examples/classic_recipe.py'] + ['towers'] * 7
+                                       + ['python examples/lab/sweep.py'] + ['towers'] * 2)
 
 
 def test_what_the_comparison_masks_and_what_it_does_not():
@@ -108,3 +110,21 @@ def test_a_module_on_the_path_and_bad_names_are_one_line(capsys, tmp_path, monke
         assert main(CHECK + ['--average', spec]) == 1, spec
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith('towers: error: ' + message), (spec, err)
+
+
+def _module(name):
+    spec = importlib.util.spec_from_file_location('lab_' + name, LAB / (name + '.py'))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_sweep_plots_its_rows_and_says_a_bad_grid_in_one_line(tmp_path, capsys):
+    sweep = _module('sweep')
+    rows = [(2, 50, 0.001, 200, 0.918), (2, 200, 0.001, 50, 0.867),
+            (2, 50, 0.004, 200, 0.948), (2, 200, 0.004, 50, 0.919)]
+    sweep.plot(rows, str(tmp_path / 'sweep.png'))
+    assert (tmp_path / 'sweep.png').read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+    assert sweep.main(['--batch-size', '50,0']) == 1
+    assert capsys.readouterr().err.strip() == (
+        "sweep: error: batch_size wants positive integers like 1,2,4, got '50,0'")
