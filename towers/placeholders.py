@@ -22,6 +22,8 @@ class FedBatch:
     """
 
     name = 'feed'
+    # The cut: split_batch, unless a caller gives its own (towers check --split).
+    split = staticmethod(split_batch)
 
     def __init__(self):
         self.images = self.labels = None
@@ -32,7 +34,7 @@ class FedBatch:
         self.images = tf1.placeholder(tf.float32, [None] + list(input_shape), name='images')
         self.labels = tf1.placeholder(tf.int64, [None], name='labels')
         with tf.device('/cpu:0'):
-            return split_batch(self.on_host(self.images), self.labels, len(tower_devices))
+            return self.split(self.on_host(self.images), self.labels, len(tower_devices))
 
     def on_host(self, images):
         """What the fed images become on the host before they are cut (a subclass's

@@ -1,4 +1,4 @@
-"""Step 6 of the lab: write the recipe's combining step yourself.
+"""Step 5 of the lab: write the recipe's combining step yourself.
 
 Each of N towers computed the gradients of its own slice of the global batch. Combine them into
 the one gradient per variable that the single apply_gradients will take, so that N towers make

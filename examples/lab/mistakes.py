@@ -1,12 +1,17 @@
-"""Step 5 of the lab: three ways to combine the towers' gradients that look right.
+"""Steps 4 and 5 of the lab: three ways to combine the towers' gradients that look right, and a
+cut that looks right.
 
 Each runs, trains and lowers the loss; `towers check` says which of them one device would
 have made, and what the others did instead:
 
     towers check --average examples/lab/mistakes.py:unweighted_mean --towers 3 \
         --model small_convnet --batch-size 10 --steps 2 --devices cpu
+    towers check --split examples/lab/mistakes.py:drops_the_remainder --towers 3 \
+        --model small_convnet --batch-size 10 --steps 1 --devices cpu
 """
 import tensorflow as tf
+
+from towers.slicing import TowerSlice
 
 
 def unweighted_mean(tower_grads):
@@ -33,3 +38,11 @@ def wrong_axis(tower_grads, weights):
                           for (grad, _), weight in zip(grads_and_vars, weights)], axis=0)
         average.append((tf.reduce_sum(grads, axis=1), grads_and_vars[0][1]))
     return average
+
+
+def drops_the_remainder(images, labels, num_towers):
+    """A cut of batch // N examples to each tower: the remainder of the batch goes nowhere."""
+    batch = tf.shape(labels)[0]
+    size = batch // num_towers
+    return [TowerSlice(images[i * size:(i + 1) * size], labels[i * size:(i + 1) * size], size,
+                       batch) for i in range(num_towers)]

@@ -36,9 +36,9 @@ def test_the_sheet_shows_what_its_command_prints(command, expected):
 
 
 def test_the_sheet_has_a_command_for_every_step_that_runs_one():
-    assert len(BLOCKS) == 11
+    assert len(BLOCKS) == 13
     assert [' '.join(c.split()[:2]) if c.startswith('python') else 'towers'
-            for c, _, _ in BLOCKS] == (['python examples/classic_recipe.py'] + ['towers'] * 7
+            for c, _, _ in BLOCKS] == (['python examples/classic_recipe.py'] + ['towers'] * 9
                                        + ['python examples/lab/sweep.py'] + ['towers'] * 2)
 
 
@@ -128,3 +128,57 @@ def test_the_sweep_plots_its_rows_and_says_a_bad_grid_in_one_line(tmp_path, caps
     assert sweep.main(['--batch-size', '50,0']) == 1
     assert capsys.readouterr().err.strip() == (
         "sweep: error: batch_size wants positive integers like 1,2,4, got '50,0'")
+
+
+SPLITS = '''import tensorflow as tf
+from towers.slicing import TowerSlice
+from examples_answer import split_batch as right
+
+
+def own_batch(images, labels, num_towers):
+    return [s._replace(batch=s.count) for s in right(images, labels, num_towers)]
+
+
+def no_stand_in(images, labels, num_towers):
+    cut = right(images, labels, num_towers)
+    return [s._replace(images=s.images[:s.count], labels=s.labels[:s.count]) for s in cut]
+
+
+def overlapping(images, labels, num_towers):
+    cut = right(images, labels, num_towers)
+    start = cut[0].count - 1  # tower 1 begins one example early
+    return [cut[0], cut[1]._replace(images=images[start:start + cut[1].count],
+                                    labels=labels[start:start + cut[1].count])] + cut[2:]
+
+
+def one_short(images, labels, num_towers):
+    return right(images, labels, num_towers)[:-1]
+
+
+def one_list(images, labels, num_towers):
+    return TowerSlice(images, labels, tf.shape(labels)[0], tf.shape(labels)[0])
+'''
+
+
+def test_each_mistake_of_a_cut_is_named_before_a_step(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / 'examples_answer.py').write_text((LAB / 'answers' / 'split.py').read_text())
+    (tmp_path / 'cuts.py').write_text(SPLITS)
+    cases = [
+        (str(LAB / 'split.py') + ':split_batch', 'your split_batch is not written yet '
+         '(NotImplementedError: cut the batch in examples/lab/split.py)'),
+        ('cuts:own_batch', "your own_batch says tower 0's batch is 4, with 10 examples over 3 "
+         'towers: a tower counts count / batch of the update, so batch is the whole '
+         "batch's size"),
+        ('cuts:no_stand_in', 'your no_stand_in hands tower 2 no image at all, with 2 examples '
+         'over 3 towers: give a tower without examples a stand-in'),
+        ('cuts:overlapping', 'your overlapping gives example 3 to two towers and example 6 to '
+         'none, with 10 examples over 3 towers: each example to exactly one'),
+        ('cuts:one_short', 'your one_short cut 2 slices for 3 towers: one per tower'),
+        ('cuts:one_list', 'your one_list returned TowerSlice: it returns one '
+         'TowerSlice(images, labels, count, batch) per tower'),
+    ]
+    for spec, message in cases:
+        assert main(CHECK + ['--split', spec]) == 1, spec
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith('towers: error: ' + message), (spec, err)

@@ -231,6 +231,7 @@ def run_check(args, log):
     from towers.tools import check as checking
     from towers.tools import yours
     average = yours.as_average(yours.load(args.average)) if args.average else None
+    split = yours.load(args.split, '--split') if args.split else None
     tolerance = (args.tolerance if args.tolerance is not None
                  else checking.default_tolerance(args.precision)[0])
     checking.check_settings(args.towers, args.batch_size, args.steps, tolerance,
@@ -251,7 +252,7 @@ def run_check(args, log):
                            devices=args.devices,
                            label_smoothing=check_setting('label_smoothing', args.label_smoothing),
                            accumulate=args.accumulate, average=average,
-                           average_name=args.average)
+                           average_name=args.average, split=split, split_name=args.split)
 
 
 COMMANDS = {'train': run_train, 'devices': run_devices, 'bench': run_bench,

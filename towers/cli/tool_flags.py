@@ -231,5 +231,10 @@ def check_parser(commands):
                             'f(tower_grads, weights) or the tutorial\'s f(tower_grads), from a '
                             'module or a .py file; a difference names the first gradient off '
                             'and the likely mistake (examples/lab/)')
+    check.add_argument('--split', default=None, metavar='MODULE:FUNCTION',
+                       help='cut the batch for the towers with your own function, '
+                            'f(images, labels, num_towers) -> one towers.slicing.TowerSlice '
+                            'per tower; a cut that leaves an example out, counts one twice or '
+                            'weighs the towers wrong is named before any step (examples/lab/)')
     precision_flags(check)
     return check

@@ -53,9 +53,11 @@ class _Run:
     """One graph: towers over the devices, the average, one SGD apply."""
 
     def __init__(self, model_fn, input_shape, devices, learning_rate, average, sync_bn, batches,
-                 precision=None, per_gpu=1, label_smoothing=0.0, accumulate=1):
+                 precision=None, per_gpu=1, label_smoothing=0.0, accumulate=1, split=None):
         self.graph, self.plan = tf.Graph(), local_plan(devices, per_gpu=per_gpu)
         self.source = FeedInput(batches=lambda step: batches[step])
+        if split is not None:  # the caller's cut (towers check --split)
+            self.source.split = split
         precision = Precision.of(precision)
         with self.graph.as_default():
             tf1.set_random_seed(0)
@@ -90,7 +92,7 @@ class _Run:
 
 def check_towers(model_fn, input_shape, num_towers, batches, learning_rate=0.01,
                  average=average_gradients, sync_bn=False, precision=None, devices=None,
-                 label_smoothing=0.0, accumulate=1, tolerance=None):
+                 label_smoothing=0.0, accumulate=1, tolerance=None, split=None):
     """Train one device and num_towers virtual devices (or GPUs) on the same batches.
 
     Args:
@@ -113,6 +115,7 @@ def check_towers(model_fn, input_shape, num_towers, batches, learning_rate=0.01,
         whose batch-norm statistics are the same.
       tolerance: with an average other than average_gradients, the relative gradient
         difference past which its diagnosis looks (None: float32's, TOLERANCES).
+      split: the towers' cut of each batch in place of split_batch (yours.as_split).
     Returns:
       (CheckResult, has_batch_norm).
     """
@@ -125,7 +128,7 @@ def check_towers(model_fn, input_shape, num_towers, batches, learning_rate=0.01,
                accumulate=accumulate if pooled else 1)
     many = _Run(model_fn, input_shape, resolve_devices(num_towers, devices, per_gpu=per_gpu),
                 learning_rate, average, sync_bn, batches, precision, per_gpu, label_smoothing,
-                accumulate)
+                accumulate, split)
     with one.open() as one_sess:
         # The same starting point: the one-device graph's initial weights, copied.
         with many.open(initial=one_sess.run(one.variables)) as many_sess:
@@ -213,7 +216,7 @@ def check_settings(num_towers, batch_size, steps, tolerance, accumulate=1):
 def run_check(model_name, model_fn, dataset_name, train_set, num_towers, batch_size, steps,
               learning_rate, tolerance=None, sync_bn=False, dropout_off=False, log=print,
               precision='fp32', loss_scale=None, devices=None, label_smoothing=0.0,
-              accumulate=1, average=None, average_name=None):
+              accumulate=1, average=None, average_name=None, split=None, split_name=None):
     """`towers check`: log the differences; TowersError beyond the tolerance.
 
     Args:
@@ -230,6 +233,9 @@ def run_check(model_name, model_fn, dataset_name, train_set, num_towers, batch_s
         weights) -> [(grad, var)] (towers/tools/yours.py as_average); where it differs, the
         error names the first variable off and what the average did.
       average_name: how the lines call it (its MODULE:FUNCTION).
+      split, split_name: a cut of the caller's own in place of split_batch, (images, labels,
+        num_towers) -> TowerSlices, held first to what a cut must do (yours.as_split); its
+        MODULE:FUNCTION.
     """
     why = 'given'
     if tolerance is None:
@@ -261,6 +267,12 @@ def run_check(model_name, model_fn, dataset_name, train_set, num_towers, batch_s
            ', label smoothing %g' % label_smoothing if label_smoothing else ''))
     if precision.scaling:
         log('fp16 loss scale: fixed %g' % precision.scaling[1])
+    if split is not None:
+        split = yours.as_split(split, num_towers, batch_size)
+        log("cutting with %s in place of towers' split_batch: every example to one tower, "
+            'counted once, the batch whole%s' % (split_name, ' (and on %d examples over %d '
+                                                 'towers too)' % (num_towers - 1, num_towers)
+                                                 if num_towers > 1 else ''))
     if average is not None:
         log('averaging with %s in place of towers\' average_gradients%s' % (
             average_name, '' if len(set(shares)) > 1 or num_towers == 1 else
@@ -273,7 +285,7 @@ def run_check(model_name, model_fn, dataset_name, train_set, num_towers, batch_s
                                           label_smoothing=label_smoothing,
                                           accumulate=accumulate,
                                           average=average or average_gradients,
-                                          tolerance=tolerance)
+                                          tolerance=tolerance, split=split)
     for run, graph in zip(('1 device', '%d towers' % num_towers), result.graphs):
         log('fused by TensorFlow in the %s run: %s' % (run, graph.fusion_text() or 'nothing'))
     if any(graph.fusions for graph in result.graphs):
@@ -295,8 +307,10 @@ def run_check(model_name, model_fn, dataset_name, train_set, num_towers, batch_s
     log('within tolerance %.3g (%s; largest relative difference %.3g): %d towers train the '
         'same model as one device%s%s' % (tolerance, why, relative, num_towers,
                                           ' does in fp32' if precision.mixed else '',
-                                          ', averaged by %s' % average_name
-                                          if average is not None else ''))
+                                          ''.join(', %s by %s' % (how, name) for how, name in
+                                                  (('cut', split_name), ('averaged',
+                                                                         average_name))
+                                                  if name)))
     return result
 
 

@@ -1,10 +1,11 @@
-"""Your own average_gradients in the towers, graded by `towers check --average MODULE:FUNCTION`.
+"""Your own average_gradients and split_batch in the towers, graded by `towers check --average
+MODULE:FUNCTION` and `--split MODULE:FUNCTION`.
 
-The lab (examples/lab/) leaves the recipe's combining step for the student to write. check
-builds the N towers with it, in place of towers' own, and holds the result against one device
-on the whole batch, as ever. Where it differs, the tower gradients of the first batch say what
-the function did instead: each classic mistake gives a gradient of its own, computed here from
-the same tower gradients and compared.
+The lab (examples/lab/) leaves the recipe's combining step (and its cutting step) for the
+student to write. check builds the N towers with it, in place of towers' own, and holds the
+result against one device on the whole batch, as ever. Where an average differs, the tower
+gradients of the first batch say what the function did instead: each classic mistake gives a
+gradient of its own, computed here from the same tower gradients and compared.
 
   the shares' mean       sum_i (n_i / B) g_i        one device's gradient: right
   an unweighted mean     sum_i g_i / N              right only where the towers' shares are equal
@@ -18,8 +19,11 @@ import os
 import sys
 
 import numpy as np
+import tensorflow as tf
 
 from towers.errors import SettingError
+
+tf1 = tf.compat.v1
 
 MISTAKES = {
     'mean': 'an unweighted mean: each tower counts 1/{n} however many examples it had; weight '
@@ -102,20 +106,25 @@ def as_average(function):
     name = getattr(function, '__name__', 'your function')
 
     def average(tower_grads, weights):
-        try:
-            result = function(tower_grads, weights) if takes_weights else function(tower_grads)
-        except NotImplementedError as e:
-            raise SettingError('your %s is not written yet (NotImplementedError%s)'
-                               % (name, ': %s' % e if str(e) else '')) from None
-        except Exception as e:  # the student's code fails as the towers are built
-            where = inspect.getsourcefile(function) or ''
-            line = _line_in(e, where) if where else None
-            raise SettingError('your %s raised %s%s: %s' % (
-                name, type(e).__name__, ' at %s line %d' % (os.path.relpath(where), line)
-                if line else '', str(e).strip().splitlines()[0] if str(e).strip() else ''),
-            ) from None
+        result = _called(function, name, *((tower_grads, weights) if takes_weights
+                                           else (tower_grads,)))
         return checked(result, tower_grads, name)
     return average
+
+
+def _called(function, name, *args):
+    """function(*args), its failure one line: not written yet, or what it raised and where."""
+    try:
+        return function(*args)
+    except NotImplementedError as e:
+        raise SettingError('your %s is not written yet (NotImplementedError%s)'
+                           % (name, ': %s' % e if str(e) else '')) from None
+    except Exception as e:  # the student's code fails as the towers are built
+        where = inspect.getsourcefile(function) or ''
+        line = _line_in(e, where) if where else None
+        raise SettingError('your %s raised %s%s: %s' % (
+            name, type(e).__name__, ' at %s line %d' % (os.path.relpath(where), line)
+            if line else '', str(e).strip().splitlines()[0] if str(e).strip() else '')) from None
 
 
 def checked(result, tower_grads, name='average_gradients'):
@@ -168,3 +177,75 @@ def diagnose(tower_grads, counts, got, expected, tolerance):
                       'axis): off by %.3g where the gradient reaches %.3g'
                       % (off, float(np.max(np.abs(expected[name])))))
     return None
+
+
+def as_split(function, num_towers, batch_size):
+    """function as check cuts the batch: (images, labels, num_towers) -> num_towers
+    TowerSlices; first held to what a cut must do, on this batch and on one smaller than the
+    towers: SettingError naming the first thing it does not."""
+    name = getattr(function, '__name__', 'your function')
+    for batch in [batch_size] + ([num_towers - 1] if num_towers > 1 else []):
+        _check_cut(_cut_of(function, name, batch, num_towers), name, batch, num_towers)
+
+    def split(images, labels, count):
+        return _called(function, name, images, labels, count)
+    return split
+
+
+def _cut_of(function, name, batch, num_towers):
+    """[(count, batch, [the examples it holds, by number], rows)] of each slice the function
+    cuts from a batch whose example i is the number i."""
+    graph = tf.Graph()
+    with graph.as_default():
+        numbers = tf.range(batch)
+        images = tf.reshape(tf.cast(numbers, tf.float32), [batch, 1, 1, 1])
+        returned = _called(function, name, images, tf.cast(numbers, tf.int64), num_towers)
+        try:
+            slices = list(returned)
+            fetches = [(tf.convert_to_tensor(s.count), tf.convert_to_tensor(s.batch),
+                        tf.shape(s.labels)[0], tf.cast(s.labels, tf.int64)) for s in slices]
+        except (TypeError, AttributeError, ValueError):
+            raise SettingError('your %s returned %s: it returns one TowerSlice(images, labels, '
+                               'count, batch) per tower (towers.slicing.TowerSlice)'
+                               % (name, type(returned).__name__)) from None
+        with tf1.Session(graph=graph) as sess:
+            cut = sess.run(fetches)
+    if len(cut) != num_towers:
+        raise SettingError('your %s cut %d slices for %d towers: one per tower'
+                           % (name, len(cut), num_towers))
+    return [(int(count), int(whole), int(rows), [int(n) for n in held[:count]])
+            for count, whole, rows, held in cut]
+
+
+def _check_cut(cut, name, batch, num_towers):
+    counts = [count for count, _, _, _ in cut]
+    over = '%d examples over %d towers' % (batch, num_towers)
+    if sum(counts) < batch:
+        raise SettingError('your %s gives the towers %s of %s: %d left out; the remainder goes '
+                           'to the first towers, one more each'
+                           % (name, '+'.join(map(str, counts)), over, batch - sum(counts)))
+    if sum(counts) > batch:
+        raise SettingError('your %s gives the towers %s of %s: %d counted twice; each example '
+                           'to exactly one tower' % (name, '+'.join(map(str, counts)), over,
+                                                     sum(counts) - batch))
+    short = [(i, count, rows) for i, (count, _, rows, _) in enumerate(cut) if rows < count]
+    if short:
+        raise SettingError('your %s says tower %d has %d examples and hands it %d images, with '
+                           '%s: count is how many of its rows are real' % ((name,) + short[0]
+                                                                          + (over,)))
+    held = sorted(n for _, _, _, numbers in cut for n in numbers)
+    if held != list(range(batch)):
+        twice = sorted({n for n in held if held.count(n) > 1})
+        raise SettingError('your %s gives example %d to two towers and example %d to none, with '
+                           '%s: each example to exactly one' % (
+                               name, twice[0], min(set(range(batch)) - set(held)), over))
+    wrong = [(i, whole) for i, (_, whole, _, _) in enumerate(cut) if whole != batch]
+    if wrong:
+        raise SettingError('your %s says tower %d\'s batch is %d, with %s: a tower counts '
+                           'count / batch of the update, so batch is the whole batch\'s size'
+                           % (name, wrong[0][0], wrong[0][1], over))
+    empty = [i for i, (count, _, rows, _) in enumerate(cut) if rows == 0]
+    if empty:
+        raise SettingError('your %s hands tower %d no image at all, with %s: give a tower '
+                           'without examples a stand-in (the batch\'s last) with count 0, as '
+                           'some kernels cannot take an empty batch' % (name, empty[0], over))
