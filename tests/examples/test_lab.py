@@ -36,9 +36,9 @@ def test_the_sheet_shows_what_its_command_prints(command, expected):
 
 
 def test_the_sheet_has_a_command_for_every_step_that_runs_one():
-    assert len(BLOCKS) == 13
+    assert len(BLOCKS) == 14
     assert [' '.join(c.split()[:2]) if c.startswith('python') else 'towers'
-            for c, _, _ in BLOCKS] == (['python examples/classic_recipe.py'] + ['towers'] * 9
+            for c, _, _ in BLOCKS] == (['python examples/classic_recipe.py'] + ['towers'] * 10
                                        + ['python examples/lab/sweep.py'] + ['towers'] * 2)
 
 
