@@ -269,16 +269,9 @@ def run_check(model_name, model_fn, dataset_name, train_set, num_towers, batch_s
         log('fp16 loss scale: fixed %g' % precision.scaling[1])
     if split is not None:
         split = yours.as_split(split, num_towers, batch_size)
-        log("cutting with %s in place of towers' split_batch: every example to one tower, "
-            'counted once, the batch whole%s' % (split_name, ' (and on %d examples over %d '
-                                                 'towers too)' % (num_towers - 1, num_towers)
-                                                 if num_towers > 1 else ''))
+        log(yours.cut_line(split_name, num_towers))
     if average is not None:
-        log('averaging with %s in place of towers\' average_gradients%s' % (
-            average_name, '' if len(set(shares)) > 1 or num_towers == 1 else
-            ' (the towers\' shares are equal here, %s: an unweighted mean is right on them; '
-            '%d towers cut it unevenly)' % ('/'.join(map(str, shares)),
-                                           _uneven_towers(batch_size, num_towers))))
+        log(yours.average_line(average_name, batch_size, shares))
     result, has_batch_norm = check_towers(model_fn, train_set.images.shape[1:], num_towers,
                                           batches, learning_rate, sync_bn=sync_bn,
                                           precision=precision, devices=devices,
@@ -312,11 +305,3 @@ def run_check(model_name, model_fn, dataset_name, train_set, num_towers, batch_s
                                                                          average_name))
                                                   if name)))
     return result
-
-
-def _uneven_towers(batch_size, num_towers):
-    """The next tower count past num_towers that does not divide the batch."""
-    count = num_towers + 1
-    while batch_size % count == 0 and count < batch_size:
-        count += 1
-    return count

@@ -112,6 +112,32 @@ def as_average(function):
     return average
 
 
+def average_line(name, batch_size, shares):
+    """The line that says an average of the caller's is in use; where the towers' shares are
+    equal, that an unweighted mean is right on them, and which tower count cuts unevenly."""
+    equal = len(shares) > 1 and len(set(shares)) == 1
+    return 'averaging with %s in place of towers\' average_gradients%s' % (
+        name, ' (the towers\' shares are equal here, %s: an unweighted mean is right on them; '
+        '%d towers cut it unevenly)' % ('/'.join(map(str, shares)),
+                                       _uneven_towers(batch_size, len(shares))) if equal else '')
+
+
+def _uneven_towers(batch_size, num_towers):
+    """The next tower count past num_towers that does not divide the batch."""
+    count = num_towers + 1
+    while batch_size % count == 0 and count < batch_size:
+        count += 1
+    return count
+
+
+def cut_line(name, num_towers):
+    """The line that says a cut of the caller's is in use, and what it was held to."""
+    return ("cutting with %s in place of towers' split_batch: every example to one tower, "
+            'counted once, the batch whole%s' % (name, ' (and on %d examples over %d towers '
+                                                 'too)' % (num_towers - 1, num_towers)
+                                                 if num_towers > 1 else ''))
+
+
 def _called(function, name, *args):
     """function(*args), its failure one line: not written yet, or what it raised and where."""
     try:
