@@ -208,12 +208,13 @@ def test_on_the_ps_replica_the_same_command_serves_and_on_the_evaluator_it_never
     monkeypatch.setattr(towers.cluster.modes, 'serve', lambda cluster, config, log: served.append(
         (cluster.task_type, cluster.task_index, config.device_count['CPU'])))
     ps = from_tf_config(tf_config(job, 'PS', 0))
-    config = settings(args, from_records=False, cluster=ps)[0]
-    assert cli_cluster.cluster_run(config, ps, lines.append) is None
+    # (The plan: this process's devices, resolved once, whose kind the task's towers take.)
+    config, _, plan = settings(args, from_records=False, cluster=ps)
+    assert cli_cluster.cluster_run(config, ps, plan, lines.append) is None
     assert served == [('ps', 0, 1)] and lines == [
         'parameter-server mode: ps 0 serves the variables']
     evaluator = from_tf_config(tf_config(job, 'Evaluator', 0))
     with pytest.raises(ClusterError, match='^this task is the evaluator, outside the training '
                                            'cluster: it serves nothing; run towers train there'):
-        cli_cluster.cluster_run(config, evaluator, lines.append)
+        cli_cluster.cluster_run(config, evaluator, plan, lines.append)
     assert len(served) == 1
