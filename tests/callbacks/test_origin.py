@@ -96,12 +96,21 @@ def test_a_nan_in_one_example_of_an_uneven_split_names_the_example_and_its_tower
             origin['tower']) == ('input', step, step - 1, example, tower)
 
 
-def test_a_diverging_learning_rate_is_named_at_the_loss_its_weight_decay_overflows():
+def test_a_diverging_learning_rate_is_named_at_the_loss_its_weight_decay_overflows(tmp_path):
     # lr x decay = 10: each step multiplies the weights by -9 until their squares overflow.
-    message = _stopped(_dense, _datasets(_images()), learning_rate=1e4, weight_decay=1e-3)
-    assert re.fullmatch(r"loss is inf at step \d+; replayed, step \d+'s towers were finite and "
-                        r'the loss is not: its weight decay term, the weights grown past '
-                        r'float32: lower learning_rate or weight_decay', message), message
+    logdir = str(tmp_path / 'run')
+    message = _stopped(_dense, _datasets(_images()), learning_rate=1e4, weight_decay=1e-3,
+                       logdir=logdir, checkpoint_every=1)
+    match = re.fullmatch(r"loss is inf at step (\d+) \((\S+), saved before it, is intact\); "
+                         r"replayed, step \1's towers were finite and the loss is not: its "
+                         r'weight decay term, the weights grown past float32: lower '
+                         r'learning_rate or weight_decay', message)
+    assert match, message
+    # The replay went from the checkpoint before it, which it left whole.
+    assert match.group(2) == os.path.join(logdir, 'model.ckpt-%d' % (int(match.group(1)) - 1))
+    assert finite_variables(match.group(2))
+    with open(os.path.join(logdir, 'nan.json')) as f:
+        assert json.load(f)['replayed_from'] == int(match.group(1)) - 1
 
 
 @pytest.mark.filterwarnings('ignore:overflow encountered in cast:RuntimeWarning')
