@@ -76,7 +76,8 @@ def weighted_metrics(towers):
 
 def build_training_graph(model, plan, seed=None, source=None, learning_rate=1e-3,
                          steps_per_epoch=1, ema_decay=None, finalize=True, strategy=None,
-                         sync_bn=False, precision=None, total_steps=None, accumulate=1):
+                         sync_bn=False, precision=None, total_steps=None, accumulate=1,
+                         evaluation=True):
     """Build a fresh tf.Graph with training and evaluation towers.
 
     Args:
@@ -105,6 +106,9 @@ def build_training_graph(model, plan, seed=None, source=None, learning_rate=1e-3
       accumulate: K, each training tower's slice in K micro-batches one after
         another, their gradients summed (towers/tower.py micro_slices): the
         same update in about 1/K of the activations' memory.
+      evaluation: build the inference-mode towers; False (a graph that only
+        steps: bench's, a test's) leaves them out, and the eval_* fields None:
+        a sixth of Inception v3's two-tower graph (22,357 ops to 18,510).
     Returns:
       A TrainGraph.
     """
@@ -141,8 +145,8 @@ def build_training_graph(model, plan, seed=None, source=None, learning_rate=1e-3
                                                      loss_scale, train_op)
         train_op, ema = _moving_average(train_op, masters, global_step, ema_decay,
                                         loss_scale.gate if loss_scale else None)
-        evaluation = _eval_towers(model, plan.for_evaluation(), reuse=True, ema=ema,
-                                  precision=precision)
+        evaluation = (_eval_towers(model, plan.for_evaluation(), reuse=True, ema=ema,
+                                   precision=precision) if evaluation else (None,) * 4)
         check_kernels(graph, precision, scopes=('tower_', 'eval/'))
         sync_op = strategy.sync_op()
         # Without finalize the caller adds variables of its own, then makes these.

@@ -73,7 +73,7 @@ def _graph(name, devices, batches, update='parameter_server', precision=None, sy
                             optimizer='momentum')
     return build_training_graph(model, local_plan(devices, variable_update=update), seed=1,
                                 source=fed(batches), learning_rate=0.01, precision=precision,
-                                sync_bn=sync_bn)
+                                sync_bn=sync_bn, evaluation=False)
 
 
 def _train(name, devices, batches, initial=None, update='parameter_server', precision=None,

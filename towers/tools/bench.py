@@ -59,7 +59,8 @@ class _Trainer:
                  xla=False, precision=None):
         model = ClassifierModel(model_fn, input_shape, num_classes=None, optimizer=optimizer)
         self.graph = build_training_graph(model, plan, seed=0, source=source,
-                                          learning_rate=0.01, precision=precision)
+                                          learning_rate=0.01, precision=precision,
+                                          evaluation=False)
         self.rates, self._options_next = [], None
         # XLA's auto-clustering of the whole step (tf_cnn_benchmarks' --xla), as train's.
         self.sess = open_session(self.graph, plan.with_xla(xla).config)
