@@ -3,7 +3,7 @@
 
 Part of the commands of towers/cli/commands.py, apart so that each stays small.
 """
-from towers import exactness, models
+from towers import models
 from towers.cli.config import check_xla_determinism, flag, int_list, loss_scale, name_list
 from towers.cli.datasets import (
     check_image_size,
@@ -22,11 +22,6 @@ def run_bench(args, log):
         raise SettingError('{deterministic} times one process\'s towers: not with '
                            '{cluster_mode} or {input_only}')
     check_xla_determinism(args)  # as train refuses them
-    with exactness.exact_if(args.deterministic, log):
-        return _run_bench(args, log)
-
-
-def _run_bench(args, log):
     from towers.names import PRECISIONS
     if (args.optimizer or args.data_format) and (
             args.compare or args.cluster_mode or args.input_only):

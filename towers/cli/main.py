@@ -149,6 +149,15 @@ def _raised_by(module, name):
     return getattr(sys.modules[module], name) if module in sys.modules else _NotLoaded
 
 
+def _exact_if_asked(args, log):
+    """--deterministic (train's, bench's): the command runs under towers.exactness.exact(),
+    said in one line; nothing changes for a command without it."""
+    if not getattr(args, 'deterministic', False):
+        return contextlib.nullcontext()
+    from towers.exactness import exact_if
+    return exact_if(True, log)
+
+
 def _run(args, command):
     from towers import data
     from towers.cli.config import flag
@@ -158,7 +167,8 @@ def _run(args, command):
         print(line, flush=True)
 
     try:
-        status = command(args, log)
+        with _exact_if_asked(args, log):
+            status = command(args, log)
     except _raised_by('towers.cluster.runtime', 'LostTaskError') as e:
         if args.debug:
             traceback.print_exc()

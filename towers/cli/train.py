@@ -10,7 +10,7 @@ import signal
 
 import numpy as np
 
-from towers import data, exactness, models
+from towers import data, models
 from towers.cli.cluster import cluster_of, cluster_run
 from towers.cli.config import config_from_args
 from towers.cli.datasets import (
@@ -32,11 +32,6 @@ from towers.trainer import train
 
 
 def run_train(args, log):
-    with exactness.exact_if(args.deterministic, log):
-        return _run_train(args, log)
-
-
-def _run_train(args, log):
     from_records = args.dataset.startswith(FOLDERS)
     cluster = cluster_of(args)
     # Checked before any data is read; the devices resolved once, here, into this process's
