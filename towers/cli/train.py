@@ -143,6 +143,7 @@ def settings(args, from_records, cluster=None):
     if cluster is None and args.cluster_mode:
         raise SettingError('{cluster_mode} needs a cluster: set TF_CONFIG, give {cluster} '
                            'FILE.json {task_type} and {task_index}, or start the tasks with srun')
+    callbacks = trace_callbacks(args)
     plan = local_plan(args.towers, args.param_device, args.variable_update, args.devices,
                       logical_gpus=args.logical_gpus)
     # On a cluster the towers are per task: the chief places them (towers/cluster/).
@@ -152,7 +153,7 @@ def settings(args, from_records, cluster=None):
     if config.best_metric not in ('auto',) + ClassifierModel.METRICS:
         raise SettingError('{best_metric} %r is not a metric of this model; choose one of: %s',
                            config.best_metric, ', '.join(ClassifierModel.METRICS))
-    return config, trace_callbacks(args), plan
+    return config, callbacks, plan
 
 
 def trace_callbacks(args):
