@@ -199,7 +199,6 @@ def test_pods_not_up_yet_are_named_by_task_and_host(monkeypatch):
 
 def test_on_the_ps_replica_the_same_command_serves_and_on_the_evaluator_it_never_does(
         job, monkeypatch):
-    import towers.cli.cluster as cli_cluster
     import towers.cluster.modes
     from towers.cli.train import settings
     container = job['spec']['tfReplicaSpecs']['PS']['template']['spec']['containers'][0]
@@ -210,11 +209,11 @@ def test_on_the_ps_replica_the_same_command_serves_and_on_the_evaluator_it_never
     ps = from_tf_config(tf_config(job, 'PS', 0))
     # (The plan: this process's devices, resolved once, whose kind the task's towers take.)
     config, _, plan = settings(args, from_records=False, cluster=ps)
-    assert cli_cluster.cluster_run(config, ps, plan, lines.append) is None
+    assert towers.cluster.modes.cluster_run(config, ps, plan, lines.append) is None
     assert served == [('ps', 0, 1)] and lines == [
         'parameter-server mode: ps 0 serves the variables']
     evaluator = from_tf_config(tf_config(job, 'Evaluator', 0))
     with pytest.raises(ClusterError, match='^this task is the evaluator, outside the training '
                                            'cluster: it serves nothing; run towers train there'):
-        cli_cluster.cluster_run(config, evaluator, plan, lines.append)
+        towers.cluster.modes.cluster_run(config, evaluator, plan, lines.append)
     assert len(served) == 1

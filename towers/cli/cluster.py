@@ -20,26 +20,12 @@ def cluster_of(args):
                    port_base=getattr(args, 'port_base', None))
 
 
-def _not_the_evaluator(cluster):
-    if cluster.is_evaluator:
-        raise ClusterError('this task is the evaluator, outside the training cluster: it '
-                           "serves nothing; run towers train there, with the chief's {logdir}")
-
-
 def run_server(args, log):
     """towers server: this task's server until SIGTERM or SIGINT."""
     cluster = cluster_of(args)
     if cluster is None:
         raise ClusterError('towers server needs a cluster: set TF_CONFIG, or give {cluster} '
                            'FILE.json {task_type} and {task_index}')
-    _not_the_evaluator(cluster)
+    modes.not_the_evaluator(cluster)
     serve(cluster, server_config(cluster, args.towers, args.threads), log=log)
 
-
-def cluster_run(config, cluster, plan, log):
-    """This task's run of a train command's TrainConfig (towers/cluster/modes.py), or None
-    once a task that only serves is done. plan: this process's devices, resolved once: on
-    CPUs (--devices cpu, or a host without GPUs), the tasks' towers go on virtual CPUs."""
-    _not_the_evaluator(cluster)
-    return modes.cluster_run(config, cluster, config.threads, 0 if plan.on_cpus() else None,
-                             log)

@@ -11,7 +11,7 @@ import signal
 import numpy as np
 
 from towers import data, models
-from towers.cli.cluster import cluster_of, cluster_run
+from towers.cli.cluster import cluster_of
 from towers.cli.config import config_from_args
 from towers.cli.datasets import (
     SYNTHETIC,
@@ -20,6 +20,7 @@ from towers.cli.datasets import (
     image_side,
     load_dataset,
 )
+from towers.cluster.modes import cluster_run
 from towers.deviceplan import local_plan
 from towers.distribution import Run
 from towers.errors import SettingError
@@ -40,14 +41,14 @@ def run_train(args, log):
     if cluster is not None and cluster.is_evaluator:
         return run_evaluator(args, config, plan, from_records, log)
     worker = False  # a worker but the chief: trains, keeps nothing
-    if cluster is None:
-        run = Run.local(config, plan)
-    else:
+    if cluster is not None:
         worker, run = not cluster.is_chief, cluster_run(config, cluster, plan, log)
         if run is None:
             return  # this task served the chief's towers until it was stopped
         if worker:
             config, callbacks = dataclasses.replace(config, logdir=None, eval_every=0), []
+    else:
+        run = Run.local(config, plan)
     check_compute_capability(config.precision, plan.towers)
     warning = slow_warning(config.precision, plan.towers)
     if warning:  # a teacher may want loss scaling at work all the same: not an error

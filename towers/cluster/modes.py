@@ -235,13 +235,24 @@ class ParameterServer(ClusterRun):
 MODES = {mode.name: mode for mode in (InGraph, Collective, ParameterServer)}  # CLUSTER_MODES
 
 
-def cluster_run(config, cluster, threads=None, num_gpus=None, log=print):
+def not_the_evaluator(cluster):
+    """ClusterError on the evaluator's task: it is outside the cluster that trains."""
+    if cluster.is_evaluator:
+        raise ClusterError('this task is the evaluator, outside the training cluster: it '
+                           "serves nothing; run towers train there, with the chief's {logdir}")
+
+
+def cluster_run(config, cluster, plan, log=print):
     """This task's run of config.cluster_mode (None: in-graph), or None once a task that only
     serves has served until it was stopped; ClusterError for a setting the mode refuses.
 
-    threads: each task's inter-op threads (None: TensorFlow's); num_gpus: the GPUs each task
-    has (None: as many as this one sees; 0: virtual CPUs, on GPU hosts too).
+    plan: this process's DevicePlan, its devices resolved once: where they are CPUs
+    (--devices cpu, or a host without GPUs) the tasks' towers go on virtual CPUs, on GPU
+    hosts too; else on as many GPUs as this task sees. Each task runs config.threads inter-op
+    threads (None: TensorFlow's).
     """
+    not_the_evaluator(cluster)
+    threads, num_gpus = config.threads, 0 if plan.on_cpus() else None
     mode = MODES[config.cluster_mode or InGraph.name]
     mode.check(config, cluster)
     if mode.serves(cluster):
