@@ -114,15 +114,18 @@ def test_a_diverging_learning_rate_is_named_at_the_loss_its_weight_decay_overflo
 
 
 @pytest.mark.filterwarnings('ignore:overflow encountered in cast:RuntimeWarning')
-def test_fp16_without_loss_scaling_is_named_at_the_first_op_that_overflows():
+def test_fp16_without_loss_scaling_is_named_at_the_first_op_that_overflows(tmp_path):
     # Images up to 3000 through a 3x3 conv: past float16's 65504 at the conv's output.
+    logdir = str(tmp_path / 'run')
     message = _stopped(_conv, _datasets(_images(scale=3e3)), precision='fp16', loss_scale=1.0,
-                       learning_rate=0.01)
-    match = re.fullmatch(r'loss is nan at step (\d+); replayed, step \1 first went non-finite in '
-                         r'the forward pass of tower 0, at (\w+) \(op tower_0/\2/(\w+), '
-                         r'float16\), its input finite: float16 overflowed: scale the loss '
-                         r'\(loss_scale dynamic\)', message)
-    assert match and match.group(2) in ('conv', 'logits'), message
+                       learning_rate=0.01, logdir=logdir, checkpoint_every=1)
+    match = re.fullmatch(r'loss is nan at step (\d+) \((\S+), saved before it, is intact\); '
+                         r'replayed, step \1 first went non-finite in the forward pass of tower '
+                         r'0, at (\w+) \(op tower_0/\3/(\w+), float16\), its input finite: '
+                         r'float16 overflowed: scale the loss \(loss_scale dynamic\)', message)
+    assert match and match.group(3) in ('conv', 'logits'), message
+    assert match.group(2) == os.path.join(logdir, 'model.ckpt-%d' % (int(match.group(1)) - 1))
+    assert finite_variables(match.group(2))
 
 
 def test_an_infinite_gradient_is_named_with_its_variable():
