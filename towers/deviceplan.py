@@ -38,6 +38,7 @@ never something a module re-interprets.
 """
 import dataclasses
 import os
+import re
 
 import tensorflow as tf
 
@@ -280,6 +281,18 @@ def planned_device(op):
 def canonical_device(device):
     """'/gpu:1' -> '/device:GPU:1'; a task's devices keep their job and task."""
     return tf.DeviceSpec.from_string(device).to_string()
+
+
+def short_device(name):
+    """'/job:localhost/replica:0/task:0/device:CPU:1' -> '/cpu:1' (other names unchanged);
+    a cluster's keeps its task: '/job:worker/task:1/cpu:0'."""
+    match = re.search(r'device:([A-Za-z]+):(\d+)(/stream:all)?$', name)
+    if not match:
+        return name
+    task = re.search(r'/job:(\w+)(?:/replica:\d+)?/task:(\d+)', name)
+    prefix = ('/job:%s/task:%s' % task.groups()) if task and task.group(1) != 'localhost' \
+        else ''
+    return '%s/%s:%s' % (prefix, match.group(1).lower(), match.group(2))
 
 
 def ran_as_planned(planned, ran):

@@ -14,7 +14,7 @@ import re
 
 import tensorflow as tf
 
-from towers.deviceplan import ran_as_planned
+from towers.deviceplan import ran_as_planned, short_device
 from towers.errors import TowersError
 
 
@@ -75,7 +75,7 @@ def out_of_memory(error, plan, batch_size, accumulate=1):
     if not towers and _holds_variables(plan, device):
         fewer = 'put the variables elsewhere ({param_device}), or ' + fewer
     return OutOfMemoryError('out of memory on %s (%s) allocating %s of %s (%s)%s: ' + fewer,
-                            _short(device), where, _dtype_name(dtype),
+                            short_device(device), where, _dtype_name(dtype),
                             '[%s]' % ','.join(map(str, dims)), _bytes(size),
                             _share(plan, towers))
 
@@ -104,14 +104,6 @@ def _share(plan, towers):
         if towers and towers[0] in sharing:
             return "; towers %s share GPU %d's memory" % (','.join(map(str, sharing)), gpu)
     return ''
-
-
-def _short(device):
-    """'/job:localhost/replica:0/task:0/device:CPU:1' -> '/cpu:1'; a task's keeps its task."""
-    spec = tf.DeviceSpec.from_string(device)
-    task = '/job:%s/task:%d' % (spec.job, spec.task or 0) \
-        if spec.job and spec.job != 'localhost' else ''
-    return '%s/%s:%d' % (task, (spec.device_type or 'cpu').lower(), spec.device_index or 0)
 
 
 def _dtype_name(name):

@@ -33,6 +33,7 @@ from towers.cluster.placement import in_graph_plan
 from towers.cluster.server import server_config, start_server
 from towers.cluster.spec import Cluster
 from towers.data.sampler import EpochSampler
+from towers.deviceplan import short_device
 from towers.errors import SettingError
 from towers.graph import build_training_graph
 from towers.inputs import DatasetInput, SyntheticInput, make_input
@@ -41,7 +42,7 @@ from towers.model import ClassifierModel
 from towers.names import INPUT_MODES
 from towers.precision import Precision
 from towers.session import open_session, run_steps, trace_options
-from towers.tools.trace import AVERAGE_SCOPES, short_device
+from towers.tools.trace import AVERAGE_SCOPES
 
 tf1 = tf.compat.v1
 

@@ -18,6 +18,7 @@ from tensorflow.python.client import timeline
 
 from towers.callbacks import Callback
 from towers.data.atomic import atomic_output
+from towers.deviceplan import short_device
 from towers.errors import SettingError, TowersError
 
 APPLY_LABEL = re.compile(r'= (Resource)?(Sparse)?Apply\w*\(')  # in a timeline label
@@ -41,18 +42,6 @@ def check_output(path, setting):
         raise SettingError('{%s} %%s: folder %%s does not exist' % setting, path, folder)
     if not os.access(folder, os.W_OK):
         raise SettingError('{%s} %%s: folder %%s is not writable' % setting, path, folder)
-
-
-def short_device(name):
-    """'/job:localhost/replica:0/task:0/device:CPU:1' -> '/cpu:1' (other names unchanged);
-    a cluster's keeps its task: '/job:worker/task:1/cpu:0'."""
-    match = re.search(r'device:([A-Za-z]+):(\d+)(/stream:all)?$', name)
-    if not match:
-        return name
-    task = re.search(r'/job:(\w+)(?:/replica:\d+)?/task:(\d+)', name)
-    prefix = ('/job:%s/task:%s' % task.groups()) if task and task.group(1) != 'localhost' \
-        else ''
-    return '%s/%s:%s' % (prefix, match.group(1).lower(), match.group(2))
 
 
 class Trace(Callback):
