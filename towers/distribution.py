@@ -8,6 +8,8 @@ Whatever its shape (one process, or a task of a cluster), a run provides
                    None: all of it
   finalizes_graph  whether the Trainer finalizes the graph (False where the Session's maker,
                    a MonitoredSession, adds its own ops and finalizes it)
+  in_one_process   whether every step runs in this process alone (a NaN's replay,
+                   callbacks/origin.py, needs it: a cluster's steps span processes)
   build_ops(host)  what the run adds to the graph before the callbacks (a cluster's pings)
   agree(trainer)   what every process must agree on, kept once the graph holds every variable
   session(graph, load, steps_done)
@@ -38,6 +40,7 @@ class Run:
     share = None
     votes = None
     finalizes_graph = True
+    in_one_process = True
 
     def __init__(self, plan, strategy=None):
         self.plan = plan

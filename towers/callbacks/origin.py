@@ -48,7 +48,7 @@ class origin_said:
         return self
 
     def __exit__(self, kind, error, traceback):
-        if not isinstance(error, NonFiniteStep) or self.trainer.run.name != 'local' \
+        if not isinstance(error, NonFiniteStep) or not self.trainer.run.in_one_process \
                 or self.trainer.given_source is not None:
             return False
         origin = replay(self.trainer, error.step)

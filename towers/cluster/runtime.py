@@ -71,6 +71,7 @@ class ClusterRun(Run):
 
     # Whether each worker must also place each variable alike (one copy on the ps tasks).
     placement_agreed = False
+    in_one_process = False
 
     def __init__(self, cluster, plan, timeout, strategy=None, share=None):
         super().__init__(plan, strategy)
