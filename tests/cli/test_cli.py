@@ -28,25 +28,26 @@ def _towers(*args, timeout=120, cwd=None):
 
 
 def test_train_end_to_end_on_the_embedded_sample(tmp_path):
-    # The default net, mnist_convnet: 0.933, 0.946, 0.958 at its three epochs here, still
-    # climbing. (small_convnet, at 2.4x less CPU time, tops out at 0.95 on the sample: 0.947
-    # to 0.959 from its fourth epoch on, a coin flip on other kernels.)
+    # The default net, mnist_convnet, one epoch: 0.933 here (0.946 and 0.958 at epochs 2 and
+    # 3, which cost twice the CPU again and prove nothing more of the command; the bar leaves
+    # other CPUs' kernels a point of rounding). small_convnet, at 2.4x less CPU time, tops
+    # out at 0.95 on the sample.
     logdir = tmp_path / 'run'
-    process = _towers('train', '--towers', '2', '--devices', 'cpu', '--epochs', '3',
+    process = _towers('train', '--towers', '2', '--devices', 'cpu', '--epochs', '1',
                       '--batch-size', '50', '--logdir', str(logdir), timeout=300,
                       cwd=str(tmp_path))
     assert process.returncode == 0, process.stderr
     # How fast is for `towers bench`, not for a timed test on a shared machine
-    # (this run takes ~25 s here, on two busy cores too); the timeout only catches a hang.
+    # (this run takes ~10 s here); the timeout only catches a hang.
     assert 'Traceback' not in process.stderr and 'error' not in process.stderr
     out = process.stdout
-    assert 'training 240 steps on 2 tower(s) /cpu:0,/cpu:1, global batch 50' in out
+    assert 'training 80 steps on 2 tower(s) /cpu:0,/cpu:1, global batch 50' in out
     match = re.search(r'^test: loss (\d+\.\d+) accuracy (\d\.\d+) top5 (\d\.\d+) \(1000 images\)$',
                       out, re.M)
     assert match, out
-    assert float(match.group(2)) >= 0.95, match.group(0)
+    assert float(match.group(2)) >= 0.92, match.group(0)
     state = tf1.train.get_checkpoint_state(str(logdir))
-    assert state is not None and state.model_checkpoint_path.endswith('model.ckpt-240')
+    assert state is not None and state.model_checkpoint_path.endswith('model.ckpt-80')
     assert 'checkpoint: %s' % state.model_checkpoint_path in out
 
 
