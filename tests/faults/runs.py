@@ -4,14 +4,23 @@ A run that a fault is done to from outside (kill -9, SIGSTOP) runs in a
 process of its own (`Training`), its output read as it comes so that the
 fault lands in the phase under test. Where no process has to die, the command
 runs in this one through towers.cli.main (`towers`): TensorFlow is imported
-once, not once per run, and the whole suite stays fast.
+once, not once per run, and the whole suite stays fast. Where many processes
+die one after another, `Forks` starts each as a fork of one process that has
+imported TensorFlow already: a process of its own all the same (its pid, its
+files and lock, its kill -9), without the ~5 s of CPU each start of
+TensorFlow costs.
 """
+import ctypes
+import json
 import os
 import queue
 import re
+import runpy
+import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -35,7 +44,67 @@ KEPT = re.compile(r'^(\.towers\.lock|checkpoint|run\.json|stats\.jsonl|best|'
                   r'events\.out\.tfevents\..*)$')
 
 
-class Training:
+class _Read:
+    """A run's output read line by line as it comes (out, err); wait_for_line.
+
+    A context manager: on leaving, a process still running is killed and
+    reaped, whatever happened in the block.
+    """
+
+    def _read_from(self, stdout, stderr):
+        self.out, self.err, self._lines = [], [], queue.Queue()
+        self._readers = [threading.Thread(target=self._read, args=args, daemon=True)
+                         for args in ((stdout, self.out, True), (stderr, self.err, False))]
+        for reader in self._readers:
+            reader.start()
+
+    def _read(self, stream, lines, announce):
+        for line in stream:
+            lines.append(line.rstrip('\n'))
+            if announce:
+                self._lines.put(lines[-1])
+        if announce:
+            self._lines.put(None)  # the output ended
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self._running():
+            self._kill()
+        self.finish()
+        return False
+
+    def wait_for_line(self, prefix, timeout=120):
+        """The first line from now on that starts with prefix; AssertionError if none comes."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                line = self._lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError('no line %r within %ds; out: %s; err: %s'
+                                     % (prefix, timeout, self.out[-5:], self.err[-5:])) from None
+            if line is None:
+                status = self.finish()
+                raise AssertionError('the run ended (status %s) before printing %r; err: %s'
+                                     % (status, prefix, self.err[-5:]))
+            if line.startswith(prefix):
+                return line
+
+    def kill(self):
+        """kill -9, and wait for the process to be gone; its status (-9)."""
+        self._kill()
+        return self.finish()
+
+    def finish(self, timeout=120):
+        """Wait for the process to end (at most timeout seconds); its exit status."""
+        status = self._wait(timeout)
+        for reader in self._readers:
+            reader.join(timeout=timeout)
+        return status
+
+
+class Training(_Read):
     """`python -m MODULE ARGV` in a process of its own, its output read line by line.
 
     A context manager: on leaving, a process still running is killed and
@@ -52,62 +121,154 @@ class Training:
         self.process = subprocess.Popen(
             [sys.executable, '-m', module] + list(argv), stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, text=True, env=ENV, cwd=cwd, preexec_fn=preexec_fn)
-        self.out, self.err, self._lines = [], [], queue.Queue()
-        self._readers = [threading.Thread(target=self._read, args=args, daemon=True)
-                         for args in ((self.process.stdout, self.out, True),
-                                      (self.process.stderr, self.err, False))]
-        for reader in self._readers:
-            reader.start()
-
-    def _read(self, stream, lines, announce):
-        for line in stream:
-            lines.append(line.rstrip('\n'))
-            if announce:
-                self._lines.put(lines[-1])
-        if announce:
-            self._lines.put(None)  # the output ended
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        if self.process.poll() is None:
-            self.process.kill()
-        self.finish()
-        return False
+        self._read_from(self.process.stdout, self.process.stderr)
 
     @property
     def pid(self):
         return self.process.pid
 
-    def wait_for_line(self, prefix, timeout=120):
-        """The first line from now on that starts with prefix; AssertionError if none comes."""
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                line = self._lines.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                raise AssertionError('no line %r within %ds; out: %s; err: %s'
-                                     % (prefix, timeout, self.out[-5:], self.err[-5:])) from None
-            if line is None:
-                self.finish()
-                raise AssertionError('the run ended (status %s) before printing %r; err: %s'
-                                     % (self.process.returncode, prefix, self.err[-5:]))
-            if line.startswith(prefix):
-                return line
+    def _running(self):
+        return self.process.poll() is None
 
-    def kill(self):
-        """kill -9, and wait for the process to be gone; its status (-9)."""
+    def _kill(self):
         self.process.kill()
-        return self.finish()
+
+    def _wait(self, timeout):
+        return self.process.wait(timeout=timeout)
+
+
+# The fork server: `python -c` this, with one end of a socket pair as its argument.
+_SERVE = ("import importlib, sys; importlib.import_module('towers.cli.main')._import_tensorflow(); "
+          "from tests.faults import runs; runs._serve(int(sys.argv[1]))")
+
+
+class Forks:
+    """Starts `python -m MODULE ARGV` runs, one at a time, each a fork of one process (the
+    server) that imported TensorFlow as `towers` does, before any graph or session.
+
+    Each run is a process of its own: its pid, its folder, its output, its
+    lock on the logdir, its own kill -9 and exit status; what it did not do
+    itself is start TensorFlow, ~5 s of CPU a process on this suite's 2-core
+    machines. A context manager: on leaving, the server ends and is reaped,
+    and with it the CPU of every run it forked is counted as this process's
+    children's (tests/cpu_meter.py counts it then, not at each run's end).
+    """
+
+    def __init__(self):
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        # Its own stderr, read only when it failed (no run writes there: each has its pipes).
+        self._stderr = tempfile.TemporaryFile()
+        with theirs:
+            self._server = subprocess.Popen(
+                [sys.executable, '-c', _SERVE, str(theirs.fileno())], env=ENV, cwd=ROOT,
+                pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL, stderr=self._stderr)
+        self._socket, self._running = ours, None
+
+    def training(self, argv, cwd, module='towers'):
+        """A Forked run of `python -m MODULE ARGV` in cwd (as Training's arguments)."""
+        assert self._running is None or self._running.status is not None, \
+            'one run at a time: the server waits for each to end before it forks the next'
+        self._running = Forked(self, list(argv), str(cwd), module)
+        return self._running
+
+    def _request(self, message, fds=()):
+        socket.send_fds(self._socket, [json.dumps(message).encode()], list(fds))
+
+    def _answer(self, timeout):
+        self._socket.settimeout(timeout)
+        try:
+            message = self._socket.recv(4096)
+        except socket.timeout:
+            raise AssertionError('the fork server did not answer within %ds' % timeout) from None
+        if not message:
+            self._server.wait(timeout=timeout)
+            self._stderr.seek(0)
+            raise AssertionError('the fork server ended (status %s): %s' % (
+                self._server.returncode, self._stderr.read().decode(errors='replace')[-2000:]))
+        return json.loads(message)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self._running is not None and self._running.status is None:
+            self._running.kill()
+        self._socket.close()  # the server's end reads as ended: it returns
+        self._server.wait(timeout=120)
+        self._stderr.close()
+        return False
+
+
+class Forked(_Read):
+    """A run Forks started: as Training, but forked from the server (see Forks)."""
+
+    def __init__(self, forks, argv, cwd, module):
+        self._forks, self.status = forks, None
+        out, err = os.pipe(), os.pipe()
+        forks._request([argv, cwd, module], (out[1], err[1]))
+        os.close(out[1])
+        os.close(err[1])
+        self._streams = open(out[0]), open(err[0])
+        self._read_from(*self._streams)
+        self.pid = forks._answer(timeout=300)  # the server's start, the first time
+
+    def _running(self):
+        return self.status is None
+
+    def _kill(self):
+        os.kill(self.pid, signal.SIGKILL)
+
+    def _wait(self, timeout):
+        if self.status is None:
+            self.status = self._forks._answer(timeout)
+        return self.status
 
     def finish(self, timeout=120):
-        """Wait for the process to end (at most timeout seconds); its exit status."""
-        self.process.wait(timeout=timeout)
-        for reader in self._readers:
-            reader.join(timeout=timeout)
-        return self.process.returncode
+        status = super().finish(timeout)
+        for stream in self._streams:
+            stream.close()
+        return status
 
+
+def _serve(fd):
+    """The fork server's loop: fork each run asked for, say its pid, then its exit status.
+
+    Ends when the socket does (the tests' end of it closed). In the fork,
+    `python -m MODULE ARGV` goes on from here, its stdout and stderr the
+    pipes it was sent, and ends as any Python process does (atexit, its
+    threads joined), with its status.
+    """
+    _die_with_parent()
+    requests = socket.socket(fileno=fd)
+    while True:
+        message, fds, _, _ = socket.recv_fds(requests, 1 << 16, 2)
+        if not message:
+            return
+        argv, cwd, module = json.loads(message)
+        pid = os.fork()
+        if pid == 0:
+            _die_with_parent()
+            requests.close()
+            for stream, pipe in zip((1, 2), fds):
+                os.dup2(pipe, stream)
+                os.close(pipe)
+            os.chdir(cwd)
+            sys.argv = [module] + argv  # runpy writes the module's file into sys.argv[0]
+            runpy.run_module(module, run_name='__main__', alter_sys=True)
+            sys.exit(0)
+        for pipe in fds:
+            os.close(pipe)
+        requests.send(json.dumps(pid).encode())
+        _, status = os.waitpid(pid, 0)
+        requests.send(json.dumps(os.waitstatus_to_exitcode(status)).encode())
+
+
+
+def _die_with_parent():
+    """SIGKILL this process when its parent ends (PR_SET_PDEATHSIG): a pytest worker killed
+    leaves no server behind, nor a run the server was waiting for."""
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL)
 
 def towers(capsys, *argv):
     """Run `towers ARGV` in this process: (exit status, stdout lines, stderr lines)."""

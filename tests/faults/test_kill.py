@@ -8,7 +8,9 @@ for bit: the trainer is deterministic with the feed and staging inputs (the
 data order is saved in every checkpoint). The moments a kill from outside
 lands at are drawn from a seeded generator, so a failure reproduces; the
 moments between two writes that such a kill is unlikely to hit are set
-exactly (killpoint.py).
+exactly (killpoint.py). The processes killed are forks of one that started
+TensorFlow once for the module (runs.Forks): eleven starts of it would cost
+more than all the rest.
 """
 import json
 import os
@@ -21,7 +23,7 @@ import pytest
 
 from tests.faults.runs import (
     TINY,
-    Training,
+    Forks,
     assert_same_variables,
     assert_whole,
     leftovers,
@@ -39,6 +41,12 @@ SEED = 1702
 # and index (.tempstateDIGITS) and for its graph and state file (.tmpHEX).
 IN_PROGRESS = re.compile(r'\.tempstate\d+$|\.tmp[0-9a-f]{32}$')
 REMOVED = 'removed what an interrupted run left unfinished: '
+
+
+@pytest.fixture(scope='module')
+def forks():
+    with Forks() as forks:
+        yield forks
 
 
 def _after_kill(logdir):
@@ -64,17 +72,18 @@ def _resume(capsys, logdir, flags, *unfinished):
     return out
 
 
-def test_kill_9_at_random_moments_of_checkpoint_writes(tmp_path, capsys, uninterrupted):
+def test_kill_9_at_random_moments_of_checkpoint_writes(tmp_path, capsys, uninterrupted, forks):
     # A checkpoint every step (and the oldest of five deleted); each run is
     # killed a moment after the k-th temporary file of its checkpoint writes
-    # appears, and the next run resumes from what it left.
+    # appears (at most the 4th: within its first two checkpoints), and the
+    # next run resumes from what it left. 20 steps: the last run deletes some.
     rng = random.Random(SEED)
-    logdir, flags = str(tmp_path / 'run'), TINY + ('--steps', '40')
+    logdir, flags = str(tmp_path / 'run'), TINY + ('--steps', '20')
     every_step = ('--checkpoint-every', '1', '--log-every', '1')
     unfinished, resumed = [], []
     for _ in range(3):
         files, delay = rng.randint(1, 4), rng.uniform(0, 0.004)
-        with Training(['train', *flags, *every_step, '--logdir', logdir], tmp_path) as run:
+        with forks.training(['train', *flags, *every_step, '--logdir', logdir], tmp_path) as run:
             run.wait_for_line('training ')
             before, begun = set(os.listdir(logdir)), set()
 
@@ -95,7 +104,7 @@ def test_kill_9_at_random_moments_of_checkpoint_writes(tmp_path, capsys, uninter
     assert [line for line in out if line.startswith('resumed from ')] == resumed
     assert_same_variables(uninterrupted(*flags),
                           variables(checkpoints.newest_complete(logdir)))
-    assert listed(logdir) == ['model.ckpt-%d' % step for step in range(36, 41)]
+    assert listed(logdir) == ['model.ckpt-%d' % step for step in range(16, 21)]
 
 
 # moment: (its call that kills, what is left half written, what the state file lists)
@@ -113,12 +122,13 @@ MOMENTS = {
 
 
 @pytest.mark.parametrize('moment', sorted(MOMENTS))
-def test_kill_9_between_the_writes_of_a_checkpoint(tmp_path, capsys, uninterrupted, moment):
+def test_kill_9_between_the_writes_of_a_checkpoint(tmp_path, capsys, uninterrupted, forks,
+                                                   moment):
     call, half_written, kept = MOMENTS[moment]
     logdir, flags = str(tmp_path / 'run'), TINY + ('--steps', '20')
     saves = ('--checkpoint-every', '5', '--keep-checkpoints', '2')
-    with Training([moment, str(call), 'train', *flags, *saves, '--logdir', logdir], tmp_path,
-                  module='tests.faults.killpoint') as run:
+    with forks.training([moment, str(call), 'train', *flags, *saves, '--logdir', logdir],
+                        tmp_path, module='tests.faults.killpoint') as run:
         assert run.finish() == -signal.SIGKILL, run.err
     names, unfinished = _after_kill(logdir)
     assert names == kept
@@ -154,13 +164,13 @@ def _assert_stats_lines_whole(logdir):
     assert steps == sorted(set(steps)) and {120, 130} <= set(steps) <= {60, 120, 130}
 
 
-def test_kill_9_at_random_moments_of_an_evaluation(tmp_path, capsys, uninterrupted):
+def test_kill_9_at_random_moments_of_an_evaluation(tmp_path, capsys, uninterrupted, forks):
     # Within 130 ms of the end of epoch 1: its checkpoint, the evaluation of
     # 1000 validation images, the save of the best checkpoint (here ~100 ms).
     rng = random.Random(SEED)
     for attempt in range(2):
         logdir = str(tmp_path / ('run%d' % attempt))
-        with Training(['train', *EVALUATED, '--logdir', logdir], tmp_path) as run:
+        with forks.training(['train', *EVALUATED, '--logdir', logdir], tmp_path) as run:
             run.wait_for_line('step 60/130 ')
             time.sleep(rng.uniform(0, 0.13))
             assert run.kill() == -signal.SIGKILL
@@ -177,11 +187,12 @@ def test_kill_9_at_random_moments_of_an_evaluation(tmp_path, capsys, uninterrupt
         _assert_stats_lines_whole(logdir)
 
 
-def test_kill_9_between_a_best_checkpoint_and_its_record(tmp_path, capsys, uninterrupted):
+def test_kill_9_between_a_best_checkpoint_and_its_record(tmp_path, capsys, uninterrupted,
+                                                         forks):
     # The second best (120) is saved, best.json still names the first (60).
     logdir = str(tmp_path / 'run')
-    with Training(['recording', '2', 'train', *EVALUATED, '--logdir', logdir], tmp_path,
-                  module='tests.faults.killpoint') as run:
+    with forks.training(['recording', '2', 'train', *EVALUATED, '--logdir', logdir], tmp_path,
+                        module='tests.faults.killpoint') as run:
         assert run.finish() == -signal.SIGKILL, run.err
     best = os.path.join(logdir, 'best')
     assert assert_whole(best) == ['model.ckpt-120']
@@ -196,18 +207,19 @@ def test_kill_9_between_a_best_checkpoint_and_its_record(tmp_path, capsys, unint
                           variables(checkpoints.newest_complete(logdir)))
 
 
-def test_kill_9_while_the_staging_input_starts(tmp_path, capsys, uninterrupted):
+def test_kill_9_while_the_staging_input_starts(tmp_path, capsys, uninterrupted, forks):
     # A resume at step 10: the loader thread starts, every tower's StagingArea
-    # is primed from step 10's batch; the kill lands in the first 20 ms of it.
+    # is primed from step 10's batch; the kill lands in the first 20 ms of it,
+    # long before the 5 steps left to step 15 could end.
     logdir = str(tmp_path / 'run')
     flags = TINY + ('--input', 'staging', '--checkpoint-every', '5')
     assert towers(capsys, 'train', *flags, '--steps', '10', '--logdir', logdir)[0] == 0
-    with Training(['train', *flags, '--steps', '30', '--logdir', logdir], tmp_path) as run:
+    with forks.training(['train', *flags, '--steps', '15', '--logdir', logdir], tmp_path) as run:
         run.wait_for_line('training ')
         time.sleep(random.Random(SEED).uniform(0, 0.02))
         assert run.kill() == -signal.SIGKILL
     names, unfinished = _after_kill(logdir)
     assert names[:2] == ['model.ckpt-5', 'model.ckpt-10']
-    _resume(capsys, logdir, flags + ('--steps', '30'), unfinished)
-    assert_same_variables(uninterrupted(*TINY, '--input', 'staging', '--steps', '30'),
+    _resume(capsys, logdir, flags + ('--steps', '15'), unfinished)
+    assert_same_variables(uninterrupted(*TINY, '--input', 'staging', '--steps', '15'),
                           variables(checkpoints.newest_complete(logdir)))
