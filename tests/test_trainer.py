@@ -322,13 +322,12 @@ def _variables(logdir):
 def test_stopped_and_resumed_equals_uninterrupted(tmp_path):
     # 200 examples at 30 per step: the stop at step 9 falls mid second epoch.
     straight = str(tmp_path / 'straight')
-    _train(_config(steps=16, batch_size=30, logdir=straight))
+    _, _, reference = _train(_config(steps=16, batch_size=30, logdir=straight))
     resumed = str(tmp_path / 'resumed')
     _, _, first = _train(_config(steps=9, batch_size=30, logdir=resumed))
     _, _, second = _train(_config(steps=16, batch_size=30, logdir=resumed))
     # The resumed run fed exactly the batches the straight run fed after step 9.
     order = first.train.fed + second.train.fed
-    _, _, reference = _train(_config(steps=16, batch_size=30))
     assert [list(b) for b in order] == [list(b) for b in reference.train.fed]
     expected, actual = _variables(straight), _variables(resumed)
     assert expected.keys() == actual.keys()

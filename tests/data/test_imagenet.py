@@ -1,5 +1,6 @@
 """ImageNet-format shards: finding and counting them, tf_cnn_benchmarks' preprocessing, and
 crops seeded per example so that a run and its resume see the same images."""
+import contextlib
 import os
 import re
 
@@ -153,18 +154,19 @@ def _train(folder, logdir, steps, capsys, eval_every=0):
 def test_training_on_an_imagenet_folder_streams_the_crops_and_resumes_exactly(tmp_path, capsys):
     folder = _folder(tmp_path)
     straight, resumed = str(tmp_path / 'straight'), str(tmp_path / 'resumed')
-    # Past the first epoch (13 images, 4 a step), evaluating the validation split each epoch
-    # (which the resumed runs do not: evaluation changes nothing of the training).
-    lines = _train(folder, straight, 7, capsys, eval_every=1)
+    # Past the first epoch (13 images, 4 a step: 4 steps, the last of 1) in the resumed run
+    # too, evaluating the validation split each epoch (which the resumed runs do not:
+    # evaluation changes nothing of the training).
+    lines = _train(folder, straight, 5, capsys, eval_every=1)
     assert 'dataset imagenet:%s: 13 train, 0 validation, 3 test; model small_convnet' % folder \
         in lines
     assert 'augment: pad-crop-flip (the default for 32x32x3 images; evaluation: centre)' in lines
     assert 'dataset imagenet:%s: 13 train, 0 validation, 0 test; model small_convnet' % folder \
         in _train(folder, resumed, 3, capsys)
-    lines = _train(folder, resumed, 7, capsys)
+    lines = _train(folder, resumed, 5, capsys)
     assert any(line.startswith('resumed from') for line in lines)
     expected, actual = _checkpoint(straight), _checkpoint(resumed)
-    assert expected.keys() == actual.keys() and expected['global_step'] == 7
+    assert expected.keys() == actual.keys() and expected['global_step'] == 5
     for name in expected:
         np.testing.assert_array_equal(actual[name], expected[name], err_msg=name)
 
@@ -173,16 +175,18 @@ def test_a_validation_split_too_big_to_hold_is_streamed_to_the_same_numbers(tmp_
                                                                            monkeypatch):
     from towers.cli import main
     folder, logdir = _folder(tmp_path), str(tmp_path / 'run')
-    _train(folder, logdir, 2, capsys, eval_every=1)
+    with monkeypatch.context() as patch:
+        patch.setattr('towers.cli.train.EVAL_MEMORY', 10_000)  # 3 images at 32x32: 36,864
+        # Training evaluates a streamed split too: one run, whose weights both evals read.
+        trained = [line for line in _train(folder, logdir, 2, capsys, eval_every=1)
+                   if line.startswith('test: ')]
+        assert main(['eval', '--logdir', logdir, '--batch-size', '2', '--devices', 'cpu']) == 0
+        streamed = capsys.readouterr().out.splitlines()[-1]
     assert main(['eval', '--logdir', logdir, '--batch-size', '2', '--devices', 'cpu']) == 0
     held = capsys.readouterr().out.splitlines()[-1]
-    monkeypatch.setattr('towers.cli.train.EVAL_MEMORY', 10_000)  # 3 images at 32x32: 36,864
-    assert main(['eval', '--logdir', logdir, '--batch-size', '2', '--devices', 'cpu']) == 0
-    streamed = capsys.readouterr().out.splitlines()[-1]
     assert held.startswith('test: loss ') and held.endswith('(3 images)') and streamed == held
-    # Training evaluates a streamed split too, to the numbers towers eval gives.
-    lines = _train(folder, str(tmp_path / 'streamed'), 2, capsys, eval_every=1)
-    assert [line for line in lines if line.startswith('test: ')] == [held]
+    # ... to the numbers towers eval gives.
+    assert trained == [held]
 
 
 def _write_bad_shard(folder, split='train', total=2, index=1):
@@ -304,44 +308,55 @@ def test_training_stops_on_a_bad_jpeg_in_one_line_or_skips_it_when_asked(tmp_pat
 def test_eval_reads_the_validation_split_at_the_evaluation_view(tmp_path, capsys):
     from towers.cli import main
     folder, logdir = _folder(tmp_path), str(tmp_path / 'run')
-    _train(folder, logdir, 2, capsys)
+    _train(folder, logdir, 1, capsys)  # weights to evaluate: one step makes them
     assert main(['eval', '--logdir', logdir, '--devices', 'cpu']) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[-1].startswith('test: ') and lines[-1].endswith('(3 images)'), lines
 
 
-def _batches(image_set, start, count, batch_size=4, parts=None):
+@contextlib.contextmanager
+def _pipeline(image_set, batch_size=4, parts=None):
+    """batches(start, count): `count` batches of an epoch pipeline started at batch `start`,
+    each call a new start of it (its iterator and counts initialised anew), as a resumed run
+    starts it with its step fed. One graph and Session for every start: building them is
+    most of a read's cost."""
     from towers.data import pipeline
     with tf.Graph().as_default():
+        start, count = tf1.placeholder(tf.int64, []), tf1.placeholder(tf.int64, [])
         epoch_source, records = image_set.epoch_source(image_set.input_shape)
         dataset, _ = pipeline.epoch_pipeline(epoch_source, records, image_set.input_shape,
-                                             image_set.num_classes, batch_size,
-                                             start=tf.constant(start, tf.int64), parts=parts)
+                                             image_set.num_classes, batch_size, start=start,
+                                             parts=parts)
         iterator = tf1.data.make_initializable_iterator(dataset.take(count))
         batch = iterator.get_next()
+        init = [iterator.initializer, tf1.local_variables_initializer()]
         with tf1.Session() as sess:
-            sess.run([iterator.initializer, tf1.local_variables_initializer()])
-            return [sess.run(batch) for _ in range(count)]
+            def batches(first, num):
+                sess.run(init, {start: first, count: num})
+                return [sess.run(batch) for _ in range(num)]
+            yield batches
 
 
 def test_an_epoch_pipeline_started_at_a_batch_gives_the_batches_from_there(tmp_path):
     _write_shards(str(tmp_path), 'train', [6, 5])
     image_set = image_records.ImageNetSet(str(tmp_path), 'train', 16, seed=4, shuffle_buffer=5)
-    whole = _batches(image_set, 0, 8)  # 11 records: 3 batches an epoch (4, 4, 3)
-    assert [len(labels) for _, labels in whole] == [4, 4, 3] * 2 + [4, 4]
-    assert sorted(np.concatenate([labels for _, labels in whole[3:6]])) == list(range(11))
-    for start in (2, 3, 5):
-        for (a, label_a), (b, label_b) in zip(whole[start:], _batches(image_set, start, 3)):
-            np.testing.assert_array_equal(a, b)
-            np.testing.assert_array_equal(label_a, label_b)
+    with _pipeline(image_set) as batches:
+        whole = batches(0, 8)  # 11 records: 3 batches an epoch (4, 4, 3)
+        assert [len(labels) for _, labels in whole] == [4, 4, 3] * 2 + [4, 4]
+        assert sorted(np.concatenate([labels for _, labels in whole[3:6]])) == list(range(11))
+        for start in (2, 3, 5):
+            for (a, label_a), (b, label_b) in zip(whole[start:], batches(start, 3)):
+                np.testing.assert_array_equal(a, b)
+                np.testing.assert_array_equal(label_a, label_b)
     assert not np.array_equal(whole[0][1], whole[3][1])  # each epoch shuffled anew
 
 
 def test_each_epoch_crops_the_same_record_anew(tmp_path):
     _write_shards(str(tmp_path), 'train', [8])
     image_set = image_records.ImageNetSet(str(tmp_path), 'train', 16, seed=2, shuffle_buffer=1)
-    epoch_0, epoch_1 = (np.concatenate([images for images, _ in pair]) for pair in (
-        _batches(image_set, 0, 2), _batches(image_set, 2, 2)))  # records 0..7 in file order
+    with _pipeline(image_set) as batches:
+        epoch_0, epoch_1 = (np.concatenate([images for images, _ in pair]) for pair in (
+            batches(0, 2), batches(2, 2)))  # records 0..7 in file order
     assert all(not np.array_equal(a, b) for a, b in zip(epoch_0, epoch_1))
 
 
@@ -352,13 +367,13 @@ def test_a_resumed_pipeline_never_decodes_the_records_it_passes_over(tmp_path):
             jpeg = b'\xff\xd8 no JPEG' if index == 1 else _jpeg(40, 50, index)
             writer.write(imagenet.make_example(jpeg, index + 1, 40, 50))
     image_set = image_records.ImageNetSet(str(tmp_path), 'train', 16, shuffle_buffer=1)
-    with pytest.raises(tf.errors.InvalidArgumentError, match=r'00001 record 1: not a '):
-        _batches(image_set, 0, 1, batch_size=2)
-    # Batch 1 onwards: records 0 and 1 passed over unread, until the next epoch reads them.
-    batches = _batches(image_set, 1, 2, batch_size=2)
-    assert [list(labels) for _, labels in batches] == [[2, 3], [4, 5]]
-    with pytest.raises(tf.errors.InvalidArgumentError, match=r'00001 record 1: not a '):
-        _batches(image_set, 1, 3, batch_size=2)
+    with _pipeline(image_set, batch_size=2) as batches:
+        with pytest.raises(tf.errors.InvalidArgumentError, match=r'00001 record 1: not a '):
+            batches(0, 1)
+        # Batch 1 onwards: records 0 and 1 passed over unread, until the next epoch reads them.
+        assert [list(labels) for _, labels in batches(1, 2)] == [[2, 3], [4, 5]]
+        with pytest.raises(tf.errors.InvalidArgumentError, match=r'00001 record 1: not a '):
+            batches(1, 3)
 
 
 def test_a_task_decodes_only_the_rows_its_towers_train_on(tmp_path):
@@ -366,10 +381,12 @@ def test_a_task_decodes_only_the_rows_its_towers_train_on(tmp_path):
     the batch's last row (split_batch's stand-in for an empty part); the rest is zeros."""
     _write_shards(str(tmp_path), 'train', [6, 5])
     image_set = image_records.ImageNetSet(str(tmp_path), 'train', 16, seed=4, shuffle_buffer=5)
-    whole = _batches(image_set, 1, 4)  # batches of 4, 3 (the epoch's last), 4, 4
+    with _pipeline(image_set) as batches:
+        whole = batches(1, 4)  # batches of 4, 3 (the epoch's last), 4, 4
     for worker, rows in ((0, {4: [0, 1, 3], 3: [0, 1, 2]}), (1, {4: [2, 3], 3: [2]})):
-        for (images, labels), (mine, my_labels) in zip(whole, _batches(
-                image_set, 1, 4, parts=(worker, worker + 1, 2))):
+        with _pipeline(image_set, parts=(worker, worker + 1, 2)) as batches:
+            theirs = batches(1, 4)
+        for (images, labels), (mine, my_labels) in zip(whole, theirs):
             kept = rows[len(labels)]
             np.testing.assert_array_equal(mine[kept], images[kept])
             np.testing.assert_array_equal(my_labels[kept], labels[kept])

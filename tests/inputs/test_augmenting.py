@@ -31,21 +31,31 @@ def _train_set(num=20):
 
 def _images(source, devices, num_steps, start=0):
     """Per step, per tower: the images a source gives, run alone from step `start`."""
+    return _runs(source, devices, [(start, num_steps)])[0]
+
+
+def _runs(source, devices, runs):
+    """_images of each (start, num_steps) of runs, each run the source started anew as a
+    resumed training starts it, in one graph and Session (building them is most of a run's
+    cost)."""
     with tf.Graph().as_default() as graph:
         slices = source.build(SHAPE, devices)
         init = tf1.local_variables_initializer()
-    steps = []
+    results = []
     with tf1.Session(graph=graph, config=session_config(TWO)) as sess:
-        sess.run(init)
-        source.start(sess, start, start + num_steps)
-        try:
-            for step in range(start, start + num_steps):
-                extra, feed = source.step(step)
-                values = sess.run([(s.images, s.count) for s in slices] + extra, feed)
-                steps.append([images[:count] for images, count in values[:len(slices)]])
-        finally:
-            source.stop(sess)
-    return steps
+        for start, num_steps in runs:
+            steps = []
+            sess.run(init)
+            source.start(sess, start, start + num_steps)
+            try:
+                for step in range(start, start + num_steps):
+                    extra, feed = source.step(step)
+                    values = sess.run([(s.images, s.count) for s in slices] + extra, feed)
+                    steps.append([images[:count] for images, count in values[:len(slices)]])
+            finally:
+                source.stop(sess)
+            results.append(steps)
+    return results
 
 
 @pytest.mark.parametrize('kind', [FeedInput, StagingInput])
@@ -78,15 +88,15 @@ def test_a_workers_share_of_the_pipeline_gets_those_rows_resumed_or_not():
     def source(share=None):
         return DatasetInput(train_set.images, train_set.labels, num_classes=4, batch_size=7,
                             seed=3, augment='inception', share=share)
-    for start in (0, 4):
-        whole = _images(source(), TWO, 3, start=start)
+    starts = [(0, 3), (4, 3)]  # from the first step, and resumed at step 4
+    *wholes, uninterrupted = _runs(source(), TWO, starts + [(0, 7)])
+    workers = [_runs(source((k, 2)), ['/cpu:0'], starts) for k in (0, 1)]
+    for run, whole in enumerate(wholes):
         for k in (0, 1):
-            mine = _images(source((k, 2)), ['/cpu:0'], 3, start=start)
+            mine = workers[k][run]
             for step in range(3):
                 np.testing.assert_array_equal(mine[step][0], whole[step][k])
-        if start == 0:
-            uninterrupted = _images(source(), TWO, 7)[4:]
-    for a_step, b_step in zip(uninterrupted, whole):  # the resumed run's, from step 4
+    for a_step, b_step in zip(uninterrupted[4:], whole):  # the resumed run's, from step 4
         for a, b in zip(a_step, b_step):
             np.testing.assert_array_equal(a, b)
 

@@ -83,18 +83,23 @@ def test_dataset_delivers_each_example_exactly_once_per_epoch():
     assert list(first) != list(second), 'each epoch is reshuffled'
 
 
-def _rows(source, devices, num_steps=8, start=0):
-    """Per step, per tower: (example ids, count, batch) of a source run alone."""
+def _rows(source, devices, starts, num_steps=8):
+    """For each start: per step, per tower, (example ids, count, batch) of a source run alone
+    from that step, started anew as a resumed training starts it. One graph and Session for
+    every start: building them is most of a run's cost."""
     with tf.Graph().as_default() as graph:
         slices = source.build(SHAPE, devices)
         init = tf1.local_variables_initializer()
+    runs = []
     with tf1.Session(graph=graph, config=session_config(['/cpu:0', '/cpu:1'])) as sess:
-        sess.run(init)
-        source.start(sess, start, num_steps)
-        return [[(list(images[:count, 0, 0, 0].astype(int)), count, batch)
-                 for images, count, batch in sess.run([(s.images, s.count, s.batch)
-                                                       for s in slices])]
-                for _ in range(num_steps)]
+        for start in starts:
+            sess.run(init)
+            source.start(sess, start, num_steps)
+            runs.append([[(list(images[:count, 0, 0, 0].astype(int)), count, batch)
+                          for images, count, batch in sess.run([(s.images, s.count, s.batch)
+                                                                for s in slices])]
+                         for _ in range(num_steps)])
+    return runs
 
 
 def test_a_cluster_workers_dataset_keeps_the_rows_of_its_towers_in_one_process():
@@ -104,10 +109,11 @@ def test_a_cluster_workers_dataset_keeps_the_rows_of_its_towers_in_one_process()
     def source(share=None):
         return DatasetInput(train_set.images, train_set.labels, batch_size=7, seed=3,
                             share=share)
-    for start in (0, 5):
-        whole = _rows(source(), DEVICES, start=start)
+    starts = (0, 5)
+    workers = [_rows(source((k, 2)), ['/cpu:0'], starts) for k in (0, 1)]
+    for run, whole in enumerate(_rows(source(), DEVICES, starts)):
         for k in (0, 1):
-            mine = _rows(source((k, 2)), ['/cpu:0'], start=start)
+            mine = workers[k][run]
             # The same rows; the weights within the worker's own share.
             assert [step[0] for step in mine] == [(ids, count, count) for ids, count, _
                                                   in (step[k] for step in whole)]
