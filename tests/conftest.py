@@ -35,6 +35,9 @@ os.environ.setdefault('TF_FORCE_GPU_ALLOW_GROWTH', 'true')
 
 
 def pytest_configure(config):
+    # Each test's CPU, recorded where TOWERS_CPU_METER names a folder (nothing otherwise):
+    # `TOWERS_CPU_METER=DIR bash .ci/run` meters the CI run itself (tests/cpu_meter.py).
+    config.pluginmanager.import_plugin('tests.cpu_meter')
     config.addinivalue_line('markers', 'exact: runs with TF32 off and op determinism on '
                                        '(towers.exactness.exact)')
     config.addinivalue_line('markers', 'gpu: needs a GPU (skipped where TensorFlow sees none)')

@@ -5,9 +5,10 @@ waits on a process it started shows the wait, not the process's CPU, and the oth
 load stretches everything. The suite is CPU-bound on 2 cores (issue 39: 1,493 CPU-s in 823 s
 of wall), so what to make smaller is what costs CPU. As a pytest plugin this module records,
 around each test, getrusage of the worker itself and of the children it has waited for (a
-`towers launch` counts its tasks, which it waits for); as a command it sums the records:
+`towers launch` counts its tasks, which it waits for); as a command it sums the records.
+tests/conftest.py loads the hook, so any run of the suite is metered when asked:
 
-    TOWERS_CPU_METER=/tmp/meter python -m pytest -n 2 -p tests.cpu_meter tests
+    TOWERS_CPU_METER=/tmp/meter python -m pytest -n 2 tests   # or: ... bash .ci/run
     python -m tests.cpu_meter /tmp/meter          # by file, then the 30 costliest tests
 
 Each worker appends to a file of its own (cpu.PID.jsonl), one JSON line per test.
