@@ -82,15 +82,19 @@ def _equal_shares(tower_grads, weights):
 
 
 def test_a_wrong_weighting_is_caught():
+    # Shares 4/3 and 3/2: unequal, so equal ones are wrong; K = 2 is enough to go through
+    # the accumulating towers (each micro-batch is a graph of its own: K adds to the cost).
     result, _ = check_towers(_net, SHAPE, 2, _batches([7, 5]), learning_rate=0.5,
-                             devices='cpu', accumulate=3, average=_equal_shares)
+                             devices='cpu', accumulate=2, average=_equal_shares)
     assert result.gradient_diff > 1e-3
 
 
 def test_with_sync_bn_n_towers_times_k_equal_one_device_accumulating_the_same_micro_batches():
-    batches = _batches([12, 24])  # 2 towers x 3 micro-batches of 2, then of 4
+    # 2 towers x 2 micro-batches of 2, then of 4: one device's micro-batches are the towers'
+    # k-th together (examples 0, 1, 4, 5 first), not its batch's first half.
+    batches = _batches([8, 16])
     synced, has_batch_norm = check_towers(_bn_net, SHAPE, 2, batches, learning_rate=0.5,
-                                          devices='cpu', sync_bn=True, accumulate=3)
+                                          devices='cpu', sync_bn=True, accumulate=2)
     assert has_batch_norm
     assert synced.gradient_diff <= 1e-5 * max(1.0, synced.gradient_scale)
     assert synced.variable_diff <= 1e-5 * max(1.0, synced.scale)
@@ -122,7 +126,7 @@ def _trained(accumulate, steps=3, sync_bn=False, net=_net, towers=2):
 
 def test_the_training_graph_reports_whole_batches_and_trains_as_without_accumulation():
     plain, plain_steps = _trained(1)
-    accumulated, steps = _trained(4)
+    accumulated, steps = _trained(2)  # each tower's 5 as 3 and 2
     assert [s['batch'] for s in steps] == [10, 10, 10]  # whole batches, not micro-batches
     for name in plain:
         np.testing.assert_allclose(accumulated[name], plain[name], rtol=1e-5, atol=1e-6,
@@ -135,16 +139,18 @@ def test_the_training_graph_reports_whole_batches_and_trains_as_without_accumula
 
 def test_train_says_it_accumulates_and_a_resume_is_exact(tmp_path, capsys):
     flags = ['train', '--model', 'small_convnet', '--towers', '2', '--devices', 'cpu',
-             '--batch-size', '12', '--accumulate', '3', '--eval-every', '0', '--quiet',
+             '--batch-size', '12', '--accumulate', '2', '--eval-every', '0', '--quiet',
              '--seed', '3']
+    # Three runs (straight, cut, resumed), each its own graph of 2 x 2 micro-batches: the
+    # fewest steps and micro-batches that still cut a run and resume it.
     whole = str(tmp_path / 'whole')
-    assert main(flags + ['--steps', '3', '--logdir', whole]) == 0
+    assert main(flags + ['--steps', '2', '--logdir', whole]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert ('accumulating: each tower runs its slice as 3 micro-batches one after another, '
+    assert ('accumulating: each tower runs its slice as 2 micro-batches one after another, '
             'and the step applies their summed gradients once') in out
     cut = str(tmp_path / 'cut')
     assert main(flags + ['--steps', '1', '--logdir', cut]) == 0
-    assert main(flags + ['--steps', '3', '--logdir', cut]) == 0
+    assert main(flags + ['--steps', '2', '--logdir', cut]) == 0
     assert any(line.startswith('resumed from ') for line in capsys.readouterr().out.splitlines())
     for name, _ in tf1.train.list_variables(whole):
         a = tf.train.load_variable(whole, name)
@@ -163,8 +169,9 @@ def _dense(images, training):
 
 def test_a_tower_away_from_its_variables_reads_them_once_a_step_not_once_a_micro_batch():
     from towers.tools.explain import explain
+    # K = 2: a read per micro-batch would be two.
     report = explain(_dense, (2, 2, 2), 4, local_plan(['/cpu:0', '/cpu:1']), batch_size=12,
-                     accumulate=3)
+                     accumulate=2)
     to_tower_1 = next(t for t in report['transfers'] if t['to'] == '/cpu:1')
     # logits/weights 8*4 float32 = 128 B and biases 16 B, once (tests/tools/test_explain.py
     # counts the same at K = 1).

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.harness import fed, run_graph
+from tests.harness import fed, open_graph, run_graph, saved_variables
 from towers import data, models
 from towers.callbacks import Callback
 from towers.deviceplan import local_plan
@@ -43,11 +43,15 @@ def _train(devices, variable_update, batches, initial=None, param_device='/cpu:0
 
 @pytest.fixture(scope='module')
 def reference():
-    """1 device, 4 momentum steps with weight decay and clipping, from set initial weights."""
-    initial, _ = _train(['/cpu:0'], 'parameter_server', [])
+    """1 device, 4 momentum steps with weight decay and clipping, from set initial weights:
+    its own graph's, read in a first Session on it (one graph built, not two)."""
     batches = _batches(4)
-    final, _ = _train(['/cpu:0'], 'parameter_server', batches, initial,
-                      weight_decay=0.01, clip_norm=5.0)
+    graph = build_training_graph(_model(weight_decay=0.01, clip_norm=5.0),
+                                 local_plan(['/cpu:0'], '/cpu:0', 'parameter_server'), seed=3,
+                                 source=fed(batches), learning_rate=0.05)
+    with open_graph(graph) as sess:
+        initial = sess.run(saved_variables(graph))
+    final, _, _ = run_graph(graph, len(batches), initial)
     return initial, batches, final
 
 

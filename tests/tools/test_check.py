@@ -19,13 +19,26 @@ def batches():
     return [(train.images[i:i + 10], train.labels[i:i + 10]) for i in (0, 10, 20)]
 
 
+@pytest.fixture(scope='module')
+def plain_check(batches):
+    """num_towers -> check_towers of small_convnet on the batches, each tower count checked
+    once a module (each is two graphs and two Sessions; tests only read the result)."""
+    checked = {}
+
+    def check(num_towers):
+        if num_towers not in checked:
+            checked[num_towers] = check_towers(models.build_model('small_convnet', SHAPE, 10),
+                                               SHAPE, num_towers, batches, learning_rate=0.1,
+                                               devices='cpu')
+        return checked[num_towers]
+    return check
+
+
 @pytest.mark.exact
 @pytest.mark.parametrize('num_towers', [1, 2, 3, 4])
-def test_n_towers_match_one_device(batches, num_towers):
+def test_n_towers_match_one_device(plain_check, num_towers):
     # 10 over 3 towers is 4/3/3, over 4 it is 3/3/2/2: uneven shares too.
-    result, has_batch_norm = check_towers(models.build_model('small_convnet', SHAPE, 10),
-                                          SHAPE, num_towers, batches, learning_rate=0.1,
-                                          devices='cpu')
+    result, has_batch_norm = plain_check(num_towers)
     assert not has_batch_norm
     assert result.gradient_diff <= 1e-6 and result.variable_diff <= 1e-6 * result.scale
     if num_towers == 1:
@@ -119,14 +132,15 @@ def test_fp16_is_checked_with_a_fixed_loss_scale(capsys):
 
 
 @pytest.mark.exact
-def test_label_smoothing_keeps_n_towers_equal_to_one_device(batches, capsys):
+def test_label_smoothing_keeps_n_towers_equal_to_one_device(batches, plain_check, capsys):
     """Smoothed targets, per example: 3 towers (4/3/3) as one device; the smoothing changes the
     gradients (against the one-hot run's), and the command says it."""
     model_fn = models.build_model('small_convnet', SHAPE, 10)
     smoothed, _ = check_towers(model_fn, SHAPE, 3, batches, learning_rate=0.1, devices='cpu',
                                label_smoothing=0.2)
     assert smoothed.gradient_diff <= 1e-6 and smoothed.variable_diff <= 1e-6 * smoothed.scale
-    plain, _ = check_towers(model_fn, SHAPE, 3, batches, learning_rate=0.1, devices='cpu')
+    # gradient_scale is the one device's, whatever the tower count: the 1-tower check's.
+    plain, _ = plain_check(1)
     assert abs(smoothed.gradient_scale - plain.gradient_scale) > 1e-4
     assert main(['check', '--model', 'small_convnet', '--towers', '2', '--batch-size', '10',
                  '--steps', '1', '--devices', 'cpu', '--label-smoothing', '0.1']) == 0
