@@ -268,6 +268,35 @@ def test_reported_loss_is_data_loss_plus_the_decay_term(reference):
     np.testing.assert_allclose(loss, data_loss + rate * l2, rtol=1e-5)
 
 
+def _ancestors(op):
+    """Every op that op waits for, through its inputs and its control inputs."""
+    seen, todo = set(), [op]
+    while todo:
+        current = todo.pop()
+        for before in [t.op for t in current.inputs] + list(current.control_inputs):
+            if before not in seen:
+                seen.add(before)
+                todo.append(before)
+    return seen
+
+
+def test_a_step_reports_the_decay_of_the_weights_it_ran_on_not_of_their_update(reference):
+    """Fetched with the update, the loss is the data loss plus the decay term of the weights
+    before it: every apply waits for the term's reads. (Without that wait the two raced, and
+    a step now and then reported the decay of its updated weights.)"""
+    batch, initial, _, data_loss = reference
+    rate = 0.01
+    with _session(_model(weight_decay=rate), ['/cpu:0', '/cpu:1'], initial) as (train, sess):
+        loss, _ = sess.run([train.loss, train.train_op], _feed(train, batch))
+        term = train.graph.get_tensor_by_name('total_loss:0').op.inputs[1].op
+        applies = [op for op in train.graph.get_operations()
+                   if op.type.startswith('ResourceApply')]
+        assert len(applies) == len(initial)
+        assert all(term in _ancestors(op) for op in applies)
+    l2 = sum(np.sum(initial[name].astype(np.float64) ** 2) / 2 for name in WEIGHTS)
+    np.testing.assert_allclose(loss, data_loss + rate * l2, rtol=1e-5)
+
+
 def test_clip_norm_limits_the_sgd_update_to_lr_times_clip_norm(reference):
     batch, initial, data_grads, _ = reference
     clip_norm = 1e-2

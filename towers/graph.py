@@ -138,10 +138,16 @@ def build_training_graph(model, plan, seed=None, source=None, learning_rate=1e-3
                                           sync_bn=sync_bn, precision=precision,
                                           accumulate=accumulate)
         decay = model.weight_decay()
-        train_op, applied = strategy.build_train_op(towers, optimizers, global_step, decay,
-                                                    model.gradient_processors())
         masters = [v for v in tf1.trainable_variables() if variable_name(v) == v.op.name]
-        loss, metrics, batch, finite = _step_results(towers, decay, masters, applied, strategy,
+        # The step's loss adds the decay of the weights it ran on: read before any update
+        # (without the dependency the read and the apply race, and a step now and then
+        # reported the decay of its updated weights).
+        with tf.device('/cpu:0'):
+            decay_term = decay.loss(masters) if decay is not None else None
+        with tf.control_dependencies([decay_term] if decay_term is not None else []):
+            train_op, applied = strategy.build_train_op(towers, optimizers, global_step, decay,
+                                                        model.gradient_processors())
+        loss, metrics, batch, finite = _step_results(towers, decay_term, applied, strategy,
                                                      loss_scale, train_op)
         train_op, ema = _moving_average(train_op, masters, global_step, ema_decay,
                                         loss_scale.gate if loss_scale else None)
@@ -193,14 +199,14 @@ def _moving_average(train_op, masters, global_step, ema_decay, applied=None):
                         name='train_op_ema'), ema
 
 
-def _step_results(towers, decay, masters, applied, strategy, loss_scale, train_op):
+def _step_results(towers, decay_term, applied, strategy, loss_scale, train_op):
     """What a step reports: (loss, metrics, batch, finite), see TrainGraph."""
     with tf.device('/cpu:0'):
         loss, metrics, batch = strategy.step_results(
             weighted_loss(towers), weighted_metrics(towers),
             tf.add_n([t.count for t in towers], name='batch'))
-        if decay is not None:
-            loss = tf.add(loss, decay.loss(masters), name='total_loss')
+        if decay_term is not None:
+            loss = tf.add(loss, decay_term, name='total_loss')
         if loss_scale is not None and loss_scale.dynamic:
             # An overflow the scale can still halve away is skipped, not fatal: only
             # one at scale 1 is. Read once the update (the chief's, across processes)
