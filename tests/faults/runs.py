@@ -114,13 +114,12 @@ class Training(_Read):
       argv: the command's arguments, e.g. ['train', '--logdir', ...].
       cwd: the folder it runs in.
       module: towers, or tests.faults.killpoint (which kills itself at a set moment).
-      preexec_fn: passed to Popen (e.g. to drop capabilities).
     """
 
-    def __init__(self, argv, cwd, module='towers', preexec_fn=None):
+    def __init__(self, argv, cwd, module='towers'):
         self.process = subprocess.Popen(
             [sys.executable, '-m', module] + list(argv), stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, text=True, env=ENV, cwd=cwd, preexec_fn=preexec_fn)
+            stderr=subprocess.PIPE, text=True, env=ENV, cwd=cwd)
         self._read_from(self.process.stdout, self.process.stderr)
 
     @property
@@ -264,11 +263,11 @@ def _serve(fd):
         requests.send(json.dumps(os.waitstatus_to_exitcode(status)).encode())
 
 
-
 def _die_with_parent():
     """SIGKILL this process when its parent ends (PR_SET_PDEATHSIG): a pytest worker killed
     leaves no server behind, nor a run the server was waiting for."""
     ctypes.CDLL(None).prctl(1, signal.SIGKILL)
+
 
 def towers(capsys, *argv):
     """Run `towers ARGV` in this process: (exit status, stdout lines, stderr lines)."""
