@@ -89,3 +89,15 @@ def record_eager_starts(monkeypatch, events):
             events.append('eager')
         return initialized(self)
     monkeypatch.setattr(context.Context, 'ensure_initialized', ensure_initialized)
+
+
+def ancestors(op):
+    """op and every op it waits for (whose output it reads, or a control input), transitively."""
+    seen, stack = set(), [op]
+    while stack:
+        op = stack.pop()
+        if op not in seen:
+            seen.add(op)
+            stack.extend(t.op for t in op.inputs)
+            stack.extend(op.control_inputs)
+    return seen

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.harness import open_graph
+from tests.harness import ancestors, open_graph
 from towers import models
 from towers.deviceplan import local_plan
 from towers.errors import TowersError
@@ -268,18 +268,6 @@ def test_reported_loss_is_data_loss_plus_the_decay_term(reference):
     np.testing.assert_allclose(loss, data_loss + rate * l2, rtol=1e-5)
 
 
-def _ancestors(op):
-    """Every op that op waits for, through its inputs and its control inputs."""
-    seen, todo = set(), [op]
-    while todo:
-        current = todo.pop()
-        for before in [t.op for t in current.inputs] + list(current.control_inputs):
-            if before not in seen:
-                seen.add(before)
-                todo.append(before)
-    return seen
-
-
 def test_a_step_reports_the_decay_of_the_weights_it_ran_on_not_of_their_update(reference):
     """Fetched with the update, the loss is the data loss plus the decay term of the weights
     before it: every apply waits for the term's reads. (Without that wait the two raced, and
@@ -292,7 +280,7 @@ def test_a_step_reports_the_decay_of_the_weights_it_ran_on_not_of_their_update(r
         applies = [op for op in train.graph.get_operations()
                    if op.type.startswith('ResourceApply')]
         assert len(applies) == len(initial)
-        assert all(term in _ancestors(op) for op in applies)
+        assert all(term in ancestors(op) for op in applies)
     l2 = sum(np.sum(initial[name].astype(np.float64) ** 2) / 2 for name in WEIGHTS)
     np.testing.assert_allclose(loss, data_loss + rate * l2, rtol=1e-5)
 

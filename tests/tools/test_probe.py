@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests.harness import ancestors
 from towers.tools import probe
 
 
@@ -84,8 +85,8 @@ def _sum_types(graph):
 
 def _kind_ops(fetch, kind):
     """(the ops of type `kind` a fetch waits for, how many of those each one waits for)."""
-    ops = [op for op in _ancestors(fetch.op) if op.type == kind]
-    return ops, [sum(other.type == kind for other in _ancestors(op)) - 1 for op in ops]
+    ops = [op for op in ancestors(fetch.op) if op.type == kind]
+    return ops, [sum(other.type == kind for other in ancestors(op)) - 1 for op in ops]
 
 
 class _Clock:
@@ -180,21 +181,9 @@ def test_each_fetch_is_a_scalar_that_waits_for_all_of_its_work():
                        ('matmul', {'MatMul'})):
         for fetch, dtype in zip(fetches[kind], (tf.float32, tf.bfloat16)):
             assert fetch.shape.as_list() == [] and fetch.dtype == tf.float32
-            ops = _ancestors(fetch.op)
+            ops = ancestors(fetch.op)
             assert {op.type for op in ops if op.type in work} == work
             assert {op.get_attr('T') for op in ops if op.type in work} == {dtype}
-
-
-def _ancestors(op):
-    """op and every op whose output it reads, transitively."""
-    seen, stack = set(), [op]
-    while stack:
-        op = stack.pop()
-        if op not in seen:
-            seen.add(op)
-            stack.extend(t.op for t in op.inputs)
-            stack.extend(op.control_inputs)
-    return seen
 
 
 @pytest.mark.gpu
