@@ -1,5 +1,6 @@
 """towers launch's process handling: TF_CONFIG per task, prefixed output, logs, teardown."""
 import os
+import re
 import shutil
 import signal
 import socket
@@ -73,8 +74,8 @@ def started(monkeypatch):
     """The Tasks launch() starts, in order: what became of each process is read after it."""
     tasks, start = [], Task.start
 
-    def recording(task):
-        start(task)
+    def recording(task, *args):
+        start(task, *args)
         tasks.append(task)
     monkeypatch.setattr(Task, 'start', recording)
     return tasks
@@ -157,17 +158,21 @@ def test_the_tasks_end_when_the_launcher_is_killed(tmp_path):
             launcher.wait()
 
 
-def test_the_launcher_itself_never_loads_tensorflow(tmp_path):
-    # Only its tasks do: each starts as soon as the launcher has parsed its flags.
-    code = ('import sys; from towers.cli import main; '
-            'status = main(["launch", "--workers", "1", "--", "data", "convert", "--shards", '
-            '"1", "--out", "records"]); '
-            'print("launcher:", status, "tensorflow" in sys.modules)')
-    run = subprocess.run([PY, '-c', code], cwd=str(tmp_path), capture_output=True, text=True,
-                         timeout=120)
-    lines = run.stdout.splitlines()
-    assert lines[-1] == 'launcher: 0 False', run.stdout + run.stderr
-    assert '[worker 0] test: 1000 records in 1 shard(s)' in lines  # (a command on TensorFlow)
+def test_spawned_tasks_import_tensorflow_and_forked_ones_share_the_launchers(tmp_path):
+    # --start spawn: the launcher never loads TensorFlow, its task does. --start fork (the
+    # default): the launcher imports it once, and the task is still a process of its own.
+    code = ('import os, sys; from towers.cli import main; '
+            'status = main(["launch", "--start", sys.argv[1], "--workers", "1", "--", "data", '
+            '"convert", "--shards", "1", "--out", sys.argv[1]]); '
+            'print("launcher:", status, "tensorflow" in sys.modules, os.getpid())')
+    for start, imported in (('spawn', 'False'), ('fork', 'True')):
+        run = subprocess.run([PY, '-c', code, start], cwd=str(tmp_path), capture_output=True,
+                             text=True, timeout=120)
+        lines = run.stdout.splitlines()
+        assert lines[-1].split()[:3] == ['launcher:', '0', imported], run.stdout + run.stderr
+        assert '[worker 0] test: 1000 records in 1 shard(s)' in lines  # (a command on TF)
+        task = re.search(r'worker 0 is pid (\d+)', run.stdout).group(1)
+        assert task != lines[-1].split()[3]
 
 
 def test_the_host_gpus_come_from_cuda_visible_devices_or_nvidia_smi(monkeypatch):

@@ -88,6 +88,10 @@ def launch_parser(commands):
     launch.add_argument('--grace', type=float, default=10.0,
                         help='seconds between SIGTERM and SIGKILL when the job is torn down '
                              '(default: 10)')
+    launch.add_argument('--start', choices=('fork', 'spawn'), default='fork',
+                        help='how each task starts: fork (default: this process imports '
+                             'TensorFlow once and forks every task from it) or spawn (a new '
+                             'Python process each, which imports its own)')
     launch.add_argument('--emulate-link', default=None, metavar='RATE,DELAY',
                         help='run each task in its own network namespace on a bridge, every '
                              "host's link shaped with tc to RATE each way after DELAY, e.g. "

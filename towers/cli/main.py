@@ -7,6 +7,7 @@ status 1; --debug shows the traceback instead.
 """
 import argparse
 import contextlib
+import functools
 import os
 import sys
 import traceback
@@ -48,6 +49,15 @@ def _import_tensorflow(quietly=True):
                 del sys.modules[name]
 
 
+def _imported_tensorflow():
+    """Whether TensorFlow imports (quietly); where it does not, each task says why."""
+    try:
+        _import_tensorflow()
+    except ImportError:
+        return False
+    return True
+
+
 def _set_xla_flag(args, cuda_build=None):
     """--xla on CPU towers: TF_XLA_FLAGS gains --tf_xla_cpu_global_jit, without which TensorFlow
     clusters nothing on CPUs. On GPU towers it is left out, so that XLA clusters the towers'
@@ -86,9 +96,6 @@ def use_onednn(environ=os.environ):
     environ.setdefault('TF_ENABLE_ONEDNN_OPTS', '1')
 
 
-# Commands that never need TensorFlow, run without loading it: `towers launch` only
-# starts processes (each task loads its own), so its tasks start seconds sooner.
-WITHOUT_TENSORFLOW = ('launch',)
 
 
 def main(argv=None):
@@ -98,9 +105,12 @@ def main(argv=None):
     args = parser.parse_args(argv)
     os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
     use_onednn()
-    if args.command in WITHOUT_TENSORFLOW:
+    if args.command == 'launch':
+        # It starts processes: forks of this one once it has imported TensorFlow (--start
+        # fork, and no task imports it again), or new ones that import their own (spawn).
         from towers.cli.launcher import run_launch
-        return _run(args, run_launch)
+        return _run(args, functools.partial(run_launch, fork=main if args.start == 'fork'
+                                            and _imported_tensorflow() else None))
     try:
         _import_tensorflow(quietly=not args.debug)
         import tensorflow

@@ -16,9 +16,20 @@ memory and the second would fail. More workers than GPUs share them, as more
 towers than GPUs do in one process: two workers on one GPU both see GPU 0, and
 each is told so (SHARED_GPUS), since NCCL cannot all-reduce between two processes
 on one GPU (collective mode then all-reduces through TensorFlow's ring). The
-launcher itself never loads TensorFlow: it reads the GPUs from CUDA_VISIBLE_DEVICES
-where it is set, else from `nvidia-smi -L`.
+launcher never asks TensorFlow for devices: it reads the GPUs from
+CUDA_VISIBLE_DEVICES where it is set, else from `nvidia-smi -L`.
+
+How a task starts: by default its command runs as a new Python process, which
+imports TensorFlow itself (about 5 s of CPU on a 2-core EPYC, the most of a small
+task's start). Given `fork` (the CLI's main, from a launcher that has imported
+TensorFlow once: towers/cli/launcher.py), a towers command runs in a fork of this
+process instead, as multiprocessing's fork start does. Either way each task is a
+process of its own, in its own session, with its own pid, environment, output
+pipe and exit status. Importing TensorFlow touches no device (CUDA starts at a
+task's first Session), so every fork still picks its own GPUs. A command that is
+not a towers command (an emulated host's `ip netns exec ...`) is always spawned.
 """
+import atexit
 import ctypes
 import os
 import signal
@@ -28,6 +39,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 
 from towers.cluster.spec import Cluster, ClusterError
 
@@ -144,14 +156,24 @@ class Task:
         self.process = self._thread = None
         self.reported = False  # its end was told
 
-    def start(self):
-        """Start the process (before any copying thread: preexec_fn and threads do not mix)."""
+    def start(self, fork=None, inherited=()):
+        """Start the process (before any copying thread: preexec_fn, fork and threads do not
+        mix). fork: as launch's; inherited: the files of the tasks started before, which a
+        fork closes."""
         self._log_file = open(self.log_path, 'wb')  # a folder that cannot hold it: an error now
+        args = towers_args(self.argv)
+        if fork is not None and args is not None:
+            self.process = Forked(fork, args, self._env, list(inherited) + [self._log_file])
+            return
         # Its own process group, so that a teardown reaches the task's children too;
         # and SIGTERM when the launcher dies, so that no task outlives it.
         self.process = subprocess.Popen(self.argv, env=self._env, stdout=subprocess.PIPE,
                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                         start_new_session=True, preexec_fn=_die_with_parent)
+
+    def files(self):
+        """What a task forked after this one must close: its log and its output's pipe."""
+        return [self._log_file] + ([self.process.stdout] if self.process else [])
 
     def copy_output(self):
         """Start the thread copying its output to its log and ours."""
@@ -184,7 +206,7 @@ class Task:
 
 
 def launch(tasks, jobs, logs=None, grace=10.0, log=print, poll=0.1, gpus=None,
-           gpus_per_worker=None):
+           gpus_per_worker=None, fork=None):
     """Run the tasks until the workers finish or one task fails; returns the exit status.
 
     Args:
@@ -198,6 +220,9 @@ def launch(tasks, jobs, logs=None, grace=10.0, log=print, poll=0.1, gpus=None,
       grace: seconds between SIGTERM and SIGKILL in a teardown.
       gpus: the host's GPU ids to share out (None: host_gpus()).
       gpus_per_worker: each worker's share (None: an even split).
+      fork: None (every task a new process), or `towers`' main (ARGS -> status): a
+        towers command then runs in a fork of this process, which has imported
+        TensorFlow, so that no task imports it again (the module's docstring).
     """
     shares = gpu_shares(host_gpus() if gpus is None else gpus, len(jobs['worker']),
                         len(jobs.get('ps', ())), gpus_per_worker)
@@ -235,8 +260,10 @@ def launch(tasks, jobs, logs=None, grace=10.0, log=print, poll=0.1, gpus=None,
     previous = {s: signal.signal(s, lambda signum, frame: interrupted.append(signum))
                 for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
     try:
+        started = []
         for task in running:
-            task.start()
+            task.start(fork, [f for t in started for f in t.files()])
+            started.append(task)
         for task in running:
             task.copy_output()
         emit('towers launch: %s' % ', '.join('%s is pid %d' % (t.name, t.process.pid)
@@ -313,3 +340,83 @@ def _teardown(running, grace):
 def towers_command(*args):
     """argv running `python -m towers ARGS` with this interpreter."""
     return [sys.executable, '-m', 'towers'] + list(args)
+
+
+def towers_args(argv):
+    """ARGS of an argv towers_command made, else None."""
+    prefix = towers_command()
+    return list(argv[len(prefix):]) if list(argv[:len(prefix)]) == prefix else None
+
+
+class Forked:
+    """main(ARGS) in a fork of this process: what Task needs of a Popen (pid, stdout,
+    returncode, poll, wait), for a child this process forked and reaps itself."""
+
+    def __init__(self, main, args, env, inherited=()):
+        self.args, self.returncode = args, None
+        read, write = os.pipe()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self.pid = os.fork()
+        if self.pid == 0:  # the task: never returns
+            os.close(read)
+            _run_forked(main, args, env, write, inherited)
+        os.close(write)
+        self.stdout = os.fdopen(read, 'rb')
+
+    def poll(self):
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout=None):
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            time.sleep(0.01)
+        return self.returncode
+
+
+def _run_forked(main, args, env, output, inherited):
+    """In the fork: become the task (as Popen with start_new_session and _die_with_parent
+    would start it), run main(ARGS), end as a Python process ends, and exit with its status.
+    """
+    status = 1
+    try:
+        os.setsid()
+        _die_with_parent()
+        # A new Python process's handlers, not the launcher's.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        for signum in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(signum, signal.SIG_DFL)
+        for f in inherited:
+            f.close()
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.dup2(output, 1)
+        os.dup2(output, 2)
+        os.close(devnull)
+        os.close(output)
+        os.environ.clear()
+        os.environ.update(env)
+        status = main(args)
+    except SystemExit as e:
+        status = e.code
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        try:
+            if isinstance(status, str):
+                print(status, file=sys.stderr)
+                status = 1
+            # What Python does at exit: wait for the non-daemon threads, run the atexit
+            # handlers, flush what is left.
+            threading._shutdown()
+            atexit._run_exitfuncs()
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(status if isinstance(status, int) else 0 if status is None else 1)
