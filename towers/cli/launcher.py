@@ -51,8 +51,8 @@ def run_launch(args, log, fork=None):
         jobs = {'worker': addresses[:args.workers]}
         if args.ps:
             jobs['ps'] = addresses[args.workers:]
-        tasks = [(kind, index, argv if kind == 'evaluator' else hosts.command(i, argv), serves)
-                 for i, (kind, index, argv, serves) in enumerate(tasks)]
+        tasks = [task if task[0] == 'evaluator' else task + (hosts.host(i),)
+                 for i, task in enumerate(tasks)]
         meter = emulate.LinkMeter(hosts, ['%s %d' % task[:2] for task in hosted])
 
         def observed(line):

@@ -21,6 +21,7 @@ What crossed each host's link is counted by its veth pair (LinkMeter): the
 launcher reads the counters as the chief logs its steps and says, per task,
 the bytes sent and received per step, the number to hold against the plan's.
 """
+import ctypes
 import os
 import re
 import shutil
@@ -118,6 +119,33 @@ def has_netem():
         _run(['ip', 'netns', 'del', probe], check=False)
 
 
+_CLONE_NEWNET = 0x40000000
+
+
+class Host:
+    """One emulated host: command(argv) spawns argv on it; enter() moves this process there
+    (a task forked by the launcher, before it starts TensorFlow's servers): into the host's
+    network namespace (setns, as `ip netns exec` does) and onto its cores."""
+
+    def __init__(self, hosts, index):
+        self._hosts, self._index = hosts, index
+
+    def command(self, argv):
+        return self._hosts.command(self._index, argv)
+
+    def enter(self):
+        fd = os.open('/run/netns/%s' % self._hosts.namespaces[self._index], os.O_RDONLY)
+        try:
+            if ctypes.CDLL(None, use_errno=True).setns(fd, _CLONE_NEWNET):
+                raise OSError(ctypes.get_errno(), 'setns into %s'
+                              % self._hosts.namespaces[self._index])
+        finally:
+            os.close(fd)
+        cores = self._hosts.cores[self._index]
+        if cores:
+            os.sched_setaffinity(0, cores)
+
+
 class EmulatedHosts:
     """count namespaces on one bridge, each link shaped to rate bytes/s after delay seconds.
 
@@ -159,6 +187,10 @@ class EmulatedHosts:
         cores = self.cores[index]
         pinned = ['taskset', '-c', ','.join(map(str, cores))] if cores else []
         return ['ip', 'netns', 'exec', self.namespaces[index]] + pinned + list(argv)
+
+    def host(self, index):
+        """Host index, as a task of the launcher is placed on it (launch.Task's host)."""
+        return Host(self, index)
 
     def cores_text(self):
         """What cores the hosts run on, for the launcher's log."""

@@ -26,8 +26,10 @@ TensorFlow once: towers/cli/launcher.py), a towers command runs in a fork of thi
 process instead, as multiprocessing's fork start does. Either way each task is a
 process of its own, in its own session, with its own pid, environment, output
 pipe and exit status. Importing TensorFlow touches no device (CUDA starts at a
-task's first Session), so every fork still picks its own GPUs. A command that is
-not a towers command (an emulated host's `ip netns exec ...`) is always spawned.
+task's first Session), so every fork still picks its own GPUs. A task on an
+emulated host (emulate.Host) is forked into its network namespace and onto its
+cores, or spawned there with `ip netns exec`. A command that is not a towers
+command is always spawned.
 """
 import atexit
 import ctypes
@@ -149,8 +151,9 @@ def exit_status(returncode):
 class Task:
     """One task's process, its log file, and the thread copying its output."""
 
-    def __init__(self, task_type, index, argv, serves, env, log_path, emit):
+    def __init__(self, task_type, index, argv, serves, env, log_path, emit, host=None):
         self.task_type, self.index, self.argv, self.serves = task_type, index, argv, serves
+        self.host = host  # emulate.Host, or None: this machine as it is
         self.name = '%s %d' % (task_type, index)
         self.log_path, self._emit, self._env = log_path, emit, env
         self.process = self._thread = None
@@ -163,11 +166,13 @@ class Task:
         self._log_file = open(self.log_path, 'wb')  # a folder that cannot hold it: an error now
         args = towers_args(self.argv)
         if fork is not None and args is not None:
-            self.process = Forked(fork, args, self._env, list(inherited) + [self._log_file])
+            self.process = Forked(fork, args, self._env, list(inherited) + [self._log_file],
+                                  self.host.enter if self.host else None)
             return
         # Its own process group, so that a teardown reaches the task's children too;
         # and SIGTERM when the launcher dies, so that no task outlives it.
-        self.process = subprocess.Popen(self.argv, env=self._env, stdout=subprocess.PIPE,
+        argv = self.host.command(self.argv) if self.host else self.argv
+        self.process = subprocess.Popen(argv, env=self._env, stdout=subprocess.PIPE,
                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                         start_new_session=True, preexec_fn=_die_with_parent)
 
@@ -210,8 +215,9 @@ def launch(tasks, jobs, logs=None, grace=10.0, log=print, poll=0.1, gpus=None,
     """Run the tasks until the workers finish or one task fails; returns the exit status.
 
     Args:
-      tasks: [(task_type, index, argv, serves)]; each argv is run with the
-        TF_CONFIG of that task of `jobs`. The job waits for the tasks that do
+      tasks: [(task_type, index, argv, serves[, host])]; each argv is run with the
+        TF_CONFIG of that task of `jobs`, on its host where one is given (an
+        emulate.Host). The job waits for the tasks that do
         not only serve; those that do (`towers server`: ps tasks, and workers
         in in-graph mode) are stopped once the others are done.
       jobs: {'worker': [address, ...], 'ps': [...]}.
@@ -237,7 +243,7 @@ def launch(tasks, jobs, logs=None, grace=10.0, log=print, poll=0.1, gpus=None,
     running = []
     workers = [shares[key] for key in shares if key[0] == 'worker']
     shared = len(set(workers)) < len(workers)
-    for task_type, index, argv, serves in tasks:
+    for task_type, index, argv, serves, *host in tasks:
         env = dict(os.environ, TF_CONFIG=Cluster(jobs, task_type, index).tf_config())
         env.pop(SHARED_GPUS, None)
         if shares:
@@ -246,7 +252,8 @@ def launch(tasks, jobs, logs=None, grace=10.0, log=print, poll=0.1, gpus=None,
         if shared and task_type == 'worker':
             env[SHARED_GPUS] = '1'
         running.append(Task(task_type, index, argv, serves, env,
-                            os.path.join(logs, '%s-%d.log' % (task_type, index)), emit))
+                            os.path.join(logs, '%s-%d.log' % (task_type, index)), emit,
+                            *host))
     emit('towers launch: %d task(s) on %s%s; logs in %s'
          % (len(running), ', '.join(a for addresses in jobs.values() for a in addresses),
             ' and an evaluator' if any(t.task_type == 'evaluator' for t in running) else '',
@@ -352,7 +359,7 @@ class Forked:
     """main(ARGS) in a fork of this process: what Task needs of a Popen (pid, stdout,
     returncode, poll, wait), for a child this process forked and reaps itself."""
 
-    def __init__(self, main, args, env, inherited=()):
+    def __init__(self, main, args, env, inherited=(), enter=None):
         self.args, self.returncode = args, None
         read, write = os.pipe()
         sys.stdout.flush()
@@ -360,7 +367,7 @@ class Forked:
         self.pid = os.fork()
         if self.pid == 0:  # the task: never returns
             os.close(read)
-            _run_forked(main, args, env, write, inherited)
+            _run_forked(main, args, env, write, inherited, enter)
         os.close(write)
         self.stdout = os.fdopen(read, 'rb')
 
@@ -380,9 +387,10 @@ class Forked:
         return self.returncode
 
 
-def _run_forked(main, args, env, output, inherited):
+def _run_forked(main, args, env, output, inherited, enter=None):
     """In the fork: become the task (as Popen with start_new_session and _die_with_parent
-    would start it), run main(ARGS), end as a Python process ends, and exit with its status.
+    would start it), enter its host where it has one, run main(ARGS), end as a Python process
+    ends, and exit with its status.
     """
     status = 1
     try:
@@ -402,6 +410,8 @@ def _run_forked(main, args, env, output, inherited):
         os.close(output)
         os.environ.clear()
         os.environ.update(env)
+        if enter is not None:
+            enter()
         status = main(args)
     except SystemExit as e:
         status = e.code
