@@ -43,6 +43,16 @@ def pytest_configure(config):
     config.addinivalue_line('markers', 'gpu: needs a GPU (skipped where TensorFlow sees none)')
 
 
+@pytest.fixture(scope='session')
+def forks():
+    """This worker's fork server (tests/faults/runs.py Forks): a test that needs a `towers`
+    run in a process of its own (to kill it, signal it, or start it clean) forks it from one
+    process that imported TensorFlow once, instead of paying ~5 s of CPU for a new one."""
+    from tests.faults.runs import Forks
+    with Forks() as server:
+        yield server
+
+
 def pytest_runtest_setup(item):
     if item.get_closest_marker('gpu') is not None and not _has_gpu():
         pytest.skip('needs a GPU: TensorFlow sees none here')

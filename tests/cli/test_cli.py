@@ -20,6 +20,14 @@ ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
 HAS_GPU = bool(tf.config.list_physical_devices('GPU'))
 
 
+def _forked(forks, cwd, *args):
+    """`python -m towers ARGS` in a process of its own, forked from one that imported
+    TensorFlow (the `forks` fixture); (status, stdout lines, stderr lines)."""
+    with forks.training(list(args), cwd) as run:
+        status = run.finish()
+    return status, run.out, run.err
+
+
 def _towers(*args, timeout=120, cwd=None):
     """Run `python -m towers ARGS` in a fresh process; the CompletedProcess (the timeout
     only catches a hang)."""
@@ -27,20 +35,20 @@ def _towers(*args, timeout=120, cwd=None):
                           capture_output=True, text=True, timeout=timeout)
 
 
-def test_train_end_to_end_on_the_embedded_sample(tmp_path):
+def test_train_end_to_end_on_the_embedded_sample(tmp_path, forks):
     # The default net, mnist_convnet, one epoch: 0.933 here (0.946 and 0.958 at epochs 2 and
     # 3, which cost twice the CPU again and prove nothing more of the command; the bar leaves
     # other CPUs' kernels a point of rounding). small_convnet, at 2.4x less CPU time, tops
-    # out at 0.95 on the sample.
+    # out at 0.95 on the sample. A process of its own: a fork of one that imported TensorFlow.
     logdir = tmp_path / 'run'
-    process = _towers('train', '--towers', '2', '--devices', 'cpu', '--epochs', '1',
-                      '--batch-size', '50', '--logdir', str(logdir), timeout=300,
-                      cwd=str(tmp_path))
-    assert process.returncode == 0, process.stderr
+    with forks.training(['train', '--towers', '2', '--devices', 'cpu', '--epochs', '1',
+                         '--batch-size', '50', '--logdir', str(logdir)], tmp_path) as run:
+        status = run.finish(timeout=300)
+    err, out = '\n'.join(run.err), '\n'.join(run.out)
+    assert status == 0, err
     # How fast is for `towers bench`, not for a timed test on a shared machine
     # (this run takes ~10 s here); the timeout only catches a hang.
-    assert 'Traceback' not in process.stderr and 'error' not in process.stderr
-    out = process.stdout
+    assert 'Traceback' not in err and 'error' not in err
     assert 'training 80 steps on 2 tower(s) /cpu:0,/cpu:1, global batch 50' in out
     match = re.search(r'^test: loss (\d+\.\d+) accuracy (\d\.\d+) top5 (\d\.\d+) \(1000 images\)$',
                       out, re.M)
@@ -196,23 +204,21 @@ def test_debug_lets_the_exception_through(capsys):
     assert 'towers: error' not in capsys.readouterr().err
 
 
-def test_error_in_a_real_process_is_one_line_without_traceback(tmp_path):
-    process = _towers('train', '--model', 'nope', cwd=str(tmp_path))
-    assert process.returncode == 1
-    assert process.stderr.splitlines() == [
-        "towers: error: unknown model 'nope'; known models: "
-        + ', '.join(models.model_names())], process.stderr
-    assert process.stdout == ''
+def test_error_in_a_real_process_is_one_line_without_traceback(tmp_path, forks):
+    status, out, err = _forked(forks, tmp_path, 'train', '--model', 'nope')
+    assert status == 1
+    assert err == ["towers: error: unknown model 'nope'; known models: "
+                   + ', '.join(models.model_names())], err
+    assert out == []
 
 
-def test_debug_in_a_real_process_shows_the_traceback(tmp_path):
-    process = _towers('--debug', 'train', '--model', 'nope', cwd=str(tmp_path))
-    assert process.returncode == 1
-    assert 'Traceback (most recent call last)' in process.stderr
-    assert process.stderr.rstrip().splitlines()[-1] == (
-        "towers.models.errors.ModelError: unknown model 'nope'; known models: "
-        + ', '.join(models.model_names()))
-    assert 'towers: error' not in process.stderr
+def test_debug_in_a_real_process_shows_the_traceback(tmp_path, forks):
+    status, _, err = _forked(forks, tmp_path, '--debug', 'train', '--model', 'nope')
+    assert status == 1
+    assert 'Traceback (most recent call last):' in err
+    assert err[-1] == ("towers.models.errors.ModelError: unknown model 'nope'; known models: "
+                       + ', '.join(models.model_names()))
+    assert not any('towers: error' in line for line in err)
 
 
 @pytest.mark.parametrize('argv,expected', [
@@ -251,31 +257,23 @@ def test_console_script_help():
     assert process.returncode == 0 and 'usage: towers' in process.stdout
 
 
-def _train_until_step_then(sig, logdir, cwd):
-    """Start a long training run, send `sig` once step 5 is logged; (process, out, err)."""
-    process = subprocess.Popen(
-        [sys.executable, '-m', 'towers', 'train', '--model', 'small_convnet', '--towers', '2',
-         '--devices', 'cpu', '--steps', '100000', '--log-every', '5', '--logdir', logdir],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, cwd=cwd)
-    lines = []
-    try:
-        for line in process.stdout:
-            lines.append(line.rstrip('\n'))
-            if line.startswith('step 5/'):
-                break
-        process.send_signal(sig)
-        out, err = process.communicate(timeout=60)
-    finally:
-        process.kill()
-    return process, lines + out.splitlines(), err
+def _train_until_step_then(forks, sig, logdir, cwd):
+    """Start a long training run, send `sig` once step 5 is logged; (status, out, err)."""
+    with forks.training(['train', '--model', 'small_convnet', '--towers', '2', '--devices', 'cpu',
+                         '--steps', '100000', '--log-every', '5', '--logdir', logdir],
+                        cwd) as run:
+        run.wait_for_line('step 5/')
+        run.send_signal(sig)
+        status = run.finish(timeout=60)
+    return status, run.out, '\n'.join(run.err)
 
 
 @pytest.mark.parametrize('sig,name,code', [(signal.SIGTERM, 'SIGTERM', 0),
                                            (signal.SIGINT, 'SIGINT', 130)])
-def test_a_signal_finishes_the_step_saves_and_exits_cleanly(tmp_path, sig, name, code):
+def test_a_signal_finishes_the_step_saves_and_exits_cleanly(tmp_path, forks, sig, name, code):
     logdir = str(tmp_path / 'run')
-    process, out, err = _train_until_step_then(sig, logdir, str(tmp_path))
-    assert process.returncode == code, err
+    status, out, err = _train_until_step_then(forks, sig, logdir, str(tmp_path))
+    assert status == code, err
     stop = [line for line in out if line.startswith(name + ': stopping after step ')]
     assert len(stop) == 1, out
     step = int(stop[0].rsplit(' ', 1)[1])
@@ -289,23 +287,15 @@ def test_a_signal_finishes_the_step_saves_and_exits_cleanly(tmp_path, sig, name,
 
 
 @pytest.mark.parametrize('delay', [0.05, 0.4, 0.9])
-def test_kill_9_at_any_moment_leaves_the_last_checkpoint_loadable(tmp_path, delay):
+def test_kill_9_at_any_moment_leaves_the_last_checkpoint_loadable(tmp_path, forks, delay):
     # A checkpoint every step: a SIGKILL that lands mid-save is likely.
     logdir = str(tmp_path / 'run')
-    process = subprocess.Popen(
-        [sys.executable, '-m', 'towers', 'train', '--model', 'small_convnet', '--devices', 'cpu',
-         '--steps', '100000', '--log-every', '1', '--checkpoint-every', '1', '--logdir', logdir],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=ENV,
-        cwd=str(tmp_path))
-    try:
-        for line in process.stdout:
-            if line.startswith('step 3/'):
-                break
+    with forks.training(['train', '--model', 'small_convnet', '--devices', 'cpu', '--steps',
+                         '100000', '--log-every', '1', '--checkpoint-every', '1', '--logdir',
+                         logdir], tmp_path) as run:
+        run.wait_for_line('step 3/')
         time.sleep(delay)
-        process.send_signal(signal.SIGKILL)
-        process.wait(timeout=30)
-    finally:
-        process.kill()
+        assert run.kill() == -signal.SIGKILL
     latest = tf1.train.latest_checkpoint(logdir)
     assert latest is not None
     saved_step = tf.train.load_variable(latest, 'global_step')

@@ -96,6 +96,13 @@ class _Read:
         self._kill()
         return self.finish()
 
+    def send_signal(self, signum):
+        """signum to the process (it may be gone already)."""
+        try:
+            os.kill(self.pid, signum)
+        except ProcessLookupError:
+            pass
+
     def finish(self, timeout=120):
         """Wait for the process to end (at most timeout seconds); its exit status."""
         status = self._wait(timeout)

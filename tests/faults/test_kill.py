@@ -9,8 +9,8 @@ data order is saved in every checkpoint). The moments a kill from outside
 lands at are drawn from a seeded generator, so a failure reproduces; the
 moments between two writes that such a kill is unlikely to hit are set
 exactly (killpoint.py). The processes killed are forks of one that started
-TensorFlow once for the module (runs.Forks): eleven starts of it would cost
-more than all the rest.
+TensorFlow once (the `forks` fixture, runs.Forks): eleven starts of it would
+cost more than all the rest.
 """
 import json
 import os
@@ -23,7 +23,6 @@ import pytest
 
 from tests.faults.runs import (
     TINY,
-    Forks,
     assert_same_variables,
     assert_whole,
     leftovers,
@@ -41,12 +40,6 @@ SEED = 1702
 # and index (.tempstateDIGITS) and for its graph and state file (.tmpHEX).
 IN_PROGRESS = re.compile(r'\.tempstate\d+$|\.tmp[0-9a-f]{32}$')
 REMOVED = 'removed what an interrupted run left unfinished: '
-
-
-@pytest.fixture(scope='module')
-def forks():
-    with Forks() as forks:
-        yield forks
 
 
 def _after_kill(logdir):
