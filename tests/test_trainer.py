@@ -2,8 +2,6 @@
 import json
 import os
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -430,14 +428,12 @@ def plain_and_xla_runs():
     return runs
 
 
-def test_xla_trains_with_compiled_clusters_to_the_losses_of_the_plain_run():
-    code = 'import json, tests.test_trainer as t; print(json.dumps(t.plain_and_xla_runs()))'
-    process = subprocess.run([sys.executable, '-c', code], cwd=ROOT, capture_output=True,
-                             text=True, timeout=120,
-                             env=dict(os.environ, TF_XLA_FLAGS=XLA_CPU_FLAG,
-                                      TF_CPP_MIN_LOG_LEVEL='2'))
-    assert process.returncode == 0, process.stderr
-    runs = json.loads(process.stdout.splitlines()[-1])
+def test_xla_trains_with_compiled_clusters_to_the_losses_of_the_plain_run(forks):
+    # This module run as a script, forked from a process that never made a Session.
+    status, out, err = forks.run([], ROOT, module='tests.test_trainer',
+                                 env={'TF_XLA_FLAGS': XLA_CPU_FLAG})
+    assert status == 0, err
+    runs = json.loads(out[-1])
     plain, jit = runs['plain'], runs['xla']
     assert plain['compiled'] == [0, 0, 0] and min(jit['compiled']) >= 1, runs
     assert jit['first_line'].endswith(', XLA auto-clustering on') and jit['xla_lines'] == []
@@ -447,3 +443,7 @@ def test_xla_trains_with_compiled_clusters_to_the_losses_of_the_plain_run():
     # and 3 equal, the test loss 1.3e-7 apart; 1e-6 leaves about four ulps.
     assert jit['losses'] == pytest.approx(plain['losses'], rel=0, abs=1e-6)
     assert jit['test_loss'] == pytest.approx(plain['test_loss'], rel=0, abs=1e-6)
+
+
+if __name__ == '__main__':  # test_xla_trains_with_compiled_clusters_to_the_losses_of_the_plain_run
+    print(json.dumps(plain_and_xla_runs()))

@@ -20,14 +20,6 @@ ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
 HAS_GPU = bool(tf.config.list_physical_devices('GPU'))
 
 
-def _forked(forks, cwd, *args):
-    """`python -m towers ARGS` in a process of its own, forked from one that imported
-    TensorFlow (the `forks` fixture); (status, stdout lines, stderr lines)."""
-    with forks.training(list(args), cwd) as run:
-        status = run.finish()
-    return status, run.out, run.err
-
-
 def _towers(*args, timeout=120, cwd=None):
     """Run `python -m towers ARGS` in a fresh process; the CompletedProcess (the timeout
     only catches a hang)."""
@@ -205,7 +197,7 @@ def test_debug_lets_the_exception_through(capsys):
 
 
 def test_error_in_a_real_process_is_one_line_without_traceback(tmp_path, forks):
-    status, out, err = _forked(forks, tmp_path, 'train', '--model', 'nope')
+    status, out, err = forks.run(['train', '--model', 'nope'], tmp_path)
     assert status == 1
     assert err == ["towers: error: unknown model 'nope'; known models: "
                    + ', '.join(models.model_names())], err
@@ -213,7 +205,7 @@ def test_error_in_a_real_process_is_one_line_without_traceback(tmp_path, forks):
 
 
 def test_debug_in_a_real_process_shows_the_traceback(tmp_path, forks):
-    status, _, err = _forked(forks, tmp_path, '--debug', 'train', '--model', 'nope')
+    status, _, err = forks.run(['--debug', 'train', '--model', 'nope'], tmp_path)
     assert status == 1
     assert 'Traceback (most recent call last):' in err
     assert err[-1] == ("towers.models.errors.ModelError: unknown model 'nope'; known models: "

@@ -171,12 +171,19 @@ class Forks:
                 stdout=subprocess.DEVNULL, stderr=self._stderr)
         self._socket, self._running = ours, None
 
-    def training(self, argv, cwd, module='towers'):
-        """A Forked run of `python -m MODULE ARGV` in cwd (as Training's arguments)."""
+    def training(self, argv, cwd, module='towers', env=None):
+        """A Forked run of `python -m MODULE ARGV` in cwd (as Training's arguments), with env's
+        variables set over the server's environment (a value of None unsets one)."""
         assert self._running is None or self._running.status is not None, \
             'one run at a time: the server waits for each to end before it forks the next'
-        self._running = Forked(self, list(argv), str(cwd), module)
+        self._running = Forked(self, list(argv), str(cwd), module, env or {})
         return self._running
+
+    def run(self, argv, cwd, module='towers', env=None, timeout=120):
+        """`python -m MODULE ARGV` forked, to its end: (status, stdout lines, stderr lines)."""
+        with self.training(argv, cwd, module, env) as run:
+            status = run.finish(timeout)
+        return status, run.out, run.err
 
     def _request(self, message, fds=()):
         socket.send_fds(self._socket, [json.dumps(message).encode()], list(fds))
@@ -209,10 +216,10 @@ class Forks:
 class Forked(_Read):
     """A run Forks started: as Training, but forked from the server (see Forks)."""
 
-    def __init__(self, forks, argv, cwd, module):
+    def __init__(self, forks, argv, cwd, module, env):
         self._forks, self.status = forks, None
         out, err = os.pipe(), os.pipe()
-        forks._request([argv, cwd, module], (out[1], err[1]))
+        forks._request([argv, cwd, module, env], (out[1], err[1]))
         os.close(out[1])
         os.close(err[1])
         self._streams = open(out[0]), open(err[0])
@@ -251,7 +258,7 @@ def _serve(fd):
         message, fds, _, _ = socket.recv_fds(requests, 1 << 16, 2)
         if not message:
             return
-        argv, cwd, module = json.loads(message)
+        argv, cwd, module, env = json.loads(message)
         pid = os.fork()
         if pid == 0:
             _die_with_parent()
@@ -260,6 +267,8 @@ def _serve(fd):
                 os.dup2(pipe, stream)
                 os.close(pipe)
             os.chdir(cwd)
+            for name, value in env.items():  # None: unset
+                os.environ.pop(name, None) if value is None else os.environ.update({name: value})
             sys.argv = [module] + argv  # runpy writes the module's file into sys.argv[0]
             runpy.run_module(module, run_name='__main__', alter_sys=True)
             sys.exit(0)

@@ -1,9 +1,6 @@
 """Input modes: exactly once per epoch, same training as feed, cleaning, clean shutdown."""
-import os
 import re
 import signal
-import subprocess
-import sys
 import threading
 
 import numpy as np
@@ -257,22 +254,15 @@ def test_stop_while_the_loader_waits_on_a_full_queue():
     assert not loader.is_alive()
 
 
-def test_ctrl_c_during_staged_training_exits_cleanly(tmp_path):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
-    process = subprocess.Popen(
-        [sys.executable, '-m', 'towers', 'train', '--input', 'staging', '--towers', '2',
-         '--devices', 'cpu', '--model', 'small_convnet', '--steps', '100000', '--log-every', '5'],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=str(tmp_path))
-    try:
-        for line in process.stdout:
-            if re.match(r'step \d+/100000', line):
-                break
-        process.send_signal(signal.SIGINT)
-        _, err = process.communicate(timeout=60)
-    finally:
-        process.kill()
-    assert process.returncode == 130, err
-    assert err.strip().splitlines()[-1] == 'towers: interrupted'
+def test_ctrl_c_during_staged_training_exits_cleanly(tmp_path, forks):
+    with forks.training(['train', '--input', 'staging', '--towers', '2', '--devices', 'cpu',
+                         '--model', 'small_convnet', '--steps', '100000', '--log-every', '5'],
+                        tmp_path) as run:
+        run.wait_for_line('step 5/100000')
+        run.send_signal(signal.SIGINT)
+        status = run.finish(timeout=60)
+    assert status == 130, run.err
+    assert run.err[-1] == 'towers: interrupted'
 
 
 class _Batches:

@@ -1,9 +1,6 @@
 """towers bench: timed images/sec per tower count, mean and standard error."""
 import math
-import os
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -134,17 +131,15 @@ def test_the_variables_line_says_each_tower_counts_home_where_they_differ():
         'variables: /gpu:0 at 1 tower(s); /cpu:0 at 2,4 tower(s)')
 
 
-def test_bench_xla_compiles_every_row_in_every_precision_on_cpu_towers():
+def test_bench_xla_compiles_every_row_in_every_precision_on_cpu_towers(tmp_path, forks):
     # A process of its own, as a user starts it: main sets TF_XLA_FLAGS for the CPU towers
-    # after TensorFlow's import, before it first looks at its devices (pytest's process has).
-    env = {k: v for k, v in os.environ.items() if k != 'TF_XLA_FLAGS'}
-    process = subprocess.run(
-        [sys.executable, '-m', 'towers', 'bench', '--xla', '--devices', 'cpu', '--towers', '1',
-         '--model', 'small_convnet', '--batch-size', '8', '--warmup', '1', '--window', '2',
-         '--precision', 'fp32,bf16'], env=dict(env, TF_CPP_MIN_LOG_LEVEL='2'),
-        capture_output=True, text=True, timeout=120)
-    assert process.returncode == 0, process.stderr
-    lines = process.stdout.splitlines()
+    # after TensorFlow's import, before it first looks at its devices (pytest's process has;
+    # the fork server, which forks it, has not).
+    status, lines, err = forks.run(
+        ['bench', '--xla', '--devices', 'cpu', '--towers', '1', '--model', 'small_convnet',
+         '--batch-size', '8', '--warmup', '1', '--window', '2', '--precision', 'fp32,bf16'],
+        tmp_path, env={'TF_XLA_FLAGS': None})
+    assert status == 0, err
     assert ', adam, every row under XLA auto-clustering (each compiled), 1 warm-up' in lines[0]
     assert re.fullmatch(r'XLA: every row ran compiled clusters \(\d+( to \d+)? a step\)',
                         lines[-1]), lines

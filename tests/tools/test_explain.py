@@ -73,18 +73,14 @@ def test_report_lines_and_json(report, capsys):
     assert kinds[('/cpu:1', '/cpu:0')]['gradients'] == 217_640
 
 
-def test_on_a_cluster_each_part_is_named_by_task_and_the_network_bytes_counted(tmp_path):
+def test_on_a_cluster_each_part_is_named_by_task_and_the_network_bytes_counted(tmp_path, forks):
     """In-graph over 2 workers and a ps, in a process of its own (its servers end with it)."""
     import json
-    import os
-    import subprocess
-    import sys
-    process = subprocess.run(
-        [sys.executable, '-m', 'towers', 'explain', '--model', 'small_convnet', '--workers', '2',
-         '--ps', '1', '--devices', 'cpu', '--batch-size', '20', '--json'], capture_output=True,
-        text=True, timeout=120, cwd=str(tmp_path), env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2'))
-    assert process.returncode == 0, process.stderr
-    report = json.loads(process.stdout)
+    status, out, err = forks.run(
+        ['explain', '--model', 'small_convnet', '--workers', '2', '--ps', '1', '--devices',
+         'cpu', '--batch-size', '20', '--json'], tmp_path)
+    assert status == 0, err
+    report = json.loads('\n'.join(out))
     ps, chief, worker = ('/job:ps/task:0/cpu:0', '/job:worker/task:0/cpu:0',
                          '/job:worker/task:1/cpu:0')
     assert sorted(report['devices']) == [ps, chief, worker]
