@@ -2,14 +2,16 @@
 
 Every cluster here is real: `towers launch` starts each task as a process of
 this machine on free ports of 127.0.0.1, and every process a test starts is
-ended by it. One tower per task and one thread each keep it to two cores.
+ended by it. One tower per task and one thread each keep it to two cores. The
+launcher is a fork of the worker's fork server (tests/conftest.py `forks`),
+which imported TensorFlow once, and its tasks are forks of the launcher (its
+--start fork): a cluster costs no start of TensorFlow.
 """
 import os
 import re
 import signal
 import subprocess
 import sys
-import threading
 
 import numpy as np
 import pytest
@@ -32,17 +34,20 @@ def _variables(logdir):
             tf1.train.list_variables(prefix) if not name.startswith('data_order')}
 
 
-def _launch(tmp_path, *args, workers=2, ps=0, timeout=150, mode='in-graph'):
+def _launch_command(tmp_path, workers, ps, mode, grace=5):
+    return ['launch', '--workers', str(workers), '--ps', str(ps), '--grace', str(grace),
+            '--logs', str(tmp_path / 'logs'), '--', 'train', '--threads', '1',
+            '--cluster-mode', mode]
+
+
+def _launch(forks, tmp_path, *args, workers=2, ps=0, timeout=150, mode='in-graph'):
     """`towers launch` in a process; (status, output lines).
 
     A timeout kills the launcher, and its tasks get SIGTERM as it dies.
     """
-    process = subprocess.run(
-        [sys.executable, '-m', 'towers', 'launch', '--workers', str(workers), '--ps', str(ps),
-         '--grace', '5', '--logs', str(tmp_path / 'logs'), '--', 'train', '--threads', '1',
-         '--cluster-mode', mode] + list(args), env=ENV, cwd=str(tmp_path), capture_output=True,
-        text=True, timeout=timeout)
-    return process.returncode, process.stdout.splitlines()
+    status, out, _ = forks.run(_launch_command(tmp_path, workers, ps, mode) + list(args),
+                               tmp_path, timeout=timeout)
+    return status, out
 
 
 @pytest.fixture(scope='module')
@@ -59,9 +64,9 @@ def _close(a, b):
                for n in a)
 
 
-def test_two_tasks_with_a_ps_equal_one_process_with_two_towers(tmp_path, one_process):
+def test_two_tasks_with_a_ps_equal_one_process_with_two_towers(tmp_path, one_process, forks):
     logdir = str(tmp_path / 'run')
-    status, lines = _launch(tmp_path, '--steps', '8', '--logdir', logdir, *FLAGS, ps=1)
+    status, lines = _launch(forks, tmp_path, '--steps', '8', '--logdir', logdir, *FLAGS, ps=1)
     assert status == 0, '\n'.join(lines)
     assert ('[worker 0] training 8 steps on 2 tower(s) /job:worker/task:0/device:CPU:0,'
             '/job:worker/task:1/device:CPU:0, global batch 20, feed input') in lines
@@ -79,51 +84,36 @@ def _pids(line):
     return {name: int(pid) for name, pid in re.findall(r'(\w+ \d+) is pid (\d+)', line)}
 
 
-def _launch_and(tmp_path, act, *args, at_step=3, mode='in-graph', grace=5):
+def _launch_and(forks, tmp_path, act, *args, at_step=3, mode='in-graph', grace=5):
     """Launch, do act(pid of worker 1) once the chief has logged step at_step; (status, lines).
 
     grace: the launcher's --grace, how long the tasks it stops have before SIGKILL.
     """
-    ps = '1' if mode == 'parameter-server' else '0'
-    process = subprocess.Popen(
-        [sys.executable, '-m', 'towers', 'launch', '--workers', '2', '--ps', ps, '--grace',
-         str(grace),
-         '--logs', str(tmp_path / 'logs'), '--', 'train', '--threads', '1',
-         '--cluster-mode', mode] + list(args),
-        env=ENV, cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines, pids, acted = [], {}, False
-    # A watchdog: the launcher is killed if the run outlasts 150 s, output or not.
-    watchdog = threading.Timer(150, process.kill)
-    watchdog.start()
-    try:
-        for line in process.stdout:
-            lines.append(line.rstrip('\n'))
-            pids.update(_pids(line))
-            if not acted and line.startswith('[worker 0] step %d/' % at_step):
-                act(pids['worker 1'])
-                acted = True
-        process.wait(timeout=60)
-    finally:
-        watchdog.cancel()
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-        if process.returncode == -signal.SIGKILL:
-            # The launcher did not end its tasks (the watchdog killed it): end them here.
-            # (Its tasks get SIGTERM when it dies; a stopped one would not act on it.)
-            for pid in pids.values():
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-    assert process.returncode != -signal.SIGKILL, 'the run outlasted 150 s: %s' % lines
-    assert acted, lines
-    return process.returncode, lines
+    ps = 1 if mode == 'parameter-server' else 0
+    pids, status = {}, None
+    with forks.training(_launch_command(tmp_path, 2, ps, mode, grace) + list(args),
+                        tmp_path) as run:
+        try:
+            pids = _pids(run.wait_for_line('towers launch: worker 0 is pid'))
+            run.wait_for_line('[worker 0] step %d/' % at_step)
+            act(pids['worker 1'])
+            status = run.finish(timeout=150)
+        finally:
+            if status is None:
+                # The launcher is killed on leaving, and its tasks get SIGTERM as it dies;
+                # a stopped one would not act on it: end them here.
+                for pid in pids.values():
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+    return status, run.out + run.err
 
 
-def test_two_collective_workers_equal_one_process_with_two_towers(tmp_path, one_process):
+def test_two_collective_workers_equal_one_process_with_two_towers(tmp_path, one_process,
+                                                                  forks):
     logdir = str(tmp_path / 'run')
-    status, lines = _launch(tmp_path, '--steps', '8', '--logdir', logdir, *FLAGS,
+    status, lines = _launch(forks, tmp_path, '--steps', '8', '--logdir', logdir, *FLAGS,
                             mode='collective')
     assert status == 0, '\n'.join(lines)
     for k in (0, 1):  # each its own tower, its share of every global batch of 20
@@ -157,15 +147,15 @@ def one_process_dataset(tmp_path_factory):
 
 @pytest.mark.parametrize('mode', ['in-graph', 'collective'])
 def test_with_the_dataset_input_each_task_reads_its_own_rows(tmp_path, one_process_dataset,
-                                                             mode):
+                                                             mode, forks):
     logdir = str(tmp_path / 'run')
-    status, lines = _launch(tmp_path, '--steps', '6', '--input', 'dataset', '--logdir', logdir,
-                            *FLAGS, mode=mode)
+    status, lines = _launch(forks, tmp_path, '--steps', '6', '--input', 'dataset', '--logdir',
+                            logdir, *FLAGS, mode=mode)
     assert status == 0, '\n'.join(lines)
     assert _close(one_process_dataset, _variables(logdir)) <= 1e-6
 
 
-def test_on_imagenet_shards_each_worker_decodes_its_rows_and_equals_one_process(tmp_path):
+def test_on_imagenet_shards_each_worker_decodes_its_rows_and_equals_one_process(tmp_path, forks):
     """Each worker decodes only its own rows of every global batch (the others stay zeros,
     unused), and the two train exactly as one process with two towers, past an epoch."""
     from tests.data.test_imagenet import _write_shards
@@ -177,19 +167,20 @@ def test_on_imagenet_shards_each_worker_decodes_its_rows_and_equals_one_process(
     one = str(tmp_path / 'one')
     assert main(['train', '--towers', '2', '--logdir', one] + flags) == 0
     logdir = str(tmp_path / 'run')
-    status, lines = _launch(tmp_path, '--logdir', logdir, *flags, mode='collective')
+    status, lines = _launch(forks, tmp_path, '--logdir', logdir, *flags, mode='collective')
     assert status == 0, '\n'.join(lines)
     assert _close(_variables(one), _variables(logdir)) <= 1e-6
 
 
-def test_two_synchronous_workers_with_two_ps_equal_one_process_on_an_uneven_batch(tmp_path):
+def test_two_synchronous_workers_with_two_ps_equal_one_process_on_an_uneven_batch(tmp_path,
+                                                                                 forks):
     """Shares of 11 and 10, clipping and weight decay on the whole batch's gradient."""
     flags = ['--steps', '6', '--batch-size', '21', '--clip-norm', '0.5', '--weight-decay',
              '0.01'] + FLAGS[:2] + FLAGS[4:]
     one = str(tmp_path / 'one')
     assert main(['train', '--towers', '2', '--logdir', one] + flags) == 0
     logdir = str(tmp_path / 'run')
-    status, lines = _launch(tmp_path, '--logdir', logdir, *flags, ps=2,
+    status, lines = _launch(forks, tmp_path, '--logdir', logdir, *flags, ps=2,
                             mode='parameter-server')
     assert status == 0, '\n'.join(lines)
     for k in (0, 1):
@@ -211,12 +202,13 @@ def test_two_synchronous_workers_with_two_ps_equal_one_process_on_an_uneven_batc
 
 
 @pytest.mark.parametrize('mode', ['in-graph', 'collective', 'parameter-server'])
-def test_a_killed_worker_is_named_and_a_relaunch_resumes_exactly(tmp_path, one_process, mode):
+def test_a_killed_worker_is_named_and_a_relaunch_resumes_exactly(tmp_path, one_process, mode,
+                                                                 forks):
     logdir = str(tmp_path / 'run')
     timeout = '3' if mode == 'parameter-server' else '20'
     args = ['--steps', '8', '--logdir', logdir, '--checkpoint-every', '1',
             '--cluster-timeout', timeout] + FLAGS
-    status, lines = _launch_and(tmp_path, lambda pid: os.kill(pid, signal.SIGKILL), *args,
+    status, lines = _launch_and(forks, tmp_path, lambda pid: os.kill(pid, signal.SIGKILL), *args,
                                 mode=mode)
     assert status == 128 + signal.SIGKILL, '\n'.join(lines)  # the lost task's status
     lost = [line for line in lines if 'towers: error: lost worker 1 (127.0.0.1:' in line]
@@ -230,7 +222,7 @@ def test_a_killed_worker_is_named_and_a_relaunch_resumes_exactly(tmp_path, one_p
     saved = int(tf1.train.latest_checkpoint(logdir).rsplit('-', 1)[1])
     assert 3 <= saved < 8
     # The same command again: the cluster resumes from the chief's newest checkpoint.
-    status, lines = _launch(tmp_path, *args, mode=mode, ps=int(mode == 'parameter-server'))
+    status, lines = _launch(forks, tmp_path, *args, mode=mode, ps=int(mode == 'parameter-server'))
     assert status == 0, '\n'.join(lines)
     assert '[worker 0] resumed from %s/model.ckpt-%d' % (logdir, saved) in lines
     assert _close(one_process, _variables(logdir)) <= 1e-6
@@ -240,8 +232,8 @@ def test_a_killed_worker_is_named_and_a_relaunch_resumes_exactly(tmp_path, one_p
 # The chief ends by itself; the frozen worker cannot act on SIGTERM, so the launcher's grace
 # is a wait for nothing before its SIGKILL: 1 s.
 @pytest.mark.parametrize('mode', ['in-graph', 'collective'])
-def test_a_frozen_worker_is_named_within_the_timeout(tmp_path, mode):
-    status, lines = _launch_and(tmp_path, lambda pid: os.kill(pid, signal.SIGSTOP),
+def test_a_frozen_worker_is_named_within_the_timeout(tmp_path, mode, forks):
+    status, lines = _launch_and(forks, tmp_path, lambda pid: os.kill(pid, signal.SIGSTOP),
                                 '--steps', '400', '--cluster-timeout', '3', *FLAGS, mode=mode,
                                 grace=1)
     assert status == 1, '\n'.join(lines)
@@ -252,9 +244,9 @@ def test_a_frozen_worker_is_named_within_the_timeout(tmp_path, mode):
 
 
 @pytest.mark.parametrize('mode', ['collective', 'parameter-server'])
-def test_a_stop_asked_of_one_worker_stops_all_after_the_same_step(tmp_path, mode):
+def test_a_stop_asked_of_one_worker_stops_all_after_the_same_step(tmp_path, mode, forks):
     logdir = str(tmp_path / 'run')
-    status, lines = _launch_and(tmp_path, lambda pid: os.kill(pid, signal.SIGTERM),
+    status, lines = _launch_and(forks, tmp_path, lambda pid: os.kill(pid, signal.SIGTERM),
                                 '--steps', '400', '--logdir', logdir, *FLAGS, mode=mode)
     assert status == 0, '\n'.join(lines)  # a polite stop: saved, and no error anywhere
     stopped = {k: [line for line in lines if line.startswith('[worker %d] ' % k)
@@ -306,14 +298,14 @@ def test_workers_started_with_other_settings_are_refused(tmp_path, mode):
 
 @pytest.mark.parametrize('mode,precision,ps', [('parameter-server', 'fp16', 1),
                                                ('collective', 'bf16', 0)])
-def test_mixed_precision_workers_equal_one_process(tmp_path, mode, precision, ps):
+def test_mixed_precision_workers_equal_one_process(tmp_path, mode, precision, ps, forks):
     """fp16: the chief's update applies or skips the whole batch's step, one loss scale on
     the ps; bf16: the workers all-reduce the float32 gradients of their bf16 towers."""
     flags = ['--steps', '6', '--precision', precision] + FLAGS
     one = str(tmp_path / 'one')
     assert main(['train', '--towers', '2', '--logdir', one] + flags) == 0
     logdir = str(tmp_path / 'run')
-    status, lines = _launch(tmp_path, '--logdir', logdir, *flags, ps=ps, mode=mode)
+    status, lines = _launch(forks, tmp_path, '--logdir', logdir, *flags, ps=ps, mode=mode)
     assert status == 0, '\n'.join(lines)
     assert any(line.startswith('[worker 1] training 6 steps') and line.endswith(precision)
                for line in lines), '\n'.join(lines)
