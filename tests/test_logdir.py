@@ -18,7 +18,6 @@ import tensorflow as tf
 
 from tests.faults.runs import (
     TINY,
-    Training,
     holder_line,
     towers,
     wait_until,
@@ -148,12 +147,12 @@ def _holder_command(logdir):
 
 
 def test_a_logdir_in_use_refuses_a_second_run_and_is_read_by_eval_and_export(tmp_path,
-                                                                             capsys):
+                                                                             capsys, forks):
     logdir = str(tmp_path / 'run')
-    with Training(['train', *HOLDER, '--logdir', logdir], tmp_path) as holder:
+    with forks.training(['train', *HOLDER, '--logdir', logdir], tmp_path) as holder:
         wait_until(lambda: checkpoints.newest_complete(logdir), what='the first checkpoint')
         # Stopped (SIGSTOP) while the others run: its files stand still.
-        holder.process.send_signal(signal.SIGSTOP)
+        holder.send_signal(signal.SIGSTOP)
         try:
             newest, before = checkpoints.newest_complete(logdir), snapshot(logdir)
             # The second run in this process: the lock is the holder's, another process's,
@@ -177,15 +176,15 @@ def test_a_logdir_in_use_refuses_a_second_run_and_is_read_by_eval_and_export(tmp
             assert os.path.isfile(os.path.join(exported, 'saved_model.pb'))
             assert snapshot(logdir) == before  # none of the three wrote there
         finally:
-            holder.process.send_signal(signal.SIGCONT)
-        holder.process.send_signal(signal.SIGTERM)
+            holder.send_signal(signal.SIGCONT)
+        holder.send_signal(signal.SIGTERM)
         assert holder.finish() == 0, holder.err
     assert any(line.startswith('SIGTERM: stopping after step ') for line in holder.out)
 
 
-def test_kill_9_of_the_holder_frees_the_logdir_for_the_resume(tmp_path, capsys):
+def test_kill_9_of_the_holder_frees_the_logdir_for_the_resume(tmp_path, capsys, forks):
     logdir = str(tmp_path / 'run')
-    with Training(['train', *HOLDER, '--logdir', logdir], tmp_path) as holder:
+    with forks.training(['train', *HOLDER, '--logdir', logdir], tmp_path) as holder:
         holder.wait_for_line('step 10/')
         assert holder.kill() == -signal.SIGKILL
     assert in_use_by(logdir) is None

@@ -5,28 +5,24 @@ second worker would add a process's TensorFlow start, not a thing the evaluator 
 """
 import json
 import os
-import subprocess
-import sys
 
 from towers.cli import main
 from towers.evaluation import format_metrics
 from towers.evaluator import EVAL_DIR, RESULTS_FILE, listed
 
-ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
 FLAGS = ['--model', 'small_convnet', '--batch-size', '20', '--eval-every', '0', '--quiet',
          '--log-every', '1', '--checkpoint-every', '2', '--devices', 'cpu']
 
 
 def test_launch_evaluator_evaluates_every_kept_checkpoint_as_towers_eval_does(tmp_path,
-                                                                               capsys):
+                                                                               capsys, forks):
     logdir = str(tmp_path / 'run')
-    process = subprocess.run(
-        [sys.executable, '-m', 'towers', 'launch', '--workers', '1', '--evaluator', '--grace',
-         '5', '--logs', str(tmp_path / 'logs'), '--', 'train', '--threads', '1',
-         '--cluster-mode', 'collective', '--steps', '6', '--logdir', logdir] + FLAGS,
-        env=ENV, cwd=str(tmp_path), capture_output=True, text=True, timeout=150)
-    lines = process.stdout.splitlines()
-    assert process.returncode == 0, process.stdout[-3000:]
+    # The launcher forked from the worker's fork server, its tasks from it (tests/conftest.py).
+    status, lines, _ = forks.run(
+        ['launch', '--workers', '1', '--evaluator', '--grace', '5', '--logs',
+         str(tmp_path / 'logs'), '--', 'train', '--threads', '1', '--cluster-mode', 'collective',
+         '--steps', '6', '--logdir', logdir] + FLAGS, tmp_path, timeout=150)
+    assert status == 0, lines[-40:]
     assert "[evaluator 0] evaluator: the last step's checkpoint (6) is evaluated; done" in lines
     with open(os.path.join(logdir, EVAL_DIR, RESULTS_FILE)) as f:
         results = [json.loads(line) for line in f]

@@ -1,14 +1,14 @@
 """What the fault tests share: tiny runs, and what a logdir holds after a fault.
 
-A run that a fault is done to from outside (kill -9, SIGSTOP) runs in a
-process of its own (`Training`), its output read as it comes so that the
-fault lands in the phase under test. Where no process has to die, the command
-runs in this one through towers.cli.main (`towers`): TensorFlow is imported
-once, not once per run, and the whole suite stays fast. Where many processes
-die one after another, `Forks` starts each as a fork of one process that has
-imported TensorFlow already: a process of its own all the same (its pid, its
-files and lock, its kill -9), without the ~5 s of CPU each start of
-TensorFlow costs.
+A run that a fault is done to from outside (kill -9, SIGSTOP, a signal) runs in
+a process of its own, its output read as it comes so that the fault lands in
+the phase under test. Where no process has to die, the command runs in this one
+through towers.cli.main (`towers`): TensorFlow is imported once, not once per
+run, and the whole suite stays fast. A process of its own is started by `Forks`
+(each pytest worker has one: the `forks` fixture of tests/conftest.py) as a
+fork of one process that has imported TensorFlow already: a process of its own
+all the same (its pid, its files and lock, its kill -9, its exit status),
+without the ~5 s of CPU each start of TensorFlow costs.
 """
 import ctypes
 import json
@@ -111,38 +111,6 @@ class _Read:
         return status
 
 
-class Training(_Read):
-    """`python -m MODULE ARGV` in a process of its own, its output read line by line.
-
-    A context manager: on leaving, a process still running is killed and
-    reaped, whatever happened in the block.
-
-    Args:
-      argv: the command's arguments, e.g. ['train', '--logdir', ...].
-      cwd: the folder it runs in.
-      module: towers, or tests.faults.killpoint (which kills itself at a set moment).
-    """
-
-    def __init__(self, argv, cwd, module='towers'):
-        self.process = subprocess.Popen(
-            [sys.executable, '-m', module] + list(argv), stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, text=True, env=ENV, cwd=cwd)
-        self._read_from(self.process.stdout, self.process.stderr)
-
-    @property
-    def pid(self):
-        return self.process.pid
-
-    def _running(self):
-        return self.process.poll() is None
-
-    def _kill(self):
-        self.process.kill()
-
-    def _wait(self, timeout):
-        return self.process.wait(timeout=timeout)
-
-
 # The fork server: `python -c` this, with one end of a socket pair as its argument.
 _SERVE = ("import importlib, sys; importlib.import_module('towers.cli.main')._import_tensorflow(); "
           "from tests.faults import runs; runs._serve(int(sys.argv[1]))")
@@ -172,8 +140,12 @@ class Forks:
         self._socket, self._running = ours, None
 
     def training(self, argv, cwd, module='towers', env=None):
-        """A Forked run of `python -m MODULE ARGV` in cwd (as Training's arguments), with env's
-        variables set over the server's environment (a value of None unsets one)."""
+        """A Forked run of `python -m MODULE ARGV` in cwd, with env's variables set over the
+        server's environment (a value of None unsets one).
+
+        argv: the command's arguments, e.g. ['train', '--logdir', ...]; module: towers, or
+        tests.faults.killpoint (which kills itself at a set moment), or a test module run as
+        a script."""
         assert self._running is None or self._running.status is not None, \
             'one run at a time: the server waits for each to end before it forks the next'
         self._running = Forked(self, list(argv), str(cwd), module, env or {})
@@ -214,7 +186,7 @@ class Forks:
 
 
 class Forked(_Read):
-    """A run Forks started: as Training, but forked from the server (see Forks)."""
+    """A run Forks started, its output read line by line (see Forks)."""
 
     def __init__(self, forks, argv, cwd, module, env):
         self._forks, self.status = forks, None
