@@ -12,10 +12,8 @@ asserted here: it moves with whatever else this machine runs; `towers plan --ver
 it against the plan.
 Each namespace and bridge a test makes is removed by the launcher's teardown.
 """
-import os
 import re
 import subprocess
-import sys
 
 import pytest
 
@@ -46,23 +44,22 @@ CASES = [('collective', 'auto', 2), ('parameter-server', None, 2), ('collective'
 
 
 @pytest.mark.parametrize('mode,bucket,workers', CASES)
-def test_each_task_moves_the_planned_bytes(tmp_path, mode, bucket, workers):
+def test_each_task_moves_the_planned_bytes(tmp_path, mode, bucket, workers, forks):
     ps = int(mode == 'parameter-server')
     flags = ['--all-reduce-bucket', bucket] if bucket else []
     # imagenet-synthetic: no data to read, and no final test whose reads of the variables
-    # would follow the last step.
-    process = subprocess.run(
-        [sys.executable, '-m', 'towers', 'launch', '--workers', str(workers), '--ps', str(ps),
-         '--emulate-link', LINK, '--grace', '5', '--logs', str(tmp_path / 'logs'),
-         '--', 'train', '--cluster-mode', mode, '--model', MODEL,
-         '--dataset', 'imagenet-synthetic', '--threads', '1',
+    # would follow the last step. The launcher forks from the worker's fork server, and its
+    # tasks from it into their hosts (tests/conftest.py).
+    status, out, _ = forks.run(
+        ['launch', '--workers', str(workers), '--ps', str(ps), '--emulate-link', LINK,
+         '--grace', '5', '--logs', str(tmp_path / 'logs'), '--', 'train', '--cluster-mode',
+         mode, '--model', MODEL, '--dataset', 'imagenet-synthetic', '--threads', '1',
          '--batch-size', str(workers * BATCH), '--steps', str(STEPS), '--eval-every', '0',
-         '--quiet', '--log-every', '1', '--devices', 'cpu'] + flags,
-        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2'), cwd=str(tmp_path),
-        capture_output=True, text=True, timeout=300)
-    assert process.returncode == 0, process.stdout[-2000:]
-    assert _left_behind(process.stdout) == []
-    _, use = linkbench.link_use(process.stdout)
+         '--quiet', '--log-every', '1', '--devices', 'cpu'] + flags, tmp_path, timeout=300)
+    stdout = '\n'.join(out) + '\n'
+    assert status == 0, stdout[-2000:]
+    assert _left_behind(stdout) == []
+    _, use = linkbench.link_use(stdout)
     sizes = plan.model_sizes(models.build_model(MODEL, (28, 28, 1), 10), (28, 28, 1))
     where = '%s %s, %d workers' % (MODEL, mode + (' bucket %s' % bucket if bucket else ''),
                                    workers)
