@@ -54,6 +54,14 @@ class Lines:
         self.lines, self._queue = [], queue.Queue()
         threading.Thread(target=self._read, args=(process.stdout,), daemon=True).start()
 
+    @classmethod
+    def of_fork(cls, run):
+        """The stdout lines of a run the fork server started (tests/faults/runs.py Forked),
+        which its own thread reads: their queue, taken over from it."""
+        lines = cls.__new__(cls)
+        lines.lines, lines._queue = [], run._lines
+        return lines
+
     def _read(self, stream):
         for line in stream:
             self._queue.put(line.rstrip('\n'))

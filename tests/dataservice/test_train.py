@@ -2,10 +2,8 @@
 on to its last step and says so, as does the dispatcher), then the dispatcher stopped (the run
 stops within its timeout, naming it; each server stops on its signal with one line); an
 in-memory dataset refused."""
-import os
 import re
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -14,21 +12,20 @@ from tests.dataservice.common import Lines, imagenet_folder
 from towers.cli import main
 from towers.cluster.launch import free_ports
 
-ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
 STEPS = 300  # a worker killed at step 100; the run held at step 200 until it says so
 
 
-def _towers(*args):
-    process = subprocess.Popen([sys.executable, '-m', 'towers'] + list(args),
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               env=ENV)
-    return process, Lines(process)
+def _towers(forks, cwd, *args):
+    """`towers ARGS` in a process of its own, forked from the worker's fork server (a test's
+    three processes do not start TensorFlow); (the run, its stdout Lines)."""
+    run = forks.training(list(args), cwd)
+    return run, Lines.of_fork(run)
 
 
-def _end(process, signum):
-    """Signal process; its exit status (a guard of 60 s)."""
-    process.send_signal(signum)
-    return process.wait(60)
+def _end(run, signum):
+    """Signal the run; its exit status (a guard of 60 s)."""
+    run.send_signal(signum)
+    return run.finish(60)
 
 
 def _train_flags(folder, address, *more):
@@ -78,11 +75,13 @@ class _Out:
 
 
 def test_training_through_two_service_workers_survives_one_and_stops_without_the_dispatcher(
-        tmp_path, capsys, monkeypatch):
+        tmp_path, capsys, monkeypatch, forks):
     folder = imagenet_folder(str(tmp_path / 'imagenet'))
     address = 'localhost:%d' % free_ports(1)[0]
-    dispatcher = _towers('data-service', 'dispatcher', '--port', address.split(':')[1])
-    workers = [_towers('data-service', 'worker', '--dispatcher', address) for _ in range(2)]
+    dispatcher = _towers(forks, tmp_path, 'data-service', 'dispatcher', '--port',
+                         address.split(':')[1])
+    workers = [_towers(forks, tmp_path, 'data-service', 'worker', '--dispatcher', address)
+               for _ in range(2)]
     try:
         names = [said.wait_for('data-service worker: serving').split()[3]
                  for _, said in workers]
@@ -93,13 +92,13 @@ def test_training_through_two_service_workers_survives_one_and_stops_without_the
         lost_line = ('data service: worker %s does not answer; the others go on with its '
                      'work (workers answering: 1 of 2)' % names[0])
         out = _Out()
-        out.at('step 100/', lambda: (workers[0][0].kill(), workers[0][0].wait()))
+        out.at('step 100/', workers[0][0].kill)
         out.at('step 200/', lambda: out.holds(lost_line))
         monkeypatch.setattr(sys, 'stdout', out)
         assert main(_train_flags(folder, address, '--steps', str(STEPS),
                                  '--log-every', '100')) == 0
         lines = out.text.splitlines()
-        assert workers[0][0].returncode == -signal.SIGKILL
+        assert workers[0][0].status == -signal.SIGKILL
         lost = lines.index(lost_line)
         steps = [n for n, line in enumerate(lines) if line.startswith('step ')]
         assert steps[0] < lost < steps[-1], lines  # mid-run, then on to the last step
@@ -135,10 +134,9 @@ def test_training_through_two_service_workers_survives_one_and_stops_without_the
         assert workers[1][1].rest()[-1] == ('data-service worker: stopped (SIGTERM), its '
                                             'dispatcher gone')
     finally:
-        for process, _ in workers + [dispatcher]:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
+        for run, _ in workers + [dispatcher]:
+            if run.status is None:
+                run.kill()
 
 
 def test_an_in_memory_dataset_is_refused_in_one_line(capsys):

@@ -16,6 +16,7 @@ import os
 import queue
 import re
 import runpy
+import select
 import signal
 import socket
 import subprocess
@@ -137,7 +138,7 @@ class Forks:
                 [sys.executable, '-c', _SERVE, str(theirs.fileno())], env=ENV, cwd=ROOT,
                 pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL, stderr=self._stderr)
-        self._socket, self._running = ours, None
+        self._socket, self._runs, self._ended = ours, [], {}
 
     def training(self, argv, cwd, module='towers', env=None):
         """A Forked run of `python -m MODULE ARGV` in cwd, with env's variables set over the
@@ -146,10 +147,8 @@ class Forks:
         argv: the command's arguments, e.g. ['train', '--logdir', ...]; module: towers, or
         tests.faults.killpoint (which kills itself at a set moment), or a test module run as
         a script."""
-        assert self._running is None or self._running.status is not None, \
-            'one run at a time: the server waits for each to end before it forks the next'
-        self._running = Forked(self, list(argv), str(cwd), module, env or {})
-        return self._running
+        self._runs.append(Forked(self, list(argv), str(cwd), module, env or {}))
+        return self._runs[-1]
 
     def run(self, argv, cwd, module='towers', env=None, timeout=120):
         """`python -m MODULE ARGV` forked, to its end: (status, stdout lines, stderr lines)."""
@@ -159,6 +158,21 @@ class Forks:
 
     def _request(self, message, fds=()):
         socket.send_fds(self._socket, [json.dumps(message).encode()], list(fds))
+
+    def _started(self):
+        """The pid of the run just asked for (statuses of others that end meanwhile kept)."""
+        return self._answer_for('started', timeout=300)  # the server's start, the first time
+
+    def _status(self, pid, timeout):
+        """pid's exit status, once it ends (at most timeout seconds from now)."""
+        return self._answer_for(pid, timeout)
+
+    def _answer_for(self, pid, timeout):
+        deadline = time.monotonic() + timeout
+        while pid not in self._ended:
+            ended, status = self._answer(max(0.0, deadline - time.monotonic()))
+            self._ended[ended] = status
+        return self._ended.pop(pid)
 
     def _answer(self, timeout):
         self._socket.settimeout(timeout)
@@ -177,8 +191,9 @@ class Forks:
         return self
 
     def __exit__(self, *exc):
-        if self._running is not None and self._running.status is None:
-            self._running.kill()
+        for run in self._runs:
+            if run.status is None:
+                run.kill()
         self._socket.close()  # the server's end reads as ended: it returns
         self._server.wait(timeout=120)
         self._stderr.close()
@@ -196,7 +211,7 @@ class Forked(_Read):
         os.close(err[1])
         self._streams = open(out[0]), open(err[0])
         self._read_from(*self._streams)
-        self.pid = forks._answer(timeout=300)  # the server's start, the first time
+        self.pid = forks._started()
 
     def _running(self):
         return self.status is None
@@ -206,7 +221,7 @@ class Forked(_Read):
 
     def _wait(self, timeout):
         if self.status is None:
-            self.status = self._forks._answer(timeout)
+            self.status = self._forks._status(self.pid, timeout)
         return self.status
 
     def finish(self, timeout=120):
@@ -217,7 +232,8 @@ class Forked(_Read):
 
 
 def _serve(fd):
-    """The fork server's loop: fork each run asked for, say its pid, then its exit status.
+    """The fork server's loop: fork each run asked for and say its pid ('started'), and say
+    each run's exit status as it ends ([pid, status]); runs overlap as their tests ask.
 
     Ends when the socket does (the tests' end of it closed). In the fork,
     `python -m MODULE ARGV` goes on from here, its stdout and stderr the
@@ -226,7 +242,23 @@ def _serve(fd):
     """
     _die_with_parent()
     requests = socket.socket(fileno=fd)
+    # A run's end wakes the loop: SIGCHLD writes a byte to `woken` (signal.set_wakeup_fd).
+    woken, wake = os.pipe()
+    os.set_blocking(wake, False)
+    signal.set_wakeup_fd(wake)
+    signal.signal(signal.SIGCHLD, lambda signum, frame: None)
+    running = []
     while True:
+        ready = select.select([requests, woken], [], [])[0]
+        if woken in ready:
+            os.read(woken, 4096)
+        for pid in list(running):
+            ended, status = os.waitpid(pid, os.WNOHANG)
+            if ended:
+                running.remove(pid)
+                requests.send(json.dumps([pid, os.waitstatus_to_exitcode(status)]).encode())
+        if requests not in ready:
+            continue
         message, fds, _, _ = socket.recv_fds(requests, 1 << 16, 2)
         if not message:
             return
@@ -234,7 +266,10 @@ def _serve(fd):
         pid = os.fork()
         if pid == 0:
             _die_with_parent()
-            requests.close()
+            signal.set_wakeup_fd(-1)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            for own in (requests.detach(), woken, wake):
+                os.close(own)
             for stream, pipe in zip((1, 2), fds):
                 os.dup2(pipe, stream)
                 os.close(pipe)
@@ -244,11 +279,10 @@ def _serve(fd):
             sys.argv = [module] + argv  # runpy writes the module's file into sys.argv[0]
             runpy.run_module(module, run_name='__main__', alter_sys=True)
             sys.exit(0)
+        running.append(pid)
         for pipe in fds:
             os.close(pipe)
-        requests.send(json.dumps(pid).encode())
-        _, status = os.waitpid(pid, 0)
-        requests.send(json.dumps(os.waitstatus_to_exitcode(status)).encode())
+        requests.send(json.dumps(['started', pid]).encode())
 
 
 def _die_with_parent():
