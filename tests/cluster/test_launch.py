@@ -1,11 +1,12 @@
 """towers launch's process handling: TF_CONFIG per task, prefixed output, logs, teardown."""
+import json
 import os
-import re
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import textwrap
 import time
 
 import pytest
@@ -158,21 +159,51 @@ def test_the_tasks_end_when_the_launcher_is_killed(tmp_path):
             launcher.wait()
 
 
-def test_spawned_tasks_import_tensorflow_and_forked_ones_share_the_launchers(tmp_path):
-    # --start spawn: the launcher never loads TensorFlow, its task does. --start fork (the
-    # default): the launcher imports it once, and the task is still a process of its own.
-    code = ('import os, sys; from towers.cli import main; '
-            'status = main(["launch", "--start", sys.argv[1], "--workers", "1", "--", "data", '
-            '"convert", "--shards", "1", "--out", sys.argv[1]]); '
-            'print("launcher:", status, "tensorflow" in sys.modules, os.getpid())')
-    for start, imported in (('spawn', 'False'), ('fork', 'True')):
-        run = subprocess.run([PY, '-c', code, start], cwd=str(tmp_path), capture_output=True,
-                             text=True, timeout=120)
-        lines = run.stdout.splitlines()
-        assert lines[-1].split()[:3] == ['launcher:', '0', imported], run.stdout + run.stderr
-        assert '[worker 0] test: 1000 records in 1 shard(s)' in lines  # (a command on TF)
-        task = re.search(r'worker 0 is pid (\d+)', run.stdout).group(1)
-        assert task != lines[-1].split()[3]
+def test_spawned_tasks_import_tensorflow_and_the_launcher_never_does(tmp_path):
+    # --start spawn: each task is a new Python process that loads TensorFlow itself.
+    code = ('import sys; from towers.cli import main; '
+            'status = main(["launch", "--start", "spawn", "--workers", "1", "--", "data", '
+            '"convert", "--shards", "1", "--out", "records"]); '
+            'print("launcher:", status, "tensorflow" in sys.modules)')
+    run = subprocess.run([PY, '-c', code], cwd=str(tmp_path), capture_output=True, text=True,
+                         timeout=120)
+    lines = run.stdout.splitlines()
+    assert lines[-1] == 'launcher: 0 False', run.stdout + run.stderr
+    assert '[worker 0] test: 1000 records in 1 shard(s)' in lines  # (a command on TensorFlow)
+
+
+# A forked task runs `fork` (the CLI's main where towers launch forks) on its ARGS; here a
+# stand-in that says where it runs, so that no TensorFlow is needed to see how it starts.
+FORKED = textwrap.dedent('''
+    import json, os, sys, time
+    from towers.cluster.launch import launch, local_cluster, towers_command
+
+    def main(args):
+        print(json.dumps([args, os.getpid(), os.getsid(0), os.environ['TF_CONFIG']]))
+        sys.stdout.flush()
+        if args == ['0']:
+            time.sleep(60)  # until the teardown's SIGTERM
+        raise SystemExit(int(args[0]))
+
+    lines = []
+    status = launch([('worker', k, towers_command(str(3 * k)), False) for k in (0, 1)],
+                    local_cluster(2), logs=sys.argv[1], log=lines.append, grace=2, fork=main)
+    print(json.dumps([status, os.getpid(), os.getsid(0), lines]))
+''')
+
+
+def test_forked_tasks_are_processes_of_their_own_with_their_own_environment(tmp_path):
+    run = subprocess.run([PY, '-c', FORKED, str(tmp_path)], capture_output=True, text=True,
+                         timeout=60)
+    status, pid, sid, lines = json.loads(run.stdout.splitlines()[-1])
+    assert status == 3, run.stdout + run.stderr  # worker 1's SystemExit(3), as its status
+    said = {k: json.loads(next(line for line in lines if line.startswith('[worker %d] [' % k))
+                          .split('] ', 1)[1]) for k in (0, 1)}
+    for k, (args, task_pid, task_sid, tf_config) in said.items():
+        assert args == [str(3 * k)]
+        assert task_pid != pid and task_sid == task_pid != sid  # a session of its own
+        assert json.loads(tf_config)['task'] == {'type': 'worker', 'index': k}
+    assert 'towers launch: worker 1 exited with status 3; stopping the other 1 task(s)' in lines
 
 
 def test_the_host_gpus_come_from_cuda_visible_devices_or_nvidia_smi(monkeypatch):

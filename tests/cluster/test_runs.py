@@ -10,8 +10,6 @@ which imported TensorFlow once, and its tasks are forks of the launcher (its
 import os
 import re
 import signal
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -21,7 +19,6 @@ from towers.cli import main
 
 tf1 = tf.compat.v1
 
-ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
 # On CPUs, GPU hosts too: a one-process run and the clusters it is held against alike.
 FLAGS = ['--model', 'small_convnet', '--batch-size', '20', '--eval-every', '0', '--quiet',
          '--log-every', '1', '--optimizer', 'momentum', '--lr', '0.05', '--devices', 'cpu']
@@ -260,7 +257,7 @@ def test_a_stop_asked_of_one_worker_stops_all_after_the_same_step(tmp_path, mode
 
 
 @pytest.mark.parametrize('mode', ['collective', 'parameter-server'])
-def test_workers_started_with_other_settings_are_refused(tmp_path, mode):
+def test_workers_started_with_other_settings_are_refused(tmp_path, mode, forks):
     from towers.cluster.launch import local_cluster
     from towers.cluster.spec import Cluster
     ps = int(mode == 'parameter-server')
@@ -270,24 +267,20 @@ def test_workers_started_with_other_settings_are_refused(tmp_path, mode):
                  + FLAGS[:2] + ['--batch-size', batch] + FLAGS[4:])
                 for k, batch in ((0, '20'), (1, '10'))]
     commands += [(Cluster(jobs, 'ps', 0), ['server', '--threads', '1'])] * ps
-    processes = [subprocess.Popen(
-        [sys.executable, '-m', 'towers'] + command,
-        env=dict(ENV, TF_CONFIG=cluster.tf_config()), cwd=str(tmp_path),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for cluster, command in commands]
+    runs = [forks.training(command, tmp_path, env={'TF_CONFIG': cluster.tf_config()})
+            for cluster, command in commands]
     try:
-        outcomes = [p.communicate(timeout=120) for p in processes[:2]]
+        statuses = [run.finish(timeout=120) for run in runs[:2]]
     finally:
-        for p in processes:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        for run in runs:
+            if run.status is None:
+                run.kill()
     refused = ['towers: error: the workers were started with different batch_size, '
                'steps_per_epoch: start every worker with the same flags']
     # Every collective worker compares; in parameter-server mode each worker compares
     # with the chief, which then names the worker it waits for in vain.
-    errors = [err.splitlines() for _, err in outcomes]
-    assert [p.returncode for p in processes[:2]] == [1, 1]
+    errors = [run.err for run in runs[:2]]
+    assert statuses == [1, 1]
     assert errors[1] == refused, errors
     if mode == 'collective':
         assert errors[0] == refused, errors

@@ -8,8 +8,6 @@ import pathlib
 import re
 import shlex
 import socket
-import subprocess
-import sys
 
 import pytest
 
@@ -175,35 +173,34 @@ def _consecutive_free_ports():
     pytest.skip('no two consecutive free ports on 127.0.0.1')
 
 
-def test_a_two_task_srun_step_equals_one_process_with_two_towers(tmp_path, monkeypatch):
+def test_a_two_task_srun_step_equals_one_process_with_two_towers(tmp_path, monkeypatch, forks):
     """Two `towers train` processes told only what srun tells its tasks (one node, 127.0.0.1,
-    two tasks) train as one collective cluster, exactly as one process with two towers."""
-    for name in [n for n in os.environ if n.startswith('SLURM_')] + ['TF_CONFIG']:
+    two tasks) train as one collective cluster, exactly as one process with two towers.
+    (Forked from the worker's fork server: two processes, no start of TensorFlow.)"""
+    # Each task's environment is srun's alone: the test's own SLURM_ and TF_CONFIG unset.
+    unset = dict.fromkeys([n for n in os.environ if n.startswith('SLURM_')] + ['TF_CONFIG'])
+    for name in unset:
         monkeypatch.delenv(name, raising=False)  # the reference run is a plain one
     flags = ['--steps', '4'] + FLAGS
     one = str(tmp_path / 'one')
     assert main(['train', '--towers', '2', '--logdir', one] + flags) == 0
     port_base, logdir = _consecutive_free_ports(), str(tmp_path / 'run')
-    base = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
-    processes = []
+    runs = []
     try:
         for rank in (0, 1):
-            env = dict(base, **_step(rank, '127.0.0.1', '2', 2, rank))
-            processes.append(subprocess.Popen(
-                [sys.executable, '-m', 'towers', 'train', '--cluster-mode', 'collective',
-                 '--threads', '1', '--port-base', str(port_base), '--cluster-timeout', '60',
-                 '--logdir', logdir] + flags, env=env, cwd=str(tmp_path),
-                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-        outputs = [p.communicate(timeout=150)[0] for p in processes]
+            runs.append(forks.training(
+                ['train', '--cluster-mode', 'collective', '--threads', '1', '--port-base',
+                 str(port_base), '--cluster-timeout', '60', '--logdir', logdir] + flags,
+                tmp_path, env=dict(unset, **_step(rank, '127.0.0.1', '2', 2, rank))))
+        statuses = [run.finish(timeout=150) for run in runs]
     finally:
-        for process in processes:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
-    for rank, (process, output) in enumerate(zip(processes, outputs)):
-        assert process.returncode == 0, output
+        for run in runs:
+            if run.status is None:
+                run.kill()
+    for rank, (status, run) in enumerate(zip(statuses, runs)):
+        assert status == 0, run.out + run.err
         assert ('training 4 steps on 1 tower(s) /job:worker/task:%d/device:CPU:0, global batch '
-                '20, feed input' % rank) in output, output
+                '20, feed input' % rank) in run.out, run.out
     assert _close(_variables(one), _variables(logdir)) <= 1e-6
 
 
