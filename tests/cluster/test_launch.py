@@ -276,3 +276,9 @@ def test_launch_hands_each_task_its_cuda_environment(tmp_path, monkeypatch):
     assert "[worker 0] '4,5' true" in lines and "[worker 1] '6,7' true" in lines
     assert "[ps 0] '' true" in lines
     assert 'towers launch: GPUs worker 0: 4,5; worker 1: 6,7; ps 0: none' in lines
+
+
+def test_auto_forks_the_tasks_on_a_host_without_gpus_and_spawns_them_on_one_with():
+    from towers.cli.launcher import forks_tasks
+    assert forks_tasks('auto', gpus=[]) and not forks_tasks('auto', gpus=['0', '1'])
+    assert forks_tasks('fork', gpus=['0']) and not forks_tasks('spawn', gpus=[])

@@ -160,8 +160,11 @@ def test_a_deterministic_gpu_run_stopped_and_resumed_equals_the_straight_run(tmp
     assert differ == []
 
 
-def test_two_workers_on_one_gpu_share_it_and_all_reduce_through_the_ring():
+@pytest.mark.parametrize('start', ['spawn', 'fork'])
+def test_two_workers_on_one_gpu_share_it_and_all_reduce_through_the_ring(start):
+    # fork: each worker forked from a launcher that imported TensorFlow, and starts CUDA itself.
     workers = _gpus() + 1
-    process = _towers('launch', '--workers', str(workers), '--', 'train', '--cluster-mode',
-                      'collective', '--towers', '1', '--steps', '10', *SMALL, timeout=300)
+    process = _towers('launch', '--start', start, '--workers', str(workers), '--', 'train',
+                      '--cluster-mode', 'collective', '--towers', '1', '--steps', '10', *SMALL,
+                      timeout=300)
     assert '(workers share GPUs: their collectives take the ring, not NCCL)' in process.stdout

@@ -88,10 +88,11 @@ def launch_parser(commands):
     launch.add_argument('--grace', type=float, default=10.0,
                         help='seconds between SIGTERM and SIGKILL when the job is torn down '
                              '(default: 10)')
-    launch.add_argument('--start', choices=('fork', 'spawn'), default='fork',
-                        help='how each task starts: fork (default: this process imports '
-                             'TensorFlow once and forks every task from it) or spawn (a new '
-                             'Python process each, which imports its own)')
+    launch.add_argument('--start', choices=('auto', 'fork', 'spawn'), default='auto',
+                        help='how each task starts: fork (this process imports TensorFlow once '
+                             'and forks every task from it), spawn (a new Python process each, '
+                             'which imports its own), or auto (default: fork on a host without '
+                             'GPUs, spawn on one with)')
     launch.add_argument('--emulate-link', default=None, metavar='RATE,DELAY',
                         help='run each task in its own network namespace on a bridge, every '
                              "host's link shaped with tc to RATE each way after DELAY, e.g. "

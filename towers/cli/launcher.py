@@ -1,15 +1,27 @@
 """`towers launch`: every task of a cluster as a process of this machine.
 
-With --start fork (the default) main.py imports TensorFlow once, quietly, and
-every task is forked from there: a cluster of N tasks pays for one import instead
-of N (about 5 s of CPU each on a 2-core EPYC). With --start spawn each task is a
-new Python process that imports its own, and the launcher never loads it.
+With --start fork main.py imports TensorFlow once, quietly, and every task is
+forked from there: a cluster of N tasks pays for one import instead of N (about
+5 s of CPU each on a 2-core EPYC). With --start spawn each task is a new Python
+process that imports its own, and the launcher never loads it. --start auto (the
+default) forks on a host without GPUs and spawns on one with (forks_tasks).
 """
 import argparse
 
 from towers.cluster import emulate, launch
 from towers.cluster.spec import ClusterError
 from towers.names import CLUSTER_MODES
+
+
+def forks_tasks(start, gpus=None):
+    """Whether --start forks the tasks: fork, or auto on a host without GPUs (gpus: the
+    host's GPU ids; None: launch.host_gpus()). On a GPU host auto spawns them: each fork of a
+    process that imported TensorFlow starts CUDA itself, which is by the book (CUDA is not
+    started by the import), but has not been run on a GPU here yet (.ci/gpu-checks.sh's
+    gpu-tests step runs it)."""
+    if start == 'auto':
+        return not (launch.host_gpus() if gpus is None else gpus)
+    return start == 'fork'
 
 
 def run_launch(args, log, fork=None):

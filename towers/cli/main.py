@@ -108,8 +108,8 @@ def main(argv=None):
     if args.command == 'launch':
         # It starts processes: forks of this one once it has imported TensorFlow (--start
         # fork, and no task imports it again), or new ones that import their own (spawn).
-        from towers.cli.launcher import run_launch
-        return _run(args, functools.partial(run_launch, fork=main if args.start == 'fork'
+        from towers.cli.launcher import forks_tasks, run_launch
+        return _run(args, functools.partial(run_launch, fork=main if forks_tasks(args.start)
                                             and _imported_tensorflow() else None))
     try:
         _import_tensorflow(quietly=not args.debug)
