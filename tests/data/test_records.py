@@ -1,9 +1,7 @@
 """Sharded records: exact round trip, worker shares, corrupt shards, flat memory."""
 import json
 import os
-import subprocess
 import sys
-import textwrap
 
 import numpy as np
 import pytest
@@ -120,21 +118,16 @@ def test_records_with_a_wrong_shape_are_cleaned_out(tmp_path):
     assert seen == 5
 
 
-_READER = textwrap.dedent('''
-    import sys
-    import tensorflow as tf
-    from towers.data import records
-    from towers.data.pipeline import make_pipeline
-    tf1 = tf.compat.v1
+def _peak_kb():
+    # VmHWM, not ru_maxrss: this process's own high-water mark, whatever its parent's was.
+    with open('/proc/self/status') as status:
+        return next(int(line.split()[1]) for line in status if line.startswith('VmHWM:'))
 
-    def peak_kb():
-        # VmHWM, not ru_maxrss: after exec, ru_maxrss still counts the parent's
-        # peak at fork time; VmHWM is this process's own high-water mark.
-        with open('/proc/self/status') as status:
-            return next(int(line.split()[1]) for line in status if line.startswith('VmHWM:'))
 
-    record_set = records.RecordSet(sys.argv[1], 'train', verify=False)
-    mark = int(sys.argv[2])
+def _read_all(folder, mark):
+    """Every record of folder through the pipeline; (records read, peak RSS in kB) once
+    mark records are read, and the same at the end."""
+    record_set = records.RecordSet(folder, 'train', verify=False)
     with tf.Graph().as_default() as graph:
         source, _ = record_set.source((32, 32, 3))
         dataset, _ = make_pipeline(source, (32, 32, 3), 10, 64, epochs=1, shuffle_buffer=256)
@@ -148,32 +141,30 @@ _READER = textwrap.dedent('''
             while True:
                 seen += len(sess.run(batch)[1])
                 if early is None and seen >= mark:
-                    early = seen, peak_kb()
+                    early = seen, _peak_kb()
         except tf.errors.OutOfRangeError:
             pass
-    print(*early, seen, peak_kb())
-''')
+    return early, (seen, _peak_kb())
 
 
-def _peak_rss_reading(folder, mark):
-    """Read the records through the pipeline in a process of its own; (records read and
-    its peak RSS in kB once `mark` records are read, the same at the end)."""
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
-    out = subprocess.run([sys.executable, '-c', _READER, folder, str(mark)],
-                         capture_output=True, text=True, env=env, timeout=300,
-                         check=True).stdout
-    seen_early, peak_early, seen, peak = map(int, out.split())
+def _peak_rss_reading(forks, folder, mark):
+    """_read_all in a process of its own: this module run as a script, forked from the
+    worker's fork server (which imported TensorFlow and read nothing)."""
+    status, out, err = forks.run([folder, str(mark)], folder, module='tests.data.test_records',
+                                 timeout=300)
+    assert status == 0, err
+    seen_early, peak_early, seen, peak = map(int, out[-1].split())
     return (seen_early, peak_early), (seen, peak)
 
 
-def test_memory_stays_flat_whatever_the_number_of_records(tmp_path):
+def test_memory_stays_flat_whatever_the_number_of_records(tmp_path, forks):
     count, pixels = 60000, 32 * 32 * 3  # 184 MB of pixels
     rng = np.random.RandomState(0)
     images = rng.randint(0, 256, (count, 32, 32, 3), dtype=np.uint8)
     records.write_records({'train': (images, rng.randint(0, 10, count))}, str(tmp_path), 8,
                           'big', 10)
     del images
-    (early, peak_early), (seen, peak) = _peak_rss_reading(str(tmp_path), 2048)
+    (early, peak_early), (seen, peak) = _peak_rss_reading(forks, str(tmp_path), 2048)
     assert (early, seen) == (2048, count)  # (batches of 64)
     # From the 2048th record to the last, a pipeline holding what it read would add
     # 170 MB. Streaming adds buffers and the allocator's growth, which scale with a
@@ -250,3 +241,8 @@ def test_a_shard_of_another_shape_is_named_or_skipped(tmp_path):
     assert kept.num_examples == 12
     assert [(name, count) for name, count, _ in kept.skipped] == [
         ('train-00001-of-00002.tfrecord', 11)]
+
+
+if __name__ == '__main__':  # _peak_rss_reading's process
+    (seen_early, peak_early), (seen, peak) = _read_all(sys.argv[1], int(sys.argv[2]))
+    print(seen_early, peak_early, seen, peak)
