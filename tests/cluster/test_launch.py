@@ -175,17 +175,18 @@ def test_spawned_tasks_import_tensorflow_and_the_launcher_never_does(tmp_path):
 # A forked task runs `fork` (the CLI's main where towers launch forks) on its ARGS; here a
 # stand-in that says where it runs, so that no TensorFlow is needed to see how it starts.
 FORKED = textwrap.dedent('''
-    import json, os, sys, time
+    import atexit, json, os, sys, time
     from towers.cluster.launch import launch, local_cluster, towers_command
 
     def main(args):
-        print(json.dumps([args, os.getpid(), os.getsid(0), os.environ['TF_CONFIG']]))
+        print(json.dumps([sys.argv[1:], os.getpid(), os.getsid(0), os.environ['TF_CONFIG']]))
         sys.stdout.flush()
         if args == ['0']:
             time.sleep(60)  # until the teardown's SIGTERM
         raise SystemExit(int(args[0]))
 
     lines = []
+    atexit.register(print, 'the launcher ends')  # in the launcher, not in its tasks
     status = launch([('worker', k, towers_command(str(3 * k)), False) for k in (0, 1)],
                     local_cluster(2), logs=sys.argv[1], log=lines.append, grace=2, fork=main)
     print(json.dumps([status, os.getpid(), os.getsid(0), lines]))
@@ -195,15 +196,17 @@ FORKED = textwrap.dedent('''
 def test_forked_tasks_are_processes_of_their_own_with_their_own_environment(tmp_path):
     run = subprocess.run([PY, '-c', FORKED, str(tmp_path)], capture_output=True, text=True,
                          timeout=60)
-    status, pid, sid, lines = json.loads(run.stdout.splitlines()[-1])
+    status, pid, sid, lines = json.loads(run.stdout.splitlines()[-2])
     assert status == 3, run.stdout + run.stderr  # worker 1's SystemExit(3), as its status
     said = {k: json.loads(next(line for line in lines if line.startswith('[worker %d] [' % k))
                           .split('] ', 1)[1]) for k in (0, 1)}
-    for k, (args, task_pid, task_sid, tf_config) in said.items():
-        assert args == [str(3 * k)]
+    for k, (argv, task_pid, task_sid, tf_config) in said.items():
+        assert argv == [str(3 * k)]  # its command line, `towers 0`
         assert task_pid != pid and task_sid == task_pid != sid  # a session of its own
         assert json.loads(tf_config)['task'] == {'type': 'worker', 'index': k}
     assert 'towers launch: worker 1 exited with status 3; stopping the other 1 task(s)' in lines
+    assert not any(line.endswith('the launcher ends') for line in lines)
+    assert run.stdout.splitlines()[-1] == 'the launcher ends'
 
 
 def test_the_host_gpus_come_from_cuda_visible_devices_or_nvidia_smi(monkeypatch):

@@ -217,7 +217,12 @@ class Forked(_Read):
         return self.status is None
 
     def _kill(self):
-        os.kill(self.pid, signal.SIGKILL)
+        if self.pid in self._forks._ended:
+            return  # it ended: its status is said, not read yet
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass  # it ended and the server reaped it: its status is on its way
 
     def _wait(self, timeout):
         if self.status is None:

@@ -206,8 +206,12 @@ class Task:
                 pass  # it ended meanwhile
 
     def finish(self):
-        """Wait for the output copy to end (the process has exited)."""
-        self._thread.join(timeout=5)
+        """Wait for the output copy to end (the process has exited); where no copy started
+        (a later task failed to start), close the log."""
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        else:
+            self._log_file.close()
 
 
 def launch(tasks, jobs, logs=None, grace=10.0, log=print, poll=0.1, gpus=None,
@@ -362,13 +366,29 @@ class Forked:
     def __init__(self, main, args, env, inherited=(), enter=None):
         self.args, self.returncode = args, None
         read, write = os.pipe()
+        ready, started = os.pipe()  # closed by the fork once it is a task of its own
         sys.stdout.flush()
         sys.stderr.flush()
-        self.pid = os.fork()
-        if self.pid == 0:  # the task: never returns
-            os.close(read)
-            _run_forked(main, args, env, write, inherited, enter)
+        # The stopping signals wait until the fork has its own session and handlers: one sent
+        # before would reach the launcher's handler in it, or a process group not yet made.
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, _STOPPING)
+        try:
+            self.pid = os.fork()
+            if self.pid == 0:  # the task: never returns
+                os.close(read)
+                os.close(ready)
+                _run_forked(main, args, env, write, inherited, enter, started, blocked)
+        except BaseException:
+            for fd in (read, write, ready, started):
+                os.close(fd)
+            raise
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         os.close(write)
+        os.close(started)
+        while os.read(ready, 64):  # as Popen returns after the exec: the task is set up
+            pass
+        os.close(ready)
         self.stdout = os.fdopen(read, 'rb')
 
     def poll(self):
@@ -387,19 +407,34 @@ class Forked:
         return self.returncode
 
 
-def _run_forked(main, args, env, output, inherited, enter=None):
+_STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def _run_forked(main, args, env, output, inherited, enter, started, blocked):
     """In the fork: become the task (as Popen with start_new_session and _die_with_parent
-    would start it), enter its host where it has one, run main(ARGS), end as a Python process
-    ends, and exit with its status.
+    would start it), say so (close `started`), enter its host where it has one, run main(ARGS)
+    as `towers ARGS`, end as a Python process ends, and exit with its status.
+
+    The stopping signals arrive blocked; they are let through (`blocked`: the mask before)
+    once this process has its own session and a new Python process's handlers.
     """
     status = 1
     try:
+        launcher = os.getppid()
         os.setsid()
         _die_with_parent()
-        # A new Python process's handlers, not the launcher's.
+        if os.getppid() != launcher:
+            os._exit(128 + signal.SIGTERM)  # the launcher died before the line above: as its
+            # SIGTERM would have ended this task
         signal.signal(signal.SIGINT, signal.default_int_handler)
         for signum in (signal.SIGTERM, signal.SIGHUP):
             signal.signal(signum, signal.SIG_DFL)
+        # The launcher's exit handlers are not this task's (multiprocessing's fork start
+        # clears them too); the task's own run at its end.
+        atexit._clear()
+        sys.argv = sys.argv[:1] + list(args)  # its command line (a logdir lock names it)
+        os.close(started)
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         for f in inherited:
             f.close()
         devnull = os.open(os.devnull, os.O_RDONLY)
