@@ -122,7 +122,8 @@ def test_the_bottom_layer_needs_no_tensorflow():
     for name in ('towers.names', 'towers.config', 'towers.context', 'towers.errors',
                  'towers.cli.parsers', 'towers.cli.flags', 'towers.cli.train_flags',
                  'towers.cli.tool_flags', 'towers.cli.saved_flags', 'towers.cli.cluster_flags',
-                 'towers.cli.launcher', 'towers.cluster.launch', 'towers.cluster.emulate',
+                 'towers.cli.launcher', 'towers.cluster.launch', 'towers.cluster.forked',
+                 'towers.cluster.emulate',
                  'towers.cluster.spec', 'towers.quiet'):
         with open(modules[name], encoding='utf-8') as f:
             tree = ast.parse(f.read())

@@ -96,8 +96,6 @@ def use_onednn(environ=os.environ):
     environ.setdefault('TF_ENABLE_ONEDNN_OPTS', '1')
 
 
-
-
 def main(argv=None):
     """Run `towers ARGV`; returns the exit status (0, 1 for an error, 130 when interrupted)."""
     parser = build_parser()
