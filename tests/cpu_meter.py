@@ -5,7 +5,8 @@ waits on a process it started shows the wait, not the process's CPU, and the oth
 load stretches everything. The suite is CPU-bound on 2 cores (issue 39: 1,493 CPU-s in 823 s
 of wall), so what to make smaller is what costs CPU. As a pytest plugin this module records,
 around each test, getrusage of the worker itself and of the children it has waited for (a
-`towers launch` counts its tasks, which it waits for); as a command it sums the records.
+`towers launch` counts its tasks, which it waits for), and the runs the worker's fork server
+forked for it (tests/faults/runs.py); as a command it sums the records.
 tests/conftest.py loads the hook, so any run of the suite is metered when asked:
 
     TOWERS_CPU_METER=/tmp/meter python -m pytest -n 2 tests   # or: ... bash .ci/run
@@ -35,14 +36,24 @@ def pytest_runtest_protocol(item, nextitem):
     if not folder:
         yield
         return
-    start = time.monotonic(), _cpu(resource.RUSAGE_SELF), _cpu(resource.RUSAGE_CHILDREN)
+    start = (time.monotonic(), _cpu(resource.RUSAGE_SELF), _cpu(resource.RUSAGE_CHILDREN),
+             _forked())
     yield
+    forked = _forked()
     record = {'test': item.nodeid, 'wall': time.monotonic() - start[0],
               'self': _cpu(resource.RUSAGE_SELF) - start[1],
-              'children': _cpu(resource.RUSAGE_CHILDREN) - start[2]}
+              'children': (_cpu(resource.RUSAGE_CHILDREN) - start[2]
+                           + (forked[0] - start[3][0]) - (forked[1] - start[3][1]))}
     os.makedirs(folder, exist_ok=True)
     with open(os.path.join(folder, 'cpu.%d.jsonl' % os.getpid()), 'a') as f:
         f.write(json.dumps(record) + '\n')
+
+
+def _forked():
+    """(CPU-s of the runs the fork server forked and that ended, of those its end has
+    reaped): a run's CPU is its test's, not the CPU of the test that ends the server."""
+    runs = sys.modules.get('tests.faults.runs')
+    return (runs.FORKED_CPU['ended'], runs.FORKED_CPU['reaped']) if runs else (0.0, 0.0)
 
 
 def read(folder):

@@ -112,6 +112,11 @@ class _Read:
         return status
 
 
+# CPU seconds of the forked runs that ended so far, and of those among them now counted as
+# this process's children's too (their server reaped): tests/cpu_meter.py counts each run's
+# CPU in the test that started it, not in the one that ended the server.
+FORKED_CPU = {'ended': 0.0, 'reaped': 0.0}
+
 # The fork server: `python -c` this, with one end of a socket pair as its argument.
 _SERVE = ("import importlib, sys; importlib.import_module('towers.cli.main')._import_tensorflow(); "
           "from tests.faults import runs; runs._serve(int(sys.argv[1]))")
@@ -126,7 +131,7 @@ class Forks:
     itself is start TensorFlow, ~5 s of CPU a process on this suite's 2-core
     machines. A context manager: on leaving, the server ends and is reaped,
     and with it the CPU of every run it forked is counted as this process's
-    children's (tests/cpu_meter.py counts it then, not at each run's end).
+    children's (FORKED_CPU has each run's as it ends, for tests/cpu_meter.py).
     """
 
     def __init__(self):
@@ -170,8 +175,9 @@ class Forks:
     def _answer_for(self, pid, timeout):
         deadline = time.monotonic() + timeout
         while pid not in self._ended:
-            ended, status = self._answer(max(0.0, deadline - time.monotonic()))
+            ended, status, *cpu = self._answer(max(0.0, deadline - time.monotonic()))
             self._ended[ended] = status
+            FORKED_CPU['ended'] += sum(cpu)
         return self._ended.pop(pid)
 
     def _answer(self, timeout):
@@ -196,6 +202,7 @@ class Forks:
                 run.kill()
         self._socket.close()  # the server's end reads as ended: it returns
         self._server.wait(timeout=120)
+        FORKED_CPU['reaped'] = FORKED_CPU['ended']  # now this process's children's too
         self._stderr.close()
         return False
 
@@ -238,7 +245,8 @@ class Forked(_Read):
 
 def _serve(fd):
     """The fork server's loop: fork each run asked for and say its pid ('started'), and say
-    each run's exit status as it ends ([pid, status]); runs overlap as their tests ask.
+    each run's exit status and CPU seconds as it ends ([pid, status, cpu]); runs overlap as
+    their tests ask.
 
     Ends when the socket does (the tests' end of it closed). In the fork,
     `python -m MODULE ARGV` goes on from here, its stdout and stderr the
@@ -258,10 +266,11 @@ def _serve(fd):
         if woken in ready:
             os.read(woken, 4096)
         for pid in list(running):
-            ended, status = os.waitpid(pid, os.WNOHANG)
+            ended, status, usage = os.wait4(pid, os.WNOHANG)
             if ended:
                 running.remove(pid)
-                requests.send(json.dumps([pid, os.waitstatus_to_exitcode(status)]).encode())
+                requests.send(json.dumps([pid, os.waitstatus_to_exitcode(status),
+                                          usage.ru_utime + usage.ru_stime]).encode())
         if requests not in ready:
             continue
         message, fds, _, _ = socket.recv_fds(requests, 1 << 16, 2)
