@@ -34,6 +34,7 @@ from towers.data.imagenet import (
     parse,
     shard_files,
 )
+from towers.data.pipeline import as_written
 
 tf1 = tf.compat.v1
 
@@ -46,10 +47,10 @@ def records(files, cycle_length=8):
     interleaved, deterministically."""
     def read(index, path):
         return tf.data.TFRecordDataset(path).enumerate().map(
-            lambda record, serialized: (index, record, serialized))
+            as_written(lambda record, serialized: (index, record, serialized)))
     return tf.data.Dataset.from_tensor_slices(
         (tf.range(len(files), dtype=tf.int32), files)).interleave(
-            read, cycle_length=min(cycle_length, len(files)), block_length=1,
+            as_written(read), cycle_length=min(cycle_length, len(files)), block_length=1,
             num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
 
@@ -127,7 +128,7 @@ def decoded(files, size, training, seed=0, num_classes=1000, shuffle_buffer=1000
         k = tf.shape(positions)[0]
         rows = tf.range(k)
         good = tf.data.Dataset.from_tensor_slices((rows, positions, serialized)).map(
-            one).ignore_errors().batch(chunk)
+            as_written(one)).ignore_errors().batch(chunk)
         nothing = (rows[:0], tf.zeros([0, pixels], tf.uint8), tf.zeros([0], tf.int64))
         good = good.concatenate(tf.data.Dataset.from_tensors(nothing)).take(1)
 
@@ -147,10 +148,10 @@ def decoded(files, size, training, seed=0, num_classes=1000, shuffle_buffer=1000
             ok = decoded & in_range
             return (tf.reshape(images, [k] + list(shape)), ok, tf.where(ok, labels, 0),
                     tf.where(ok, '', problems))
-        return good.map(place)
+        return good.map(as_written(place))
 
     return stream.enumerate().skip(skip).batch(chunk).interleave(
-        decode, cycle_length=max(cycle_length, os.cpu_count() or 1), block_length=1,
+        as_written(decode), cycle_length=max(cycle_length, os.cpu_count() or 1), block_length=1,
         num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
 
@@ -175,7 +176,7 @@ def checked(chunks, skip_bad=False):
                                          [tf.strings.join([BAD_RECORD, first])])
         with tf.control_dependencies([report]):
             return tf.identity(images), ok, labels
-    return chunks.map(check)
+    return chunks.map(as_written(check))
 
 
 def _print_skipped(bad):
@@ -200,8 +201,8 @@ def examples(files, size, training, seed=0, shuffle_buffer=10000, cycle_length=8
 
 def kept(chunks):
     """(image, label) of the records checked() kept, one at a time."""
-    return chunks.map(lambda images, ok, labels: (tf.boolean_mask(images, ok),
-                                                  tf.boolean_mask(labels, ok))).unbatch()
+    return chunks.map(as_written(lambda images, ok, labels: (
+        tf.boolean_mask(images, ok), tf.boolean_mask(labels, ok)))).unbatch()
 
 
 
@@ -298,8 +299,8 @@ class ImageRecordSet:
 
     def _flat(self, chunks):
         pixels = self.input_shape[0] * self.input_shape[1] * self.input_shape[2]
-        return chunks.map(lambda images, ok, labels: (tf.reshape(images, [-1, pixels]), ok,
-                                                      labels))
+        return chunks.map(as_written(lambda images, ok, labels: (
+            tf.reshape(images, [-1, pixels]), ok, labels)))
 
 
 class ImageNetSet(ImageRecordSet):

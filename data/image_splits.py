@@ -9,7 +9,7 @@ import tensorflow as tf
 
 from towers.data.errors import DataError, bad_record
 from towers.data.image_records import kept
-from towers.data.pipeline import drain
+from towers.data.pipeline import as_written, drain
 
 tf1 = tf.compat.v1
 
@@ -35,7 +35,7 @@ class StreamedSplit:
         last batch short. A bad record: DataError naming it."""
         with tf.Graph().as_default() as graph:
             dataset = _in_order(self.image_set).batch(batch_size).map(
-                lambda images, labels: (tf.cast(images, tf.float32) / 255.0, labels))
+                as_written(lambda images, labels: (tf.cast(images, tf.float32) / 255.0, labels)))
             iterator = tf1.data.make_initializable_iterator(dataset.prefetch(2))
             batch = iterator.get_next()
         with tf1.Session(graph=graph) as sess:

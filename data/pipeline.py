@@ -25,6 +25,19 @@ tf1 = tf.compat.v1
 CHUNK = 1024  # records per source chunk
 
 
+def as_written(fn):
+    """fn, for a tf.data map, interleave or flat_map to trace as it is written.
+
+    Otherwise tf.data converts each function with AutoGraph before tracing it
+    (reads its source, rewrites Python control flow on tensors into graph ops):
+    about a CPU-second of each process's first pipeline, a third of a short
+    records run's start. The dataset functions of towers branch on tensors
+    with tf.cond, and test only Python values with `if`: there is nothing to
+    convert.
+    """
+    return tf.autograph.experimental.do_not_convert(fn)
+
+
 def array_source(images, labels, input_shape):
     """A source over in-memory arrays, fed at iterator initialisation.
 
@@ -49,7 +62,8 @@ def array_source(images, labels, input_shape):
     labels_in = tf1.placeholder(tf.int64, [None], name='source_labels')
     num_pixels = math.prod(input_shape)
     dataset = tf.data.Dataset.from_tensor_slices((images_in, labels_in)).batch(CHUNK).map(
-        lambda x, y: (tf.reshape(x, [-1, num_pixels]), tf.ones_like(y, tf.bool), y))
+        as_written(lambda x, y: (tf.reshape(x, [-1, num_pixels]), tf.ones_like(y, tf.bool),
+                                 y)))
     return dataset, {images_in: images, labels_in: np.asarray(labels, np.int64)}
 
 
@@ -73,7 +87,7 @@ def clean(chunks, num_classes, counts):
         with tf.control_dependencies(count):
             return tf.boolean_mask(pixels, ok), tf.boolean_mask(labels, ok)
 
-    return chunks.map(keep).unbatch()
+    return chunks.map(as_written(keep)).unbatch()
 
 
 def finisher(input_shape, pixel_scale=255.0, mean=None, std=None):
@@ -160,10 +174,10 @@ def make_pipeline(source, input_shape, num_classes, batch_size, pixel_scale=255.
             pixels = tf.reshape(augment_batch(images, augment, key, step),
                                 [-1, math.prod(input_shape)])
         return pixels, labels
-    dataset = dataset.map(prepare, num_parallel_calls=tf.data.AUTOTUNE)
+    dataset = dataset.map(as_written(prepare), num_parallel_calls=tf.data.AUTOTUNE)
     if finish:
         normalise = finisher(input_shape, pixel_scale, mean, std)
-        dataset = dataset.map(lambda pixels, labels: (normalise(pixels), labels),
+        dataset = dataset.map(as_written(lambda pixels, labels: (normalise(pixels), labels)),
                               num_parallel_calls=tf.data.AUTOTUNE)
     return dataset.prefetch(prefetch), counts
 
@@ -224,12 +238,13 @@ def epoch_pipeline(epoch_source, records_per_epoch, input_shape, num_classes, ba
         skip = tf.where(tf.equal(epoch, first), passed, tf.constant(0, tf.int64))
         batches = clean(epoch_source(epoch, skip, keep), num_classes, counts).batch(batch_size)
         if finish:
-            batches = batches.map(lambda pixels, labels: (normalise(pixels), labels),
+            batches = batches.map(as_written(lambda pixels, labels: (normalise(pixels),
+                                                                     labels)),
                                   num_parallel_calls=tf.data.AUTOTUNE)
         return batches
 
     last = tf.constant(2 ** 62 if epochs is None else epochs, tf.int64)
-    dataset = tf.data.Dataset.range(first, last).flat_map(one)
+    dataset = tf.data.Dataset.range(first, last).flat_map(as_written(one))
     if records_per_epoch is None:
         dataset = dataset.skip(start)
     return dataset.prefetch(prefetch), counts

@@ -29,7 +29,7 @@ from towers.data.atomic import atomic_output, written_beside
 from towers.data.checks import format_shape
 from towers.data.download import sha256_of_file
 from towers.data.errors import DataError, DataMismatchError
-from towers.data.pipeline import CHUNK, drain
+from towers.data.pipeline import CHUNK, as_written, drain
 
 MANIFEST = 'manifest.json'
 FORMAT = 'towers-records-1'
@@ -211,7 +211,8 @@ class RecordSet:
             pixels = tf.io.decode_raw(raw, tf.uint8, fixed_length=num_pixels)
             return pixels, shape_ok, parsed['label']
 
-        return records.batch(CHUNK).map(parse, num_parallel_calls=tf.data.AUTOTUNE), {}
+        return records.batch(CHUNK).map(as_written(parse),
+                                        num_parallel_calls=tf.data.AUTOTUNE), {}
 
 
 def _check_shard(path, shard, verify, input_shape, split):
@@ -268,7 +269,8 @@ def read_all(record_set, input_shape):
     """
     def kept():
         source, _ = record_set.source(input_shape)
-        return source.map(lambda p, ok, y: (tf.boolean_mask(p, ok), tf.boolean_mask(y, ok)))
+        return source.map(as_written(lambda p, ok, y: (tf.boolean_mask(p, ok),
+                                                       tf.boolean_mask(y, ok))))
     try:
         chunks = drain(kept)
     except tf.errors.DataLossError as e:

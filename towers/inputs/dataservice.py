@@ -59,8 +59,8 @@ def worker_seeded(build, seed, epoch):
         return tf.raw_ops.RandomUniformInt(
             shape=tf.constant([], tf.int32), minval=tf.constant(0, tf.int64),
             maxval=tf.constant(2 ** 62, tf.int64), seed=0, seed2=0)
-    return tf.data.Dataset.from_tensors(tf.constant(0)).map(draw).flat_map(
-        lambda salt: build(mixed(seed, epoch, salt)))
+    return tf.data.Dataset.from_tensors(tf.constant(0)).map(pipeline.as_written(draw)).flat_map(
+        pipeline.as_written(lambda salt: build(mixed(seed, epoch, salt))))
 
 
 def mixed(seed, epoch, salt=0):

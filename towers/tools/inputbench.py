@@ -35,8 +35,8 @@ def bare_pipeline(files, size, batch_size, seed=0, shuffle_buffer=10000,
         tf.data.TFRecordDataset, cycle_length=min(8, len(files)),
         num_parallel_calls=tf.data.AUTOTUNE)
     return records.shuffle(shuffle_buffer, seed=seed).repeat().enumerate().map(
-        prepare, num_parallel_calls=tf.data.AUTOTUNE).batch(batch_size).prefetch(
-            tf.data.AUTOTUNE)
+        pipeline.as_written(prepare), num_parallel_calls=tf.data.AUTOTUNE).batch(
+            batch_size).prefetch(tf.data.AUTOTUNE)
 
 
 def towers_pipeline(image_set, batch_size):

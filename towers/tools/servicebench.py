@@ -85,7 +85,7 @@ def run_service_bench(train_set, counts, batch_size, warmup=10, window=50, round
                 if service is not None:
                     dataset = distributed(dataset, 'grpc://' + service.address,
                                           'parallel_epochs')
-                return dataset.map(finish)
+                return dataset.map(pipeline.as_written(finish))
             row['reader'] = Reader(make)
             rows.append(row)
         rates = time_in_turns([row['reader'] for row in rows], warmup, window, rounds, clock)
