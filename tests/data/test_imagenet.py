@@ -1,6 +1,7 @@
 """ImageNet-format shards: finding and counting them, tf_cnn_benchmarks' preprocessing, and
 crops seeded per example so that a run and its resume see the same images."""
 import contextlib
+import io
 import os
 import re
 
@@ -127,9 +128,10 @@ def test_the_training_crop_is_a_window_of_the_decoded_jpeg():
     np.testing.assert_array_equal(got, want)
 
 
-def _folder(tmp_path):
-    folder = str(tmp_path / 'imagenet')
-    os.makedirs(folder)
+@pytest.fixture(scope='module')
+def folder(tmp_path_factory):
+    """An imagenet folder of 13 train and 3 validation images, which the runs only read."""
+    folder = str(tmp_path_factory.mktemp('imagenet'))
     _write_shards(folder, 'train', [7, 6])
     _write_shards(folder, 'validation', [3])
     return folder
@@ -140,30 +142,32 @@ def _checkpoint(logdir):
             for name, _ in tf1.train.list_variables(logdir)}
 
 
-def _train(folder, logdir, steps, capsys, eval_every=0):
+def _train(folder, logdir, steps, eval_every=0):
+    """`towers train` in this process: its output lines."""
     from towers.cli import main
-    assert main(['train', '--dataset', 'imagenet:' + folder, '--model', 'small_convnet',
-                 '--image-size', '32', '--towers', '2', '--devices', 'cpu', '--batch-size',
-                 '4', '--steps', str(steps), '--logdir', logdir, '--eval-every', str(eval_every),
-                 '--log-every', '100', '--seed', '5', '--no-tensorboard',
-                 '--optimizer', 'momentum']) == 0
-    return capsys.readouterr().out.splitlines()
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):  # (a module fixture's run has no capsys)
+        assert main(['train', '--dataset', 'imagenet:' + folder, '--model', 'small_convnet',
+                     '--image-size', '32', '--towers', '2', '--devices', 'cpu', '--batch-size',
+                     '4', '--steps', str(steps), '--logdir', logdir, '--eval-every',
+                     str(eval_every), '--log-every', '100', '--seed', '5', '--no-tensorboard',
+                     '--optimizer', 'momentum']) == 0
+    return out.getvalue().splitlines()
 
 
 @pytest.mark.exact
-def test_training_on_an_imagenet_folder_streams_the_crops_and_resumes_exactly(tmp_path, capsys):
-    folder = _folder(tmp_path)
+def test_training_on_an_imagenet_folder_streams_the_crops_and_resumes_exactly(tmp_path, folder):
     straight, resumed = str(tmp_path / 'straight'), str(tmp_path / 'resumed')
     # Past the first epoch (13 images, 4 a step: 4 steps, the last of 1) in the resumed run
     # too, evaluating the validation split each epoch (which the resumed runs do not:
     # evaluation changes nothing of the training).
-    lines = _train(folder, straight, 5, capsys, eval_every=1)
+    lines = _train(folder, straight, 5, eval_every=1)
     assert 'dataset imagenet:%s: 13 train, 0 validation, 3 test; model small_convnet' % folder \
         in lines
     assert 'augment: pad-crop-flip (the default for 32x32x3 images; evaluation: centre)' in lines
     assert 'dataset imagenet:%s: 13 train, 0 validation, 0 test; model small_convnet' % folder \
-        in _train(folder, resumed, 3, capsys)
-    lines = _train(folder, resumed, 5, capsys)
+        in _train(folder, resumed, 3)
+    lines = _train(folder, resumed, 5)
     assert any(line.startswith('resumed from') for line in lines)
     expected, actual = _checkpoint(straight), _checkpoint(resumed)
     assert expected.keys() == actual.keys() and expected['global_step'] == 5
@@ -171,15 +175,28 @@ def test_training_on_an_imagenet_folder_streams_the_crops_and_resumes_exactly(tm
         np.testing.assert_array_equal(actual[name], expected[name], err_msg=name)
 
 
-def test_a_validation_split_too_big_to_hold_is_streamed_to_the_same_numbers(tmp_path, capsys,
+# Less than the validation split's 3 images at 32x32 take as float32 (36,864 bytes): streamed.
+TOO_SMALL = 10_000
+
+
+@pytest.fixture(scope='module')
+def streamed_run(folder, tmp_path_factory):
+    """A 2-step run that evaluated its validation split streamed, as one too big to hold:
+    (its logdir, its 'test: ' lines). The evals below only read it."""
+    logdir = str(tmp_path_factory.mktemp('streamed') / 'run')
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr('towers.cli.train.EVAL_MEMORY', TOO_SMALL)
+        lines = _train(folder, logdir, 2, eval_every=1)
+    return logdir, [line for line in lines if line.startswith('test: ')]
+
+
+def test_a_validation_split_too_big_to_hold_is_streamed_to_the_same_numbers(streamed_run, capsys,
                                                                            monkeypatch):
     from towers.cli import main
-    folder, logdir = _folder(tmp_path), str(tmp_path / 'run')
+    # Training evaluates a streamed split too: one run, whose weights both evals read.
+    logdir, trained = streamed_run
     with monkeypatch.context() as patch:
-        patch.setattr('towers.cli.train.EVAL_MEMORY', 10_000)  # 3 images at 32x32: 36,864
-        # Training evaluates a streamed split too: one run, whose weights both evals read.
-        trained = [line for line in _train(folder, logdir, 2, capsys, eval_every=1)
-                   if line.startswith('test: ')]
+        patch.setattr('towers.cli.train.EVAL_MEMORY', TOO_SMALL)
         assert main(['eval', '--logdir', logdir, '--batch-size', '2', '--devices', 'cpu']) == 0
         streamed = capsys.readouterr().out.splitlines()[-1]
     assert main(['eval', '--logdir', logdir, '--batch-size', '2', '--devices', 'cpu']) == 0
@@ -305,10 +322,9 @@ def test_training_stops_on_a_bad_jpeg_in_one_line_or_skips_it_when_asked(tmp_pat
     assert read % 12 == 0 and read >= 24 and dropped == read // 3
 
 
-def test_eval_reads_the_validation_split_at_the_evaluation_view(tmp_path, capsys):
+def test_eval_reads_the_validation_split_at_the_evaluation_view(streamed_run, capsys):
     from towers.cli import main
-    folder, logdir = _folder(tmp_path), str(tmp_path / 'run')
-    _train(folder, logdir, 1, capsys)  # weights to evaluate: one step makes them
+    logdir, _ = streamed_run  # weights to evaluate (this eval holds the split: EVAL_MEMORY as is)
     assert main(['eval', '--logdir', logdir, '--devices', 'cpu']) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[-1].startswith('test: ') and lines[-1].endswith('(3 images)'), lines
