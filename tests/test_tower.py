@@ -20,34 +20,59 @@ def _batch(size, seed=0):
     return rng.rand(size, *SHAPE).astype(np.float32), rng.randint(0, 10, size).astype(np.int64)
 
 
-def _train(num_towers, batches, initial=None, model='mnist_convnet', optimizer='momentum'):
-    """Run len(batches) steps; return (first step's averaged grads, final variables)."""
-    devices = ['/cpu:%d' % i for i in range(num_towers)]
-    options = {'dropout_rate': 0.0} if model == 'mnist_convnet' else {}
-    model_fn = models.build_model(model, SHAPE, 10, **options)
-    with tf.Graph().as_default() as graph:
-        tf1.set_random_seed(1)
-        images = tf1.placeholder(tf.float32, [None] + list(SHAPE))
-        labels = tf1.placeholder(tf.int64, [None])
-        global_step = tf1.train.get_or_create_global_step()
-        opt = make_optimizer(optimizer, 0.01)
-        towers = build_towers(model_fn, images, labels, devices, optimizer=opt)
-        train_op, grads = build_train_op(towers, opt, global_step)
-        trainable = tf1.trainable_variables()
-        grad_tensors = [tf.convert_to_tensor(g) for g, _ in grads]
-        with tf1.Session(graph=graph, config=session_config(devices)) as sess:
-            sess.run(tf1.global_variables_initializer())
-            if initial is not None:
-                for var, value in zip(trainable, initial):
+class _Towers:
+    """mnist_convnet on num_towers CPU towers (momentum) and its Session, built once and
+    trained again from the given values by each test that asks (the module's `nets`)."""
+
+    def __init__(self, num_towers):
+        devices = ['/cpu:%d' % i for i in range(num_towers)]
+        model_fn = models.build_model('mnist_convnet', SHAPE, 10, dropout_rate=0.0)
+        self.graph = tf.Graph()
+        with self.graph.as_default():
+            tf1.set_random_seed(1)
+            self.images = tf1.placeholder(tf.float32, [None] + list(SHAPE))
+            self.labels = tf1.placeholder(tf.int64, [None])
+            self.global_step = tf1.train.get_or_create_global_step()
+            opt = make_optimizer('momentum', 0.01)
+            towers = build_towers(model_fn, self.images, self.labels, devices, optimizer=opt)
+            self.train_op, grads = build_train_op(towers, opt, self.global_step)
+            self.trainable = tf1.trainable_variables()
+            self.grad_tensors = [tf.convert_to_tensor(g) for g, _ in grads]
+            self.init = tf1.global_variables_initializer()
+        self.sess = tf1.Session(graph=self.graph, config=session_config(devices))
+
+    def train(self, batches, initial=None):
+        """Run len(batches) steps from the initializers (momentum 0, step 0), the trainable
+        variables then set to `initial`; return (first step's averaged grads, final variables)."""
+        sess = self.sess
+        sess.run(self.init)
+        if initial is not None:
+            with self.graph.as_default():  # load() runs its initializer, fed: no new op
+                for var, value in zip(self.trainable, initial):
                     var.load(value, sess)
-            first_grads = None
-            for x, y in batches:
-                feed = {images: x, labels: y}
-                if first_grads is None:
-                    first_grads = sess.run(grad_tensors, feed)
-                sess.run(train_op, feed)
-            assert sess.run(global_step) == len(batches)
-            return first_grads, sess.run(trainable)
+        first_grads = None
+        for x, y in batches:
+            feed = {self.images: x, self.labels: y}
+            if first_grads is None:
+                first_grads = sess.run(self.grad_tensors, feed)
+            sess.run(self.train_op, feed)
+        assert sess.run(self.global_step) == len(batches)
+        return first_grads, sess.run(self.trainable)
+
+
+@pytest.fixture(scope='module')
+def nets():
+    """nets(num_towers): one _Towers of each tower count, shared by the module's tests (one
+    device's graph serves every case's reference run, 3 towers' both 3-tower cases)."""
+    built = {}
+
+    def get(num_towers):
+        if num_towers not in built:
+            built[num_towers] = _Towers(num_towers)
+        return built[num_towers]
+    yield get
+    for net in built.values():
+        net.sess.close()
 
 
 def _canonical(device):
@@ -55,9 +80,9 @@ def _canonical(device):
 
 
 @pytest.fixture(scope='module')
-def initial():
+def initial(nets):
     """One set of initial values, loaded into every graph."""
-    _, variables = _train(1, [])
+    _, variables = nets(1).train([])
     return variables
 
 
@@ -65,10 +90,10 @@ def initial():
                          ids=['2 towers', '3 towers uneven 4/3/3',
                               '3 towers batch 2 (empty tower)'])
 @pytest.mark.exact
-def test_n_towers_equal_one_device(initial, num_towers, batch_size):
+def test_n_towers_equal_one_device(nets, initial, num_towers, batch_size):
     batches = [_batch(batch_size, seed) for seed in range(3)]
-    grads_1, vars_1 = _train(1, batches, initial)
-    grads_n, vars_n = _train(num_towers, batches, initial)
+    grads_1, vars_1 = nets(1).train(batches, initial)
+    grads_n, vars_n = nets(num_towers).train(batches, initial)
     for one, many in zip(grads_1 + vars_1, grads_n + vars_n):
         assert np.all(np.isfinite(many))
         # float32 sums in another order: equal to ~1e-6 of the tensor's scale.

@@ -81,13 +81,40 @@ def _build(name, input_shape, training=True, num_classes=10, **options):
     return model_fn, images, model_fn(images, training)
 
 
+class _TwoCalls:
+    """A net called in training, in a graph of its own, then again under reuse for inference:
+    what the first call left (variables, update ops) and the variables after the second."""
+
+    def __init__(self, name, input_shape):
+        with tf.Graph().as_default() as self.graph:
+            model_fn, images, _ = _build(name, input_shape)
+            self.variables = {v.op.name: v.shape.as_list() for v in tf1.global_variables()}
+            self.before = [v.op.name for v in tf1.global_variables()]
+            self.count = sum(v.shape.num_elements() for v in tf1.trainable_variables())
+            self.updates = len(tf1.get_collection(tf1.GraphKeys.UPDATE_OPS))
+            with tf1.variable_scope(tf1.get_variable_scope(), reuse=True):
+                model_fn(images, False)
+            self.after = [v.op.name for v in tf1.global_variables()]
+
+
+@pytest.fixture(scope='module')
+def two_calls():
+    """two_calls(name, input_shape): its _TwoCalls, built once for the module's tests, which
+    only read it (a ResNet-56 takes 3 CPU-s of Python to build)."""
+    built = {}
+
+    def get(name, input_shape):
+        if (name, input_shape) not in built:
+            built[name, input_shape] = _TwoCalls(name, input_shape)
+        return built[name, input_shape]
+    return get
+
+
 @pytest.mark.parametrize('name,input_shape,expected,count', CASES, ids=CASE_IDS)
-def test_variables_names_shapes_and_count(name, input_shape, expected, count):
-    with tf.Graph().as_default():
-        _build(name, input_shape)
-        got = {v.op.name: v.shape.as_list() for v in tf1.global_variables()}
-        assert got == expected
-        assert sum(v.shape.num_elements() for v in tf1.trainable_variables()) == count
+def test_variables_names_shapes_and_count(two_calls, name, input_shape, expected, count):
+    net = two_calls(name, input_shape)
+    assert net.variables == expected
+    assert net.count == count
 
 
 @pytest.mark.parametrize('name,input_shape,expected,count', CASES, ids=CASE_IDS)
@@ -126,13 +153,9 @@ def test_a_gpu_towers_resnet_leaves_the_conv_reshape_and_its_shape_arithmetic_ou
 
 
 @pytest.mark.parametrize('name,input_shape', [(c[0], c[1]) for c in CASES], ids=CASE_IDS)
-def test_second_call_under_reuse_creates_no_variables(name, input_shape):
-    with tf.Graph().as_default():
-        model_fn, images, _ = _build(name, input_shape)
-        before = [v.op.name for v in tf1.global_variables()]
-        with tf1.variable_scope(tf1.get_variable_scope(), reuse=True):
-            model_fn(images, False)
-        assert [v.op.name for v in tf1.global_variables()] == before
+def test_second_call_under_reuse_creates_no_variables(two_calls, name, input_shape):
+    net = two_calls(name, input_shape)
+    assert net.after == net.before
 
 
 def test_variables_follow_the_callers_device_function():
@@ -236,14 +259,12 @@ def test_model_fn_rejects_images_it_was_not_built_for():
         assert tf1.global_variables() == []
 
 
-def test_resnet_runs_each_batch_norm_update_once_per_call_and_halves_twice():
-    with tf.Graph().as_default():
-        _, images, logits = _build('resnet20', (32, 32, 3))
-        # 1 + 3 stages * 3 blocks * 2 batch norms, two moving averages each.
-        assert len(tf1.get_collection(tf1.GraphKeys.UPDATE_OPS)) == 2 * 19
-        graph = tf1.get_default_graph()
-        last = graph.get_tensor_by_name('stage3/block3/Relu:0')
-        assert last.shape.as_list() == [None, 8, 8, 64]
+def test_resnet_runs_each_batch_norm_update_once_per_call_and_halves_twice(two_calls):
+    net = two_calls('resnet20', (32, 32, 3))
+    # 1 + 3 stages * 3 blocks * 2 batch norms, two moving averages each.
+    assert net.updates == 2 * 19
+    last = net.graph.get_tensor_by_name('stage3/block3/Relu:0')  # the training call's
+    assert last.shape.as_list() == [None, 8, 8, 64]
 
 
 def test_resnet_option_a_shortcut_subsamples_and_zero_pads():
