@@ -2,6 +2,7 @@
 import numpy as np
 import pytest
 import tensorflow as tf
+from tensorflow.python.framework import config as tf_config
 
 from tests.harness import fed, open_graph, run_graph, saved_variables
 from towers import data, models
@@ -10,6 +11,7 @@ from towers.deviceplan import local_plan
 from towers.errors import TowersError
 from towers.graph import build_training_graph
 from towers.model import ClassifierModel
+from towers.session import run_steps
 from towers.spread import LeastLoaded
 from towers.trainer import Trainer
 from towers.variables import make_strategy
@@ -31,27 +33,53 @@ def _batches(num_steps, batch=7, seed=0):
             for _ in range(num_steps)]
 
 
-def _train(devices, variable_update, batches, initial=None, param_device='/cpu:0',
-           all_reduce=None, **model):
-    """Train on the batches; returns ({saved name: value}, {every variable: value})."""
-    plan = local_plan(devices, param_device, variable_update, all_reduce=all_reduce)
-    graph = build_training_graph(_model(**model), plan, seed=3, source=fed(batches),
-                                 learning_rate=0.05)
-    saved, everything, _ = run_graph(graph, len(batches), initial)
+def _graph(variable_update, num_steps, param_device='/cpu:0', all_reduce=None, **model):
+    """The three towers' TrainGraph, fed _batches(num_steps)."""
+    plan = local_plan(THREE, param_device, variable_update, all_reduce=all_reduce)
+    return build_training_graph(_model(**model), plan, seed=3,
+                                source=fed(_batches(num_steps)), learning_rate=0.05)
+
+
+@pytest.fixture(scope='module')
+def graphs():
+    """_graph's arguments -> its TrainGraph, each built once a module: a test that reads where
+    the variables are reads the graph another test trains (a graph of three towers is ~1 CPU-s
+    to build; its placement is the same whether a Session has run it or not). Op determinism
+    (the `exact` mark) changes the ops a graph is built with: a graph built with it is never
+    handed to a test without it, nor the other way."""
+    built = {}
+
+    def graph(*args, **kwargs):
+        key = (tf_config.is_op_determinism_enabled(), args, tuple(sorted(kwargs.items())))
+        if key not in built:
+            built[key] = _graph(*args, **kwargs)
+        return built[key]
+    return graph
+
+
+def _train(graph, num_steps, initial=None):
+    """Train the graph num_steps steps; returns ({saved name: value}, {every variable:
+    value})."""
+    saved, everything, _ = run_graph(graph, num_steps, initial)
     return saved, everything
 
 
 @pytest.fixture(scope='module')
 def reference():
     """1 device, 4 momentum steps with weight decay and clipping, from set initial weights:
-    its own graph's, read in a first Session on it (one graph built, not two)."""
+    its own graph's, read before the steps in the one Session that trains them (one graph
+    and one Session, not two)."""
     batches = _batches(4)
     graph = build_training_graph(_model(weight_decay=0.01, clip_norm=5.0),
                                  local_plan(['/cpu:0'], '/cpu:0', 'parameter_server'), seed=3,
                                  source=fed(batches), learning_rate=0.05)
     with open_graph(graph) as sess:
         initial = sess.run(saved_variables(graph))
-    final, _, _ = run_graph(graph, len(batches), initial)
+        with run_steps(sess, graph.source, {'train_op': graph.train_op}, 0,
+                       len(batches)) as steps:
+            for _ in steps:
+                pass
+        final = sess.run(saved_variables(graph))
     return initial, batches, final
 
 
@@ -60,11 +88,12 @@ def reference():
     ('parameter_server', 'spread', None), ('replicated', '/cpu:0', 'host'),
     ('replicated', '/cpu:0', 'ring')])
 @pytest.mark.exact
-def test_every_synchronous_strategy_equals_one_device(reference, variable_update, param_device,
-                                                      all_reduce):
+def test_every_synchronous_strategy_equals_one_device(graphs, reference, variable_update,
+                                                      param_device, all_reduce):
     initial, batches, expected = reference
-    got, _ = _train(THREE, variable_update, batches, initial, param_device=param_device,
-                    all_reduce=all_reduce, weight_decay=0.01, clip_norm=5.0)
+    graph = graphs(variable_update, len(batches), param_device=param_device,
+                   all_reduce=all_reduce, weight_decay=0.01, clip_norm=5.0)
+    got, _ = _train(graph, len(batches), initial)
     # The checkpoint's variables are named alike in every strategy.
     assert got.keys() == expected.keys()
     for name in expected:
@@ -75,9 +104,9 @@ def test_every_synchronous_strategy_equals_one_device(reference, variable_update
 @pytest.mark.parametrize('optimizer,all_reduce', [('momentum', 'host'), ('adam', 'host'),
                                                   ('adam', 'ring')])
 @pytest.mark.exact
-def test_replicated_copies_stay_bit_equal(optimizer, all_reduce):
-    _, everything = _train(THREE, 'replicated', _batches(5), optimizer=optimizer,
-                           all_reduce=all_reduce)
+def test_replicated_copies_stay_bit_equal(graphs, optimizer, all_reduce):
+    _, everything = _train(graphs('replicated', 5, optimizer=optimizer, all_reduce=all_reduce),
+                           5)
     replicas = [name for name in everything if name.startswith('replica_')]
     # Two copies of each model variable and of each optimizer slot beyond the master.
     masters = [name for name in everything if not name.startswith('replica_')]
@@ -96,14 +125,16 @@ def test_replicated_copies_stay_bit_equal(optimizer, all_reduce):
 
 
 def test_independent_copies_drift_apart_and_the_master_is_saved():
-    saved, everything = _train(THREE, 'independent', _batches(3))
+    saved, everything = _train(_graph('independent', 3), 3)
     assert not any(name.startswith('replica_') for name in saved)
     assert not np.array_equal(everything['replica_1/conv1/weights'],
                               everything['conv1/weights'])
 
 
-def test_replicated_variables_live_on_their_towers():
-    graph = build_training_graph(_model(), local_plan(THREE, variable_update='replicated'))
+@pytest.mark.exact  # as the test whose graph it reads
+def test_replicated_variables_live_on_their_towers(graphs):
+    # The graph test_replicated_copies_stay_bit_equal[momentum-host] trains.
+    graph = graphs('replicated', 5, optimizer='momentum', all_reduce='host')
     with graph.graph.as_default():
         devices = {v.op.name: v.device.upper()[-5:] for v in tf1.global_variables()}
     assert devices['conv1/weights'] == 'CPU:0'
@@ -113,11 +144,15 @@ def test_replicated_variables_live_on_their_towers():
     assert devices['replica_2/logits/biases/Momentum'] == 'CPU:2'
 
 
-def test_spread_places_each_variable_on_the_least_loaded_device():
+@pytest.mark.exact  # as the test whose graph it reads
+def test_spread_places_each_variable_on_the_least_loaded_device(graphs):
     chooser = LeastLoaded(['/cpu:0', '/cpu:1'])
     assert [chooser.place(size) for size in (100, 10, 10, 95, 5)] == \
         ['/cpu:0', '/cpu:1', '/cpu:1', '/cpu:1', '/cpu:0']
-    graph = build_training_graph(_model(), local_plan(THREE, 'spread'))
+    # test_every_synchronous_strategy_equals_one_device[parameter_server-spread-None]'s graph:
+    # weight decay and clipping add no variable.
+    graph = graphs('parameter_server', 4, param_device='spread', all_reduce=None,
+                   weight_decay=0.01, clip_norm=5.0)
     with graph.graph.as_default():
         devices = {v.op.name: v.device.upper()[-5:] for v in tf1.trainable_variables()}
     # small_convnet's biggest variable (logits/weights, 5408x10) comes after conv1's two.
