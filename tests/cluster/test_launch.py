@@ -162,8 +162,8 @@ def test_the_tasks_end_when_the_launcher_is_killed(tmp_path):
 def test_spawned_tasks_import_tensorflow_and_the_launcher_never_does(tmp_path):
     # --start spawn: each task is a new Python process that loads TensorFlow itself.
     code = ('import sys; from towers.cli import main; '
-            'status = main(["launch", "--start", "spawn", "--workers", "1", "--", "data", '
-            '"convert", "--shards", "1", "--out", "records"]); '
+            'status = main(["launch", "--start", "spawn", "--workers", "1", "--logs", "logs", '
+            '"--", "data", "convert", "--shards", "1", "--out", "records"]); '
             'print("launcher:", status, "tensorflow" in sys.modules)')
     run = subprocess.run([PY, '-c', code], cwd=str(tmp_path), capture_output=True, text=True,
                          timeout=120)
