@@ -102,6 +102,13 @@ def _graph(name, devices, batches, update='parameter_server', precision=None, sy
                                 sync_bn=sync_bn, evaluation=False)
 
 
+def _steps(sess, graph, steps):
+    """Train the open TrainGraph `steps` steps from its source; [loss of each step]."""
+    with run_steps(sess, graph.source, {'loss': graph.loss, 'train_op': graph.train_op},
+                   0, steps) as loop:
+        return [values['loss'] for values in loop]
+
+
 def _train(name, devices, batches, initial=None, update='parameter_server', precision=None,
            read=True, **options):
     """Train the net a step a batch from `initial` {saved name: value} (None: its own initial
@@ -110,9 +117,7 @@ def _train(name, devices, batches, initial=None, update='parameter_server', prec
     values)."""
     graph = _graph(name, devices, batches, update, precision, **options)
     with open_graph(graph, initial) as sess:
-        with run_steps(sess, graph.source, {'loss': graph.loss, 'train_op': graph.train_op},
-                       0, len(batches)) as loop:
-            losses = [values['loss'] for values in loop]
+        losses = _steps(sess, graph, len(batches))
         return (sess.run(saved_variables(graph)) if read else None), losses
 
 
@@ -124,9 +129,7 @@ def _train_from_its_start(graph, steps):
     variables = saved_variables(graph)
     with open_graph(graph) as sess:
         initial = sess.run(variables)
-        with run_steps(sess, graph.source, {'loss': graph.loss, 'train_op': graph.train_op},
-                       0, steps) as loop:
-            losses = [values['loss'] for values in loop]
+        losses = _steps(sess, graph, steps)
         return initial, sess.run(variables), losses
 
 
