@@ -1,4 +1,7 @@
 """towers bench --cluster-mode: the runs it makes, what it reads from them, the bytes it says."""
+import os
+import subprocess
+
 import pytest
 
 from towers import models
@@ -67,6 +70,29 @@ def test_a_run_without_a_rate_or_a_failing_run_is_one_error(monkeypatch):
         clusterbench.run_cluster_bench('collective', [1], [], rounds=2, log=print)
     with pytest.raises(TowersError, match='cluster_mode parameter-server needs ps of at least 1'):
         clusterbench.run_cluster_bench('parameter-server', [1], [], ps=0, log=print)
+
+
+def test_a_launch_keeps_its_task_logs_only_where_it_failed(monkeypatch, tmp_path):
+    """Without a --logs of the bench's, every launch it made left a /tmp/towers-launch-*."""
+    monkeypatch.setattr('tempfile.tempdir', str(tmp_path))
+    seen = []
+
+    def run(argv, **kwargs):
+        assert argv[3:5] == ['launch', '--logs'] and argv[6:] == ['--workers', '2']
+        seen.append(argv[5])
+        with open(os.path.join(argv[5], 'worker-0.log'), 'w') as f:
+            f.write('what the task said\n')
+        return subprocess.CompletedProcess(argv, len(seen) - 1, 'the output\n', 'it broke\n')
+
+    monkeypatch.setattr(subprocess, 'run', run)
+    assert clusterbench.run_towers(['launch', '--workers', '2'], 60) == 'the output\n'
+    assert not os.path.exists(seen[0])
+    with pytest.raises(TowersError) as failed:
+        clusterbench.run_towers(['launch', '--workers', '2'], 60)
+    assert str(failed.value) == ('`towers launch --workers 2` failed (status 1): it broke '
+                                 '(task logs in %s)' % seen[1])
+    assert os.listdir(seen[1]) == ['worker-0.log']
+    assert os.path.dirname(seen[1]) == str(tmp_path)
 
 
 def test_bench_flags_that_do_not_go_with_a_cluster_are_one_line(capsys):

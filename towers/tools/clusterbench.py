@@ -23,8 +23,10 @@ every precision, so S does not change with it.
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 
 import tensorflow as tf
 
@@ -144,16 +146,38 @@ def rate_in(output, command):
 
 
 def run_towers(command, timeout):
-    """Run `python -m towers COMMAND` to its end; its output, or TowersError naming the failure."""
+    """Run `python -m towers COMMAND` to its end; its output, or TowersError naming the failure.
+
+    A `towers launch` keeps its tasks' logs in a folder of the bench's: removed once the run
+    has finished (its output holds what the bench reads), kept where it failed and named in
+    the error, for the user to read why.
+    """
+    logs = None
+    if command[0] == 'launch' and '--logs' not in command:
+        logs = tempfile.mkdtemp(prefix='towers-bench-')
+        command = command[:1] + ['--logs', logs] + command[1:]
     try:
         process = subprocess.run([sys.executable, '-m', 'towers'] + command,
                                  capture_output=True, text=True, timeout=timeout,
                                  env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2'))
     except subprocess.TimeoutExpired:
-        raise TowersError('`towers %s` did not finish within %d s' % (' '.join(command[:3]),
-                                                                     timeout)) from None
+        raise TowersError('`towers %s` did not finish within %d s%s'
+                          % (_shown(command), timeout, _kept(logs))) from None
     if process.returncode:
         last = (process.stderr.strip() or process.stdout.strip()).splitlines()[-1:]
-        raise TowersError('`towers %s` failed (status %d): %s'
-                          % (' '.join(command[:3]), process.returncode, ' '.join(last)))
+        raise TowersError('`towers %s` failed (status %d): %s%s'
+                          % (_shown(command), process.returncode, ' '.join(last), _kept(logs)))
+    if logs is not None:
+        shutil.rmtree(logs, ignore_errors=True)
     return process.stdout
+
+
+def _shown(command):
+    """The command's first words, as an error names it (not the bench's own --logs)."""
+    if command[1:2] == ['--logs']:
+        command = command[:1] + command[3:]
+    return ' '.join(command[:3])
+
+
+def _kept(logs):
+    return '' if logs is None else ' (task logs in %s)' % logs
