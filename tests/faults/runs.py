@@ -11,6 +11,7 @@ all the same (its pid, its files and lock, its kill -9, its exit status),
 without the ~5 s of CPU each start of TensorFlow costs.
 """
 import ctypes
+import gc
 import json
 import os
 import queue
@@ -277,6 +278,11 @@ def _serve(fd):
         if not message:
             return
         argv, cwd, module, env = json.loads(message)
+        # The run's collector leaves what it inherited alone (gc.freeze, Python's advice for a
+        # fork without exec): its passes, and the interpreter's at exit, walked all of
+        # TensorFlow's objects, writing to each page the run shares with the server (a
+        # `towers train --model nope` run: 1.2 to 1.4 CPU-s, 0.3 to 0.5 frozen).
+        gc.freeze()
         pid = os.fork()
         if pid == 0:
             _die_with_parent()
