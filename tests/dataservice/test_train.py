@@ -12,7 +12,10 @@ from tests.dataservice.common import Lines, imagenet_folder
 from towers.cli import main
 from towers.cluster.launch import free_ports
 
-STEPS = 300  # a worker killed at step 100; the run held at step 200 until it says so
+# A worker killed at step 10; the run held at step 20 until it says so. The hold, not the
+# steps between, gives the service its time to notice: 30 steps show what 300 did, for a
+# tenth of the batches the trainer and the service workers make.
+STEPS = 30
 
 
 def _towers(forks, cwd, *args):
@@ -87,16 +90,16 @@ def test_training_through_two_service_workers_survives_one_and_stops_without_the
                  for _, said in workers]
         for name in names:  # the dispatcher names its workers
             dispatcher[1].wait_for('data-service dispatcher: worker %s joined' % name)
-        # One worker killed once the run is 100 steps in; the run goes on past step 200
+        # One worker killed once the run is 10 steps in; the run goes on past step 20
         # only once its log says so.
         lost_line = ('data service: worker %s does not answer; the others go on with its '
                      'work (workers answering: 1 of 2)' % names[0])
         out = _Out()
-        out.at('step 100/', workers[0][0].kill)
-        out.at('step 200/', lambda: out.holds(lost_line))
+        out.at('step 10/', workers[0][0].kill)
+        out.at('step 20/', lambda: out.holds(lost_line))
         monkeypatch.setattr(sys, 'stdout', out)
         assert main(_train_flags(folder, address, '--steps', str(STEPS),
-                                 '--log-every', '100')) == 0
+                                 '--log-every', '10')) == 0
         lines = out.text.splitlines()
         assert workers[0][0].status == -signal.SIGKILL
         lost = lines.index(lost_line)
