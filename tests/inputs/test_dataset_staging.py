@@ -37,14 +37,25 @@ def _bytes(num, seed=0):
 
 def _steps(source, num_steps, start=0):
     """Per step, per tower: (images, count, batch), driven by the session loop."""
+    runs, graph = _runs(source, [(start, num_steps)])
+    return runs[0], graph
+
+
+def _runs(source, runs):
+    """_steps of each (start, num_steps) of runs, each run the source started anew as a
+    resumed training starts it, in one graph and Session (building them is most of a run's
+    cost); and the graph."""
     with tf.Graph().as_default() as graph:
         slices = source.build(SHAPE, DEVICES)
         init = tf1.local_variables_initializer()
     fetches = {'rows': [(s.images, s.count, s.batch) for s in slices]}
+    results = []
     with tf1.Session(graph=graph, config=session_config(DEVICES)) as sess:
-        sess.run(init)
-        with run_steps(sess, source, fetches, start, num_steps) as loop:
-            return [values['rows'] for values in loop], graph
+        for start, num_steps in runs:
+            sess.run(init)
+            with run_steps(sess, source, fetches, start, num_steps) as loop:
+                results.append([values['rows'] for values in loop])
+    return results, graph
 
 
 def _assert_same_steps(staged, unstaged):
@@ -90,12 +101,12 @@ def test_a_staged_dataset_ends_with_its_epochs_after_the_same_steps():
 
     def source(staged):
         return DatasetInput(images, labels, batch_size=4, seed=2, epochs=2, staged=staged)
-    staged, _ = _steps(source(True), 100)
+    (staged, exactly, fewer), _ = _runs(source(True), [(0, 100), (0, 10), (0, 3)])
     unstaged, _ = _steps(source(False), 100)
     assert [sum(count for _, count, _ in step) for step in staged] == [4, 4, 4, 4, 2] * 2
     _assert_same_steps(staged, unstaged)
     # A run asked for exactly the steps there are ends at its count, as one asked for fewer.
-    assert len(_steps(source(True), 10)[0]) == 10 and len(_steps(source(True), 3)[0]) == 3
+    assert len(exactly) == 10 and len(fewer) == 3
 
 
 def _trained(staged, num_steps=4):
@@ -103,8 +114,10 @@ def _trained(staged, num_steps=4):
     source = DatasetInput(images, labels, batch_size=8, seed=5, mean=[0.5], std=[0.25],
                           staged=staged)
     model_fn = models.build_model('small_convnet', SHAPE, 10)
+    # Without the evaluation towers, which nothing here runs: a fifth less graph to build.
     graph = build_training_graph(ClassifierModel(model_fn, SHAPE, 10, optimizer='sgd'),
-                                 local_plan(DEVICES), seed=7, source=source, learning_rate=0.1)
+                                 local_plan(DEVICES), seed=7, source=source, learning_rate=0.1,
+                                 evaluation=False)
     saved, _, losses = run_graph(graph, num_steps, fetches={'loss': graph.loss})
     return saved, [step['loss'] for step in losses]
 
