@@ -62,9 +62,12 @@ def test_a_slice_is_cut_into_contiguous_micro_batches_the_first_larger():
     assert [(int(c), list(x)) for c, x in _cut(0, 1, 2)] == [(0, [0]), (0, [0])]
 
 
+# Each micro-batch is a graph of its own, so K is what these cost: K = 2 has what any K has,
+# a first micro-batch and one after it that waits for its gradients; the one device goes to
+# K = 4 for micro-batches between two others too.
 @pytest.mark.parametrize('towers,accumulate,sizes', [
-    (3, 4, [5, 23]),     # fewer examples than 3 x 4 micro-batches (empty ones), then 8/8/7
-    (1, 8, [6])])        # one device, 8 micro-batches of a batch of 6
+    (3, 2, [5, 23]),     # fewer examples than 3 x 2 micro-batches (an empty one), then 8/8/7
+    (1, 4, [3])])        # one device, 4 micro-batches of a batch of 3 (the last one empty)
 def test_n_towers_times_k_micro_batches_equal_one_device_on_the_whole_batch(towers, accumulate,
                                                                             sizes):
     result, has_batch_norm = check_towers(_net, SHAPE, towers, _batches(sizes),

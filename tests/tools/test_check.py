@@ -1,5 +1,6 @@
 """towers check: N towers against one device, and a check that can fail."""
 
+import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -8,6 +9,7 @@ from towers import data, models
 from towers.cli import main
 from towers.gradients import average_gradients
 from towers.models import layers
+from towers.tools import check
 from towers.tools.check import check_towers
 
 SHAPE = (28, 28, 1)
@@ -132,16 +134,28 @@ def test_fp16_is_checked_with_a_fixed_loss_scale(capsys):
 
 
 @pytest.mark.exact
-def test_label_smoothing_keeps_n_towers_equal_to_one_device(batches, plain_check, capsys):
+def test_label_smoothing_keeps_n_towers_equal_to_one_device(batches, plain_check, monkeypatch,
+                                                            capsys):
     """Smoothed targets, per example: 3 towers (4/3/3) as one device; the smoothing changes the
     gradients (against the one-hot run's), and the command says it."""
-    model_fn = models.build_model('small_convnet', SHAPE, 10)
-    smoothed, _ = check_towers(model_fn, SHAPE, 3, batches, learning_rate=0.1, devices='cpu',
-                               label_smoothing=0.2)
+    # One run of the command is both the check and what it says: two graphs and two Sessions
+    # fewer than a check_towers beside it. run_check's result is check_towers' on the first
+    # 3 x 10 examples of its train_set, which must be the module's batches.
+    checked, run_check = [], check.run_check
+
+    def kept(model_name, model_fn, dataset_name, train_set, *args, **kwargs):
+        checked.append((train_set, run_check(model_name, model_fn, dataset_name, train_set,
+                                             *args, **kwargs)))
+        return checked[-1][1]
+    monkeypatch.setattr(check, 'run_check', kept)
+    assert main(['check', '--model', 'small_convnet', '--towers', '3', '--batch-size', '10',
+                 '--steps', '3', '--lr', '0.1', '--devices', 'cpu',
+                 '--label-smoothing', '0.2']) == 0
+    assert capsys.readouterr().out.splitlines()[0].endswith('3 SGD steps, label smoothing 0.2')
+    (train_set, smoothed), = checked
+    assert np.array_equal(train_set.images[:30], np.concatenate([b[0] for b in batches]))
+    assert np.array_equal(train_set.labels[:30], np.concatenate([b[1] for b in batches]))
     assert smoothed.gradient_diff <= 1e-6 and smoothed.variable_diff <= 1e-6 * smoothed.scale
     # gradient_scale is the one device's, whatever the tower count: the 1-tower check's.
     plain, _ = plain_check(1)
     assert abs(smoothed.gradient_scale - plain.gradient_scale) > 1e-4
-    assert main(['check', '--model', 'small_convnet', '--towers', '2', '--batch-size', '10',
-                 '--steps', '1', '--devices', 'cpu', '--label-smoothing', '0.1']) == 0
-    assert capsys.readouterr().out.splitlines()[0].endswith('1 SGD steps, label smoothing 0.1')
