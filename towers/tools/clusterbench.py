@@ -152,31 +152,24 @@ def run_towers(command, timeout):
     has finished (its output holds what the bench reads), kept where it failed and named in
     the error, for the user to read why.
     """
-    logs = None
+    shown, argv, logs = ' '.join(command[:3]), list(command), None
     if command[0] == 'launch' and '--logs' not in command:
         logs = tempfile.mkdtemp(prefix='towers-bench-')
-        command = command[:1] + ['--logs', logs] + command[1:]
+        argv[1:1] = ['--logs', logs]
     try:
-        process = subprocess.run([sys.executable, '-m', 'towers'] + command,
+        process = subprocess.run([sys.executable, '-m', 'towers'] + argv,
                                  capture_output=True, text=True, timeout=timeout,
                                  env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2'))
     except subprocess.TimeoutExpired:
         raise TowersError('`towers %s` did not finish within %d s%s'
-                          % (_shown(command), timeout, _kept(logs))) from None
+                          % (shown, timeout, _kept(logs))) from None
     if process.returncode:
         last = (process.stderr.strip() or process.stdout.strip()).splitlines()[-1:]
         raise TowersError('`towers %s` failed (status %d): %s%s'
-                          % (_shown(command), process.returncode, ' '.join(last), _kept(logs)))
+                          % (shown, process.returncode, ' '.join(last), _kept(logs)))
     if logs is not None:
         shutil.rmtree(logs, ignore_errors=True)
     return process.stdout
-
-
-def _shown(command):
-    """The command's first words, as an error names it (not the bench's own --logs)."""
-    if command[1:2] == ['--logs']:
-        command = command[:1] + command[3:]
-    return ' '.join(command[:3])
 
 
 def _kept(logs):
