@@ -48,14 +48,20 @@ def run_graph(graph, steps, initial=None, fetches=None):
       (saved {name: value} after, every global variable {name: value} after,
       [{name: value} of fetches, per step]).
     """
-    fetches = dict(fetches or {}, train_op=graph.train_op)
     with open_graph(graph, initial) as sess:
-        with run_steps(sess, graph.source, fetches, 0, steps) as loop:
-            per_step = [{k: v for k, v in values.items() if k in fetches and k != 'train_op'}
-                        for values in loop]
+        per_step = train_steps(sess, graph, steps, fetches)
         with graph.graph.as_default():
             everything = {v.op.name: v for v in tf1.global_variables()}
         return sess.run(saved_variables(graph)), sess.run(everything), per_step
+
+
+def train_steps(sess, graph, steps, fetches=None):
+    """Train the TrainGraph open in sess `steps` steps from its source's start; [{name: value}
+    of fetches ({name: tensor} besides the train op), per step]."""
+    fetches = dict(fetches or {}, train_op=graph.train_op)
+    with run_steps(sess, graph.source, fetches, 0, steps) as loop:
+        return [{k: v for k, v in values.items() if k in fetches and k != 'train_op'}
+                for values in loop]
 
 
 def snapshot(folder, times=True):

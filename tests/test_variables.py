@@ -4,14 +4,13 @@ import pytest
 import tensorflow as tf
 from tensorflow.python.framework import config as tf_config
 
-from tests.harness import fed, open_graph, run_graph, saved_variables
+from tests.harness import fed, open_graph, run_graph, saved_variables, train_steps
 from towers import data, models
 from towers.callbacks import Callback
 from towers.deviceplan import local_plan
 from towers.errors import TowersError
 from towers.graph import build_training_graph
 from towers.model import ClassifierModel
-from towers.session import run_steps
 from towers.spread import LeastLoaded
 from towers.trainer import Trainer
 from towers.variables import make_strategy
@@ -75,10 +74,7 @@ def reference():
                                  source=fed(batches), learning_rate=0.05)
     with open_graph(graph) as sess:
         initial = sess.run(saved_variables(graph))
-        with run_steps(sess, graph.source, {'train_op': graph.train_op}, 0,
-                       len(batches)) as steps:
-            for _ in steps:
-                pass
+        train_steps(sess, graph, len(batches))
         final = sess.run(saved_variables(graph))
     return initial, batches, final
 

@@ -4,13 +4,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.harness import fed, open_graph, saved_variables
+from tests.harness import fed, open_graph, saved_variables, train_steps
 from towers import models
 from towers.deviceplan import local_plan
 from towers.graph import build_training_graph
 from towers.model import ClassifierModel
 from towers.precision import Precision
-from towers.session import run_steps
 from towers.tools.explain import inference_counts
 
 tf1 = tf.compat.v1
@@ -104,9 +103,7 @@ def _graph(name, devices, batches, update='parameter_server', precision=None, sy
 
 def _steps(sess, graph, steps):
     """Train the open TrainGraph `steps` steps from its source; [loss of each step]."""
-    with run_steps(sess, graph.source, {'loss': graph.loss, 'train_op': graph.train_op},
-                   0, steps) as loop:
-        return [values['loss'] for values in loop]
+    return [step['loss'] for step in train_steps(sess, graph, steps, {'loss': graph.loss})]
 
 
 def _train(name, devices, batches, initial=None, update='parameter_server', precision=None,
